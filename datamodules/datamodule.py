@@ -1,0 +1,287 @@
+"""The LightningDataModule: load a source, split it by data_seed, fit the eraser, serve batches.
+
+Erasure happens once, in ``setup``, and its results are cached on disk (``datamodules.cache``):
+the fitted eraser under a key of (source, split, eraser config), the erased splits under that key
+plus the evaluation-label mode and augmentation order. Every job of a sweep that shares those
+reuses them; a cache hit does not even load the source. Afterwards every split is one tensor on
+the training device and batches come from ``DeviceBatches``. The training split is stored in its
+(seeded) shuffled order, which is also the prequential order: ``use_prefix(n)`` makes the
+loaders serve its first n examples.
+
+Label-dependent erasers (``requires_labels``, e.g. qleace) need a class for every example they
+map. The training split always uses its true labels (it is the data being learned, and the
+prequential blocks are scored on it as erased). Validation and test use ``eval_labels``:
+``true`` (the paper's choice: their true labels, which leaks label information into
+evaluation) or ``predicted`` (the class a quadratic discriminant fitted on the training split's
+moments assigns: no evaluation label is used).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from datamodules.cache import ErasureCache, cache_key
+from datamodules.loader import BatchTransform, DeviceBatches
+from datamodules.qda import QuadraticDiscriminant
+from datamodules.sources import ImageSet, ImageSource, load_source
+from erasure import Eraser, class_moments, fit_eraser
+
+log = logging.getLogger(__name__)
+
+AUGMENT_ORDERS = ("erase_then_augment", "augment_then_erase")
+# Source options that do not change the data (only how it is fetched or decoded).
+NON_DATA_OPTIONS = ("download", "decode_batch_size")
+ERASE_CHUNK = 8192  # rows erased at once (bounds the float64 temporaries of the erasers)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seeded_split(n: int, sizes: list[int], data_seed: int) -> list[Tensor]:
+    """A random permutation of range(n) cut into consecutive pieces; the remainder comes last."""
+    if sum(sizes) >= n:
+        raise ValueError(f"split sizes {sizes} leave no training data out of {n} examples; lower val_size/test_size")
+    g = torch.Generator().manual_seed(data_seed)
+    perm = torch.randperm(n, generator=g)
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(perm[start : start + size])
+        start += size
+    pieces.append(perm[start:])
+    return pieces
+
+
+def eraser_on(eraser: Eraser, device: torch.device) -> Eraser:
+    """The same eraser with its tensors on ``device`` (so applying it per batch moves nothing)."""
+    moved = {name: t.to(device) for name, t in eraser.tensors().items()}
+    return dataclasses.replace(eraser, **moved) if moved else eraser
+
+
+def erase(eraser: Eraser, x: Tensor, labels: Tensor | None) -> Tensor:
+    """Apply ``eraser`` in chunks (float32 out, on x's device)."""
+    if not getattr(eraser, "can_transform_new_data", True):
+        return eraser(x, labels)  # edits exactly the data it was fitted on: one call
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], ERASE_CHUNK):
+        sl = slice(start, start + ERASE_CHUNK)
+        out[sl] = eraser(x[sl], labels[sl] if labels is not None else None)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    train: ImageSet
+    val: ImageSet
+    test: ImageSet
+    classes: list[str]
+
+
+class ErasedDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str,
+        eraser: dict[str, Any],
+        data_seed: int = 0,
+        seed: int = 0,
+        options: dict[str, Any] | None = None,
+        val_size: int = 300,
+        test_size: int = 300,
+        batch_size: int = 128,
+        eval_batch_size: int = 1024,
+        augment: bool = False,
+        flip: bool = True,
+        augment_order: str = "erase_then_augment",
+        eval_labels: bool | str = True,
+        device: str = "auto",
+        padding_fraction: float = 0.125,
+        pad_mode: str = "constant",
+        cache_dir: str | None = None,
+        qda_regularization: float = 1e-3,
+        **unused: Any,
+    ) -> None:
+        super().__init__()
+        if augment_order not in AUGMENT_ORDERS:
+            raise ValueError(f"data.augment_order must be one of {AUGMENT_ORDERS}, got {augment_order!r}")
+        if not (eval_labels is True or eval_labels == "predicted"):
+            raise ValueError(
+                f"data.eval_labels must be true (erase val/test with their true labels, as the paper did) "
+                f"or predicted (labels from a QDA fitted on the training split), got {eval_labels!r}"
+            )
+        self.source_name = source
+        self.source_options = dict(options or {})
+        self.eraser_cfg = dict(eraser)
+        self.data_seed, self.seed = data_seed, seed
+        self.val_size, self.test_size = val_size, test_size
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.augment, self.flip, self.augment_order = augment, flip, augment_order
+        self.padding_fraction, self.pad_mode = padding_fraction, pad_mode
+        self.eval_labels = eval_labels
+        self.qda_regularization = qda_regularization
+        self.device = resolve_device(device)
+        self.cache = ErasureCache(cache_dir)
+        self.prefix: int | None = None
+        self.eraser: Eraser | None = None
+        self.train_set: ImageSet | None = None
+        self.diagnostics: dict[str, Any] = {}
+        self._batch_eraser: BatchTransform | None = None
+
+    # --- cache keys --------------------------------------------------------------------------
+
+    def source_identity(self) -> dict[str, Any]:
+        options = {k: v for k, v in self.source_options.items() if k not in NON_DATA_OPTIONS}
+        return {"name": self.source_name, "options": options}
+
+    def split_identity(self) -> dict[str, Any]:
+        return {"data_seed": self.data_seed, "val_size": self.val_size, "test_size": self.test_size}
+
+    def eraser_key(self) -> str:
+        return cache_key(kind="eraser", source=self.source_identity(), split=self.split_identity(), eraser=self.eraser_cfg)
+
+    def data_key(self) -> str:
+        evaluation = {"eval_labels": self.eval_labels}
+        if self.eval_labels == "predicted":
+            evaluation["qda_regularization"] = self.qda_regularization
+        return cache_key(kind="erased", eraser=self.eraser_key(), evaluation=evaluation, augment_order=self.augment_order)
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _load_splits(self) -> Splits:
+        src: ImageSource = load_source(self.source_name, **self.source_options)
+        x, y = src.train.x, src.train.y
+        if src.test is None:
+            val_idx, test_idx, train_idx = seeded_split(len(y), [self.val_size, self.test_size], self.data_seed)
+            test = ImageSet(x[test_idx], y[test_idx])
+        else:
+            val_idx, train_idx = seeded_split(len(y), [self.val_size], self.data_seed)
+            test = src.test
+        return Splits(ImageSet(x[train_idx], y[train_idx]), ImageSet(x[val_idx], y[val_idx]), test, src.classes)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        splits = _Memo(self._load_splits)
+
+        def fit() -> Eraser:
+            train = splits().train
+            log.info("fitting eraser %s on %d training examples", self.eraser_cfg["name"], len(train))
+            return fit_eraser(
+                self.eraser_cfg["name"], train.x.to(self.device), train.y.to(self.device),
+                num_classes=len(splits().classes), **dict(self.eraser_cfg.get("options") or {}),
+            )
+
+        eraser = _Memo(lambda: self.cache.eraser(self.eraser_key(), fit, describe=self._describe()))
+        tensors, info = self.cache.tensors(self.data_key(), lambda: self._build(splits(), eraser()), describe=self._describe())
+        self.eraser = eraser()
+        self.classes = list(info["classes"])
+        self.num_classes = len(self.classes)
+        self.diagnostics = {k: v for k, v in info.items() if k != "classes"}
+        on = self.device
+        self.train_set = ImageSet(tensors["train_x"].to(on), tensors["train_y"].to(on))
+        self.val_set = ImageSet(tensors["val_x"].to(on), tensors["val_y"].to(on))
+        self.test_set = ImageSet(tensors["test_x"].to(on), tensors["test_y"].to(on))
+        self.input_shape = tuple(self.train_set.x.shape[1:])
+        if self.augment_order == "augment_then_erase":
+            self._batch_eraser = self._make_batch_eraser(self.eraser)
+        log.info(
+            "data %s: train %d, val %d, test %d, input %s, eraser %s (%s), on %s; cache hits %d, builds %d",
+            self.source_name, len(self.train_set), len(self.val_set), len(self.test_set), self.input_shape,
+            self.eraser_cfg["name"], self.augment_order, on, self.cache.stats.hits, self.cache.stats.builds,
+        )
+
+    def _describe(self) -> dict[str, Any]:
+        return {"source": self.source_identity(), "split": self.split_identity(), "eraser": self.eraser_cfg,
+                "eval_labels": self.eval_labels, "augment_order": self.augment_order}
+
+    def _build(self, splits: Splits, eraser: Eraser) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """Erase the splits once: train with its labels, val/test as eval_labels says."""
+        info: dict[str, Any] = {"classes": splits.classes}
+        on = self.device
+        qda = self._label_predictor(eraser, splits)
+        erased = {}
+        for name, images in (("val", splits.val), ("test", splits.test)):
+            x, y = images.x.to(on), images.y.to(on)
+            labels = None
+            if eraser.requires_labels:
+                labels = y if qda is None else qda.predict(x)
+                if qda is not None:
+                    info[f"qda_{name}_accuracy"] = float((labels == y).double().mean())
+            erased[name] = erase(eraser, x, labels)
+        train_x, train_y = splits.train.x.to(on), splits.train.y.to(on)
+        if self.augment_order == "erase_then_augment":
+            train_x = erase(eraser, train_x, train_y if eraser.requires_labels else None)
+        # augment_then_erase keeps the training images raw; the loaders erase each batch
+        tensors = {"train_x": train_x, "train_y": train_y, "val_x": erased["val"], "val_y": splits.val.y,
+                   "test_x": erased["test"], "test_y": splits.test.y}
+        return tensors, info
+
+    def _label_predictor(self, eraser: Eraser, splits: Splits) -> QuadraticDiscriminant | None:
+        """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""
+        if not eraser.requires_labels or self.eval_labels is True:
+            return None
+        train = splits.train
+        moments = class_moments(train.x.to(self.device), train.y.to(self.device), len(splits.classes))
+        log.info("eval_labels=predicted: val/test mapped with QDA labels (regularization %g)", self.qda_regularization)
+        return QuadraticDiscriminant.from_moments(moments, self.qda_regularization)
+
+    def _make_batch_eraser(self, eraser: Eraser) -> BatchTransform:
+        device_eraser = eraser_on(eraser, self.device)
+        if device_eraser.requires_labels:
+            return lambda x, y: device_eraser(x, y)
+        return lambda x, y: device_eraser(x)
+
+    # --- loaders -----------------------------------------------------------------------------
+
+    @property
+    def num_train(self) -> int:
+        assert self.train_set is not None, "call setup() first"
+        return len(self.train_set)
+
+    def use_prefix(self, n: int | None) -> None:
+        """Serve only the first n training examples (the prequential prefix); None = all."""
+        if n is not None and not 0 < n <= self.num_train:
+            raise ValueError(f"prefix {n} outside 1..{self.num_train}")
+        self.prefix = n
+
+    def train_dataloader(self) -> DeviceBatches:
+        assert self.train_set is not None, "call setup() first"
+        n = self.prefix or self.num_train
+        return DeviceBatches(
+            self.train_set.x[:n], self.train_set.y[:n], self.batch_size, shuffle=True,
+            augment=self.augment, flip=self.flip, seed=self.seed,
+            padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
+        )
+
+    def val_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.val_set.x, self.val_set.y, self.eval_batch_size)
+
+    def test_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.test_set.x, self.test_set.y, self.eval_batch_size)
+
+    def eval_loader(self, start: int, stop: int) -> DeviceBatches:
+        """Unaugmented batches of training examples [start, stop): the next prequential block."""
+        assert self.train_set is not None, "call setup() first"
+        return DeviceBatches(
+            self.train_set.x[start:stop], self.train_set.y[start:stop], self.eval_batch_size,
+            transform=self._batch_eraser,
+        )
+
+
+class _Memo:
+    """Call a zero-argument function at most once (the source and the eraser are built lazily)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.done, self.value = fn, False, None
+
+    def __call__(self) -> Any:
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value

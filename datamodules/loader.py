@@ -1,0 +1,98 @@
+"""A batch iterator over tensors resident on the training device, with augmentation on the batch.
+
+No worker processes and no per-batch host traffic: the whole split lives on one device, the
+shuffle is a ``randperm`` on that device, batches are gathered by index, and random crops and
+flips (``datamodules.augment``) are drawn from a generator on that device and applied to the
+batch where it lives (the airbench recipe). The shuffle and augmentation of epoch e depend only
+on (seed, e), so a resumed run sees exactly the batches an uninterrupted one would (on the same
+kind of device: CPU and CUDA generators give different streams).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+from datamodules.augment import PAD_MODES, apply_crop_flip, crop_flip_params, crop_padding
+
+BatchTransform = Callable[[Tensor, Tensor], Tensor]
+
+
+class DeviceBatches:
+    """Iterable of (x, y) batches over tensors already on their device.
+
+    ``set_epoch(e)`` (called by the training module each epoch) fixes the shuffle and the
+    augmentation of that epoch. ``transform(x, y)``, if given, runs on every batch after the
+    augmentation (augment-then-erase applies the eraser here).
+    """
+
+    def __init__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        augment: bool = False,
+        flip: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        padding_fraction: float = 0.125,
+        pad_mode: str = "constant",
+        transform: BatchTransform | None = None,
+    ) -> None:
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"x and y disagree on the number of examples: {x.shape[0]} vs {y.shape[0]}")
+        if x.device != y.device:
+            raise ValueError(f"x and y must live on one device, got {x.device} and {y.device}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if augment and x.ndim != 4:
+            raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
+        if pad_mode not in PAD_MODES:
+            raise ValueError(f"data.pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
+        self.x, self.y = x, y
+        self.batch_size = batch_size
+        self.shuffle, self.augment, self.flip = shuffle, augment, flip
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.pad_mode = pad_mode
+        self.transform = transform
+        self.pad_h = crop_padding(x.shape[2], padding_fraction) if x.ndim == 4 else 0
+        self.pad_w = crop_padding(x.shape[3], padding_fraction) if x.ndim == 4 else 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = self.x.shape[0]
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _generator(self) -> torch.Generator:
+        g = torch.Generator(device=self.x.device)
+        g.manual_seed(self.seed * 1_000_003 + self.epoch)
+        return g
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        n = self.x.shape[0]
+        g = self._generator() if (self.shuffle or self.augment) else None
+        order = torch.randperm(n, generator=g, device=self.x.device) if self.shuffle else None
+        for b in range(len(self)):
+            sl = slice(b * self.batch_size, min((b + 1) * self.batch_size, n))
+            if order is None:
+                xb, yb = self.x[sl], self.y[sl]
+            else:
+                idx = order[sl]
+                xb, yb = self.x[idx], self.y[idx]
+            if self.augment:
+                params = crop_flip_params(xb.shape[0], self.pad_h, self.pad_w, self.flip, g, xb.device)
+                xb = apply_crop_flip(xb, params, self.pad_h, self.pad_w, self.pad_mode)
+            if self.transform is not None:
+                xb = self.transform(xb, yb)
+            yield xb, yb

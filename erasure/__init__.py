@@ -1,0 +1,23 @@
+"""Concept erasers on plain tensors: ``fit_eraser(name, x, y)``, ``eraser(x[, y])``, ``load_eraser``.
+
+Pure torch; imports nothing else of this project.
+"""
+
+from erasure.base import Eraser, available_erasers, fit_eraser, load_eraser, register_eraser
+from erasure.diagnostics import erasure_report, moment_gaps
+from erasure.moments import ClassMoments, class_moments
+
+# Importing a module registers its erasers.
+from erasure import alf_qleace, gradient, identity, leace, qleace, random_projection  # noqa: E402,F401
+
+__all__ = [
+    "ClassMoments",
+    "Eraser",
+    "available_erasers",
+    "class_moments",
+    "erasure_report",
+    "fit_eraser",
+    "load_eraser",
+    "moment_gaps",
+    "register_eraser",
+]

@@ -1,0 +1,201 @@
+"""The eraser contract: fit on (x, y), apply to tensors of the same shape, save without pickle.
+
+Every eraser is a small frozen dataclass holding only tensors and plain metadata. Fitting is
+done by a classmethod ``fit`` registered under a name; ``fit_eraser(name, x, y)`` is the one
+entry point. Inputs are validated here once so every eraser gets clean float, finite data and
+int64 labels in range.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+FORMAT_VERSION = 1
+_REGISTRY: dict[str, type["Eraser"]] = {}
+
+
+def register_eraser(name: str) -> Callable[[type["Eraser"]], type["Eraser"]]:
+    """Class decorator: make an eraser reachable by ``fit_eraser(name, ...)`` and ``load_eraser``."""
+
+    def wrap(cls: type["Eraser"]) -> type["Eraser"]:
+        if name in _REGISTRY:
+            raise ValueError(f"eraser name {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_erasers() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def eraser_class(name: str) -> type["Eraser"]:
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown eraser {name!r}; choose one of {available_erasers()} "
+            f"(e.g. `eraser=leace` on the command line)"
+        )
+    return _REGISTRY[name]
+
+
+def check_features(x: Tensor) -> None:
+    """Reject data an eraser cannot use, with a message saying what to change."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim < 2 or x.shape[0] == 0:
+        raise ValueError(f"x must have shape (n, ...) with n >= 1, got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a float tensor, got {x.dtype}; convert with x.float() / 255")
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"x contains {bad} NaN or infinite values; clean the data before erasure")
+
+
+def check_labels(y: Tensor, n: int, num_classes: int | None = None) -> int:
+    """Validate labels and return the number of classes."""
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor of class indices, got {type(y).__name__}")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise ValueError(f"y must have shape ({n},) to match x, got {tuple(y.shape)}")
+    if y.is_floating_point() or y.dtype == torch.bool:
+        raise TypeError(f"y must hold integer class indices, got {y.dtype}")
+    lo, hi = int(y.min()), int(y.max())
+    k = num_classes if num_classes is not None else hi + 1
+    if lo < 0 or hi >= k:
+        raise ValueError(
+            f"labels must lie in [0, {k - 1}], found range [{lo}, {hi}]; "
+            f"remap them to 0..K-1 or pass num_classes"
+        )
+    return k
+
+
+@dataclass(frozen=True)
+class Eraser(ABC):
+    """A fitted, immutable map x -> x' that removes class information from x.
+
+    Subclasses declare their tensors as dataclass fields (Tensor-valued fields are saved as
+    tensors, everything else as JSON metadata) and implement ``fit`` and ``_erase``.
+    """
+
+    name: ClassVar[str] = ""
+    requires_labels: ClassVar[bool] = False
+    can_transform_new_data: ClassVar[bool] = True
+
+    # z-score statistics (erasure.preprocess): set by fit_eraser(..., zscore=True), applied to every
+    # input before _erase. None = no normalisation. Keyword-only so subclasses declare fields freely.
+    input_shift: Tensor | None = field(default=None, kw_only=True)
+    input_scale: Tensor | None = field(default=None, kw_only=True)
+
+    @classmethod
+    @abstractmethod
+    def fit(cls, x: Tensor, y: Tensor, num_classes: int, **options: Any) -> "Eraser":
+        """Fit on flattened float data x (n, d) and int64 labels y (n,)."""
+
+    @abstractmethod
+    def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
+        """Erase flattened data (n, d); ``y`` is given iff ``requires_labels``."""
+
+    def __call__(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        check_features(x)
+        if self.requires_labels and y is None:
+            raise ValueError(
+                f"the {self.name!r} eraser maps each class differently and needs labels: "
+                f"call eraser(x, y), or predict labels first (eval_labels=predicted)"
+            )
+        num_classes = self.metadata().get("num_classes")
+        if y is not None:
+            check_labels(y, x.shape[0], num_classes)
+        flat = x.reshape(x.shape[0], -1)
+        dim = self.metadata().get("dim")
+        if dim is not None and flat.shape[1] != dim:
+            raise ValueError(
+                f"the {self.name!r} eraser was fitted on {dim} features, got {flat.shape[1]} "
+                f"(input shape {tuple(x.shape)})"
+            )
+        if self.input_shift is not None and self.input_scale is not None:
+            shift, scale = self.input_shift.to(flat.device), self.input_scale.to(flat.device)
+            flat = ((flat.to(torch.float64) - shift) / scale).to(x.dtype)
+        out = self._erase(flat, y if self.requires_labels else None)
+        return out.to(x.dtype).reshape(x.shape)
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+
+    def metadata(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if not isinstance(getattr(self, f.name), Tensor)}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write tensors and metadata to one safetensors file, atomically (write then rename)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = {"eraser": self.name, "format_version": FORMAT_VERSION, "metadata": self.metadata()}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors().items()}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata={"header": json.dumps(header)})
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+
+def load_eraser(path: str | os.PathLike) -> Eraser:
+    """Inverse of ``Eraser.save``: rebuild the exact eraser (bit-identical outputs)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no saved eraser at {path}")
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get("header")
+        if raw is None:
+            raise ValueError(f"{path} is a safetensors file but not a saved eraser (no header)")
+        header = json.loads(raw)
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if header.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has eraser format version {header.get('format_version')}, "
+            f"this code reads {FORMAT_VERSION}; refit the eraser"
+        )
+    cls = eraser_class(header["eraser"])
+    return cls(**tensors, **header["metadata"])
+
+
+def fit_eraser(
+    name: str, x: Tensor, y: Tensor, num_classes: int | None = None, zscore: bool = False, **options: Any
+) -> Eraser:
+    """Fit the eraser registered as ``name`` on x (n, ...) and integer labels y (n,).
+
+    ``zscore=True`` standardises every feature with the training statistics first (for any eraser;
+    the output stays in z-score units, see erasure.preprocess); other options go to the eraser.
+    """
+    cls = eraser_class(name)
+    check_features(x)
+    k = check_labels(y, x.shape[0], num_classes)
+    if not isinstance(zscore, bool):
+        raise TypeError(f"zscore must be true or false, got {zscore!r}")
+    flat = x.reshape(x.shape[0], -1)
+    if not zscore:
+        return cls.fit(flat, y.long(), k, **options)
+    from erasure.preprocess import Standardizer
+
+    standardizer = Standardizer.fit(flat)
+    eraser = cls.fit(standardizer(flat), y.long(), k, **options)
+    return replace(eraser, input_shift=standardizer.shift, input_scale=standardizer.scale)

@@ -1,0 +1,169 @@
+"""One run from a composed config: data -> eraser -> prequential MDL -> results.json.
+
+``run_experiment(cfg, run_dir)`` does everything ``launch.py`` does and can be called from
+tests and notebooks with a config from ``hydra.compose``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.datamodule import ErasedDataModule
+from erasure import available_erasers
+from mdl.prequential import run_prequential
+from mdl.results import RESULTS_FILE, BlockResult, atomic_write_json, git_sha, read_json
+from mdl.schedule import block_boundaries
+from models import Classifier, available_models, create_model, depth_scaled_lr
+
+log = logging.getLogger(__name__)
+
+# Keys that say where or how a run is recorded, not what it computes.
+NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
+
+
+def quiet_lightning() -> None:
+    """Lightning announces devices and tips for every Trainer; the driver makes dozens of them."""
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    for pattern in (".*srun.*", ".*LeafSpec.*", ".*does not have many workers.*", ".*litlogger.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A short hash of the resolved config minus bookkeeping keys: the identity of a run."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in NON_SCIENTIFIC_KEYS:
+        data.pop(key, None)
+    blob = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Fail before any data is loaded on names that do not exist."""
+    if cfg.eraser.name not in available_erasers():
+        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()}")
+    if cfg.model.name not in available_models():
+        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()}")
+    for key in ("seed", "data_seed", "width", "depth"):
+        if not isinstance(cfg[key], int) or cfg[key] < 0:
+            raise ValueError(f"{key} must be a non-negative integer, got {cfg[key]!r}")
+
+
+def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]):
+    """A function returning a freshly initialised Classifier: one per prequential block."""
+    m = cfg.model
+    lr = depth_scaled_lr(cfg.optimizer.lr, cfg.depth, m.base_depth, m.lr_depth_exponent)
+    optimizer = instantiate(cfg.optimizer)
+    options = OmegaConf.to_container(m.options, resolve=True) or {}
+
+    def make() -> Classifier:
+        model = create_model(
+            m.name, cfg.width, cfg.depth, num_classes, input_shape, base_width=m.base_width, **options
+        )
+        return Classifier(model, optimizer, lr=lr, mup=m.base_width is not None)
+
+    return make
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
+    if cfg.get("logger") is None:
+        return None
+    extra: dict[str, Any] = {}
+    if "WandbLogger" in str(cfg.logger.get("_target_", "")):
+        if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
+            os.environ["WANDB_MODE"] = "offline"
+        extra = {
+            "group": cfg.logger.group or run_dir.parent.name,
+            "job_type": cfg.logger.job_type or cfg.eraser.name,
+            "name": cfg.logger.name or (",".join(overrides) or run_dir.name),
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        }
+    return instantiate(cfg.logger, **{k: v for k, v in extra.items()})
+
+
+def log_block(logger: Any, index: int, block: BlockResult) -> None:
+    """Each block's curves as their own series (block03/val_loss against block03/epoch)."""
+    prefix = f"block{index:02d}"
+    for epoch, value in enumerate(block.val_loss_curve):
+        logger.log_metrics({f"{prefix}/val_loss": value, f"{prefix}/epoch": epoch})
+    logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
+
+
+def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    overrides = list(overrides or [])
+    validate_config(cfg)
+    key = config_hash(cfg)
+    store = Path(cfg.paths.store_dir) / key
+    finished = store / RESULTS_FILE
+    if cfg.skip_if_done and finished.exists():
+        results = read_json(finished)
+        log.info("skipped: a finished run of this config exists (%s)", finished)
+        atomic_write_json(run_dir / RESULTS_FILE, {**results, "skipped": True, "reused_from": str(finished)})
+        return {**results, "skipped": True}
+
+    L.seed_everything(cfg.seed, verbose=False)
+    data_options = OmegaConf.to_container(cfg.data, resolve=True)
+    dm = ErasedDataModule(
+        eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
+        **data_options,
+    )
+    dm.setup()
+    eraser_path = None
+    if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
+        eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
+
+    if cfg.trainer.get("torch_threads"):
+        torch.set_num_threads(cfg.trainer.torch_threads)  # after the eraser fit, which uses them all
+    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
+    make_module = make_module_factory(cfg, dm.num_classes, dm.input_shape)
+    logger = make_logger(cfg, run_dir, overrides)
+    trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
+    log.info("run %s: %d training examples in blocks %s", key, dm.num_train, boundaries)
+    outcome = run_prequential(
+        dm, boundaries, make_module, trainer_kwargs, cfg.trainer.patience, cfg.seed, store,
+        on_block=(lambda i, b: log_block(logger, i, b)) if logger is not None else None,
+    )
+    results = {
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config_hash": key,
+        "overrides": overrides,
+        "git_sha": git_sha(),
+        "eraser_path": eraser_path,
+        **outcome,
+    }
+    if logger is not None:
+        for epoch, value in enumerate(outcome["val_loss_curve"]):
+            logger.log_metrics({"final/val_loss": value, "final/epoch": epoch})
+        logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
+        logger.finalize("success")
+    atomic_write_json(run_dir / RESULTS_FILE, results)
+    atomic_write_json(finished, results)
+    return results
+
+
+def summary(results: dict[str, Any], path: Path) -> str:
+    k = results["num_classes"]
+    return (
+        f"paper MDL: {results['paper_mdl']:.4f} bits/example "
+        f"(chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
+        f"online code length: {results['online_codelength_bits']:.1f} bits = "
+        f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
+        f"final val loss: {results['final_val_loss']:.4f} nats\n"
+        f"results: {path}"
+    )

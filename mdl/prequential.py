@@ -1,0 +1,130 @@
+"""The prequential driver: a fresh model per data prefix, scored on the next block.
+
+For boundaries t_1 < ... < t_S = N it fits a new model on train[:t_i] (early stopping on the
+validation split, best weights restored), records the bits it needs for train[t_i:t_{i+1}] and
+its mean validation loss, and finally fits once on all N examples. Finished blocks are recorded
+in ``progress.json`` after each fit, so a re-launched job continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping
+
+from datamodules.datamodule import ErasedDataModule
+from mdl.callbacks import KeepBestWeights
+from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
+from mdl.results import BlockResult, atomic_write_json, read_json
+from models.module import Classifier, total_bits
+
+log = logging.getLogger(__name__)
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass
+class FitOutcome:
+    module: Classifier
+    epochs: int
+    best_val_loss: float  # nats
+    seconds: float
+
+
+def fit_prefix(
+    dm: ErasedDataModule,
+    n_train: int | None,
+    make_module: Callable[[], Classifier],
+    trainer_kwargs: dict[str, Any],
+    patience: int,
+) -> FitOutcome:
+    """Train a fresh model on the first n_train examples (None = all) with early stopping."""
+    start = time.perf_counter()
+    dm.use_prefix(n_train)
+    module = make_module()
+    best = KeepBestWeights("val_loss")
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        callbacks=[best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=dm)
+    best.restore(module)
+    return FitOutcome(module, trainer.current_epoch, best.best_score, time.perf_counter() - start)
+
+
+def run_prequential(
+    dm: ErasedDataModule,
+    boundaries: Sequence[int],
+    make_module: Callable[[], Classifier],
+    trainer_kwargs: dict[str, Any],
+    patience: int,
+    seed: int,
+    run_dir: str | Path,
+    on_block: Callable[[int, BlockResult], None] | None = None,
+) -> dict[str, Any]:
+    """Run every block (resuming finished ones from ``run_dir/progress.json``) and the final fit."""
+    run_dir = Path(run_dir)
+    progress_path = run_dir / PROGRESS_FILE
+    n_total, k = dm.num_train, dm.num_classes
+    if boundaries[-1] != n_total:
+        raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {n_total} training examples")
+    done: list[dict[str, Any]] = []
+    if progress_path.exists():
+        saved = read_json(progress_path)
+        if saved.get("boundaries") == list(boundaries):
+            done = saved["blocks"]
+            log.info("resuming: %d of %d blocks already done", len(done), len(boundaries) - 1)
+    blocks = [BlockResult(**b) for b in done]
+
+    for i in range(len(blocks), len(boundaries) - 1):
+        n_train, n_next = boundaries[i], boundaries[i + 1]
+        L.seed_everything(seed * 1000 + i, verbose=False)
+        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience)
+        eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
+        block = BlockResult(
+            n_train=n_train, n_eval=n_eval, eval_bits=eval_bits,
+            val_bits_per_example=fit.best_val_loss / math.log(2), epochs=fit.epochs,
+            val_loss_curve=fit.module.val_loss_curve, train_loss_curve=fit.module.train_loss_curve,
+        )
+        blocks.append(block)
+        atomic_write_json(progress_path, {"boundaries": list(boundaries), "blocks": [b.to_dict() for b in blocks]})
+        log.info(
+            "block %d/%d: trained on %d, %d epochs, %.1fs | next %d examples: %.3f bits/example, val %.3f bits",
+            i + 1, len(boundaries) - 1, n_train, fit.epochs, fit.seconds, n_eval, eval_bits / n_eval,
+            block.val_bits_per_example,
+        )
+        if on_block is not None:
+            on_block(i, block)
+
+    L.seed_everything(seed * 1000 + len(boundaries), verbose=False)
+    final = fit_prefix(dm, None, make_module, trainer_kwargs, patience)
+    test_bits, n_test = total_bits(final.module, dm.test_dataloader())
+    log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, final.epochs, final.best_val_loss)
+
+    online = online_codelength(boundaries, k, [b.eval_bits for b in blocks])
+    return {
+        "num_classes": k,
+        "n_train": n_total,
+        "boundaries": list(boundaries),
+        "blocks": [b.to_dict() for b in blocks],
+        "online_codelength_bits": online,
+        "online_bits_per_example": online / n_total,
+        "uniform_codelength_bits": uniform_codelength(n_total, k),
+        "paper_mdl": paper_mdl(boundaries, [b.val_bits_per_example for b in blocks]),
+        "final_val_loss": final.best_val_loss,
+        "final_epochs": final.epochs,
+        "final_test_bits_per_example": test_bits / max(n_test, 1),
+        "val_loss_curve": final.module.val_loss_curve,
+        "train_loss_curve": final.module.train_loss_curve,
+    }

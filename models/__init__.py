@@ -1,0 +1,19 @@
+"""Model builders (a registry), muP set-up and the LightningModule that trains them."""
+
+from models.registry import available_models, create_model, register_model
+from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_shapes
+from models.module import Classifier, total_bits
+
+# Importing a module registers its models.
+from models import mlp  # noqa: E402,F401
+
+__all__ = [
+    "Classifier",
+    "available_models",
+    "create_model",
+    "depth_scaled_lr",
+    "mup_param_groups",
+    "register_model",
+    "restore_base_shapes",
+    "total_bits",
+]
