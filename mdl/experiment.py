@@ -83,17 +83,17 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
 def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
     if cfg.get("logger") is None:
         return None
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"save_dir": cfg.logger.get("save_dir") or str(run_dir)}
     if "WandbLogger" in str(cfg.logger.get("_target_", "")):
         if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
             os.environ["WANDB_MODE"] = "offline"
-        extra = {
+        extra |= {
             "group": cfg.logger.group or run_dir.parent.name,
             "job_type": cfg.logger.job_type or cfg.eraser.name,
             "name": cfg.logger.name or (",".join(overrides) or run_dir.name),
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
-    return instantiate(cfg.logger, **{k: v for k, v in extra.items()})
+    return instantiate(cfg.logger, **extra)
 
 
 def log_block(logger: Any, index: int, block: BlockResult) -> None:

@@ -60,7 +60,8 @@ def fit_prefix(
     )
     trainer.fit(module, datamodule=dm)
     best.restore(module)
-    return FitOutcome(module, trainer.current_epoch, best.best_score, time.perf_counter() - start)
+    best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the monitored float32 metric
+    return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
 
 
 def run_prequential(

@@ -132,8 +132,8 @@ def total_bits(model: nn.Module, batches: Any) -> tuple[float, int]:
     model.eval()
     total, count = torch.zeros((), dtype=torch.float64), 0
     for x, y in batches:
-        nats = F.cross_entropy(model(x).float(), y, reduction="sum")
-        total += nats.double().cpu()
+        nats = F.cross_entropy(model(x).double(), y, reduction="sum")  # float64: exact sums
+        total += nats.cpu()
         count += y.shape[0]
     model.train(was_training)
     return float(total) / math.log(2), count

@@ -1,0 +1,45 @@
+"""Shared fixtures: compose the real Hydra config with overrides, fast settings for tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+
+# A run that takes seconds: few epochs, three blocks.
+FAST = [
+    "trainer.kwargs.max_epochs=3",
+    "trainer.patience=2",
+    "mdl.num_blocks=3",
+    "data.first_block=100",
+    "width=32",
+    "model.base_width=32",
+]
+
+
+def compose_config(overrides: list[str], output_root: Path | None = None) -> DictConfig:
+    extra = [f"paths.output_root={output_root}"] if output_root is not None else []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides) + extra)
+
+
+def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run launch.py in a subprocess exactly as a user would."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), *args], cwd=cwd, env=full_env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def fast_overrides() -> list[str]:
+    return list(FAST)

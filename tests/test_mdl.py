@@ -1,0 +1,62 @@
+"""Block schedules and code lengths: pure functions with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from datamodules.loader import DeviceBatches
+from mdl import block_boundaries, online_codelength, paper_mdl, uniform_codelength
+from models import total_bits
+
+
+def test_paper_schedule_for_cifar10() -> None:
+    bounds = block_boundaries(50000 - 2048, num_blocks=10, first=1024)
+    assert bounds[0] == 1024 and bounds[-1] == 47952
+    assert len(bounds) == 10 and all(b > a for a, b in zip(bounds, bounds[1:]))
+    chunks = [bounds[0]] + [b - a for a, b in zip(bounds, bounds[1:])]
+    assert sum(chunks) == 47952
+    ratios = [b / a for a, b in zip(chunks[:-1], chunks[1:])]
+    assert max(ratios) - min(ratios) < 0.01  # geometric chunks
+    # the paper's weights: sum_{i>=2} c_i / N' = 3.444, chance MDL 11.44 bits
+    assert sum(bounds[1:]) / bounds[-1] == pytest.approx(3.444, abs=1e-3)
+    assert paper_mdl(bounds, [math.log2(10)] * 9) == pytest.approx(11.44, abs=0.01)
+
+
+@pytest.mark.parametrize("n,blocks,first", [(1197, 10, 64), (1000, 3, 100), (500, 1, 500), (64, 2, 32)])
+def test_schedule_sums_to_n(n: int, blocks: int, first: int) -> None:
+    bounds = block_boundaries(n, blocks, first)
+    assert bounds[-1] == n and bounds[0] == (first if blocks > 1 else n) and len(bounds) == blocks
+
+
+def test_schedule_rejects_impossible_request() -> None:
+    with pytest.raises(ValueError, match="first_block"):
+        block_boundaries(100, 10, 64)
+
+
+class Uniform(nn.Module):
+    def __init__(self, k: int) -> None:
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(x.shape[0], self.k)
+
+
+def test_uniform_predictor_codes_n_log2_k_exactly() -> None:
+    k, n = 10, 1197
+    x, y = torch.rand(n, 1, 8, 8), torch.randint(0, k, (n,))
+    bounds = block_boundaries(n, 10, 64)
+    bits = [total_bits(Uniform(k), DeviceBatches(x[a:b], y[a:b], 50))[0] for a, b in zip(bounds, bounds[1:])]
+    assert online_codelength(bounds, k, bits) == pytest.approx(n * math.log2(k), rel=1e-12)
+    assert uniform_codelength(n, k) == n * math.log2(k)
+
+
+def test_codelength_checks_lengths() -> None:
+    with pytest.raises(ValueError):
+        online_codelength([10, 20, 30], 10, [1.0])
+    with pytest.raises(ValueError):
+        paper_mdl([10, 20, 30], [1.0, 2.0, 3.0])
