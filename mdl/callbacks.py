@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -43,3 +45,21 @@ class KeepBestWeights(L.Callback):
         self.best_score = state_dict["best_score"]
         self.best_epoch = state_dict["best_epoch"]
         self.best_state = state_dict["best_state"]
+
+
+class SaveLastCheckpoint(L.Callback):
+    """Write a resumable checkpoint at the end of every training epoch, atomically.
+
+    Placed after early stopping in the callback list, so the saved early-stopping counters and
+    best weights include the epoch just validated; a schedule-free optimizer is in eval mode
+    here (validation ran), and ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        trainer.save_checkpoint(tmp)
+        os.replace(tmp, self.path)

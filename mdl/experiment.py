@@ -68,7 +68,7 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
     """A function returning a freshly initialised Classifier: one per prequential block."""
     m = cfg.model
     lr = depth_scaled_lr(cfg.optimizer.lr, cfg.depth, m.base_depth, m.lr_depth_exponent)
-    optimizer = instantiate(cfg.optimizer)
+    optimizer = instantiate(cfg.optimizer, _convert_="all")  # plain lists: checkpoints load with weights_only
     options = OmegaConf.to_container(m.options, resolve=True) or {}
 
     def make() -> Classifier:

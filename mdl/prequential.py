@@ -20,7 +20,9 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.callbacks import KeepBestWeights
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from mdl.callbacks import KeepBestWeights, SaveLastCheckpoint
 from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
 from mdl.results import BlockResult, atomic_write_json, read_json
 from models.module import Classifier, total_bits
@@ -43,22 +45,34 @@ def fit_prefix(
     make_module: Callable[[], Classifier],
     trainer_kwargs: dict[str, Any],
     patience: int,
+    checkpoint: Path | None = None,
 ) -> FitOutcome:
-    """Train a fresh model on the first n_train examples (None = all) with early stopping."""
+    """Train a fresh model on the first n_train examples (None = all) with early stopping.
+
+    With ``checkpoint`` set, the fit saves its state there every epoch and, if the file already
+    exists (an interrupted earlier attempt), continues from it instead of starting over.
+    """
     start = time.perf_counter()
     dm.use_prefix(n_train)
     module = make_module()
     best = KeepBestWeights("val_loss")
+    callbacks: list[L.Callback] = [best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)]
+    if checkpoint is not None:
+        callbacks.append(SaveLastCheckpoint(checkpoint))
+    resume_from = str(checkpoint) if checkpoint is not None and checkpoint.exists() else None
+    if resume_from:
+        log.info("resuming fit from %s", resume_from)
     trainer = L.Trainer(
         **trainer_kwargs,
-        callbacks=[best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)],
+        callbacks=callbacks,
+        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(module, datamodule=dm)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
     best.restore(module)
     best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the monitored float32 metric
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
@@ -91,7 +105,8 @@ def run_prequential(
     for i in range(len(blocks), len(boundaries) - 1):
         n_train, n_next = boundaries[i], boundaries[i + 1]
         L.seed_everything(seed * 1000 + i, verbose=False)
-        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience)
+        ckpt = run_dir / "checkpoints" / f"block{i:02d}.ckpt"
+        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt)
         eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
         block = BlockResult(
             n_train=n_train, n_eval=n_eval, eval_bits=eval_bits,
@@ -100,6 +115,7 @@ def run_prequential(
         )
         blocks.append(block)
         atomic_write_json(progress_path, {"boundaries": list(boundaries), "blocks": [b.to_dict() for b in blocks]})
+        ckpt.unlink(missing_ok=True)
         log.info(
             "block %d/%d: trained on %d, %d epochs, %.1fs | next %d examples: %.3f bits/example, val %.3f bits",
             i + 1, len(boundaries) - 1, n_train, fit.epochs, fit.seconds, n_eval, eval_bits / n_eval,
@@ -109,7 +125,7 @@ def run_prequential(
             on_block(i, block)
 
     L.seed_everything(seed * 1000 + len(boundaries), verbose=False)
-    final = fit_prefix(dm, None, make_module, trainer_kwargs, patience)
+    final = fit_prefix(dm, None, make_module, trainer_kwargs, patience, run_dir / "checkpoints" / "final.ckpt")
     test_bits, n_test = total_bits(final.module, dm.test_dataloader())
     log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, final.epochs, final.best_val_loss)
 

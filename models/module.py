@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.mup_setup import mup_param_groups
+from models.precision import forward_with_precision
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 
@@ -48,11 +49,12 @@ class Classifier(L.LightningModule):
         self._sums: dict[str, list[float]] = {}
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        """Float32 logits, computed under the model's autocast option (models/precision.py)."""
+        return forward_with_precision(self.model, x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = list(self.model.parameters())
-        groups = mup_param_groups(params, self.lr) if self.mup else [{"params": params, "lr": self.lr}]
+        groups = mup_param_groups(self.model, self.lr) if self.mup else [{"params": params, "lr": self.lr}]
         return self.optimizer_factory(groups)
 
     # --- schedule-free modes ------------------------------------------------------------------
@@ -80,6 +82,9 @@ class Classifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Whatever mode we are in, the checkpoint holds the eval-mode (averaged) weights."""
+        checkpoint["loss_curves"] = {
+            "train": list(self.train_loss_curve), "val": list(self.val_loss_curve), "pending": dict(self._sums),
+        }
         opts = self.trainer.optimizers if self._trainer is not None else []
         in_train = [o for o in opts if optimizer_train_mode(o)]
         if not in_train:
@@ -90,6 +95,15 @@ class Classifier(L.LightningModule):
         checkpoint["optimizer_states"] = [o.state_dict() for o in opts]
         for o in in_train:
             set_optimizer_mode(o, train=True)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        curves = checkpoint.get("loss_curves")
+        if curves is None:
+            return
+        self.train_loss_curve, self.val_loss_curve = list(curves["train"]), list(curves["val"])
+        self._sums = {k: list(v) for k, v in curves["pending"].items()}
+        if "train" in self._sums:  # saved in on_train_epoch_end, before this module's hook ran
+            self.train_loss_curve.append(self._epoch_mean("train"))
 
     # --- steps --------------------------------------------------------------------------------
 
@@ -104,7 +118,7 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        loss = F.cross_entropy(self.model(x), y)
+        loss = F.cross_entropy(self(x), y)
         self._accumulate("train", loss.detach() * y.shape[0], y.shape[0])
         return loss
 
@@ -113,7 +127,7 @@ class Classifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        loss_sum = F.cross_entropy(self.model(x).float(), y, reduction="sum")
+        loss_sum = F.cross_entropy(self(x), y, reduction="sum")
         self._accumulate("val", loss_sum, y.shape[0])
 
     def on_validation_epoch_end(self) -> None:

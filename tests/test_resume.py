@@ -1,0 +1,55 @@
+"""A run killed mid-block (node failure) resumes from its checkpoint and ends bit-identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, run_launch
+
+SETTINGS = [
+    "trainer.kwargs.max_epochs=30", "trainer.patience=10", "mdl.num_blocks=3", "data.first_block=300",
+    "width=32", "model.base_width=32", "seed=3",
+]
+NUMBERS = ("online_codelength_bits", "paper_mdl", "final_val_loss", "val_loss_curve", "train_loss_curve")
+
+
+def _results(root: Path) -> dict:
+    (path,) = list((root / "runs").rglob("results.json"))
+    return json.loads(path.read_text())
+
+
+def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
+    reference = run_launch([*SETTINGS, f"paths.output_root={tmp_path / 'ref'}"], cwd=tmp_path)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    root = tmp_path / "killed"
+    args = [sys.executable, str(REPO / "launch.py"), *SETTINGS, f"paths.output_root={root}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    mid_block = None
+    while time.time() < deadline and proc.poll() is None:
+        found = list(root.glob("store/*/checkpoints/block01.ckpt"))
+        if found:
+            mid_block = found[0]
+            break
+        time.sleep(0.02)
+    assert mid_block is not None, "the run ended before block 2 wrote a checkpoint; make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    progress = json.loads((mid_block.parent.parent / "progress.json").read_text())
+    assert len(progress["blocks"]) == 1  # killed inside the second block, after the first finished
+
+    resumed = run_launch([*SETTINGS, f"paths.output_root={root}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stdout + resumed.stderr
+    a, b = _results(tmp_path / "ref"), _results(root)
+    for key in NUMBERS:
+        assert a[key] == b[key], key
+    assert a["blocks"] == b["blocks"]
