@@ -93,12 +93,16 @@ def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
             "name": cfg.logger.name or (",".join(overrides) or run_dir.name),
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
-    return instantiate(cfg.logger, **extra)
+    params = {**OmegaConf.to_container(cfg.logger, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
+    return instantiate(params)  # a dict, since 'config' is also instantiate's own argument name
 
 
 def log_block(logger: Any, index: int, block: BlockResult) -> None:
     """Each block's curves as their own series (block03/val_loss against block03/epoch)."""
     prefix = f"block{index:02d}"
+    define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
+    if callable(define_metric):  # W&B: plot the block against its own epoch axis
+        define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
     for epoch, value in enumerate(block.val_loss_curve):
         logger.log_metrics({f"{prefix}/val_loss": value, f"{prefix}/epoch": epoch})
     logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
@@ -152,6 +156,9 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
             logger.log_metrics({"final/val_loss": value, "final/epoch": epoch})
         logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
         logger.finalize("success")
+        finish = getattr(getattr(logger, "experiment", None), "finish", None)
+        if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
+            finish()
     atomic_write_json(run_dir / RESULTS_FILE, results)
     atomic_write_json(finished, results)
     return results
