@@ -10,6 +10,10 @@ directory is made). ``LauncherChecks`` is a Hydra callback that runs in the laun
 ``sbatch`` present it also asks Slurm (``sbatch --test-only``) whether the requested resources
 can ever be granted, so an impossible request fails now instead of pending forever.
 
+Hydra 1.3 turns an exception raised in a callback into a warning and carries on
+(hydra/_internal/callbacks.py, ``_notify``), so the callback ends the process with
+``SystemExit(message)`` instead: exit status 1, the message on stderr, nothing submitted.
+
 Register it in conf/config.yaml::
 
     hydra:
@@ -21,13 +25,14 @@ Register it in conf/config.yaml::
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 from typing import Any
 
-from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,8 +47,8 @@ _NOT_SBATCH_KEYS = {"_target_", "submitit_folder", "max_num_timeout"}
 LOCAL_CLUSTER_HINT = "sudo bash scripts/slurm_local.sh start"
 
 
-class SweepSetupError(CompactHydraException):
-    """A sweep that cannot be submitted as configured. Hydra prints only the message."""
+class SweepSetupError(ValueError):
+    """A sweep that cannot be submitted as configured."""
 
 
 def _queue_conf(target: str) -> type | None:
@@ -112,7 +117,7 @@ def _resolve(launcher: DictConfig, kind: str) -> dict[str, Any]:
             params[str(key)] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
         except Exception as err:  # OmegaConf's message names the key, the value and the type
             raise SweepSetupError(
-                f"hydra/launcher={kind}: hydra.launcher.{key} is invalid: {err}. Fix the value or "
+                f"hydra/launcher={kind}: hydra.launcher.{key} is invalid: {str(err).splitlines()[0]}. Fix the value or "
                 f"the environment variable it reads (see conf/hydra/launcher/{kind}.yaml). "
                 "Nothing was submitted."
             ) from None
@@ -150,7 +155,9 @@ def _test_submission(params: dict[str, Any]) -> None:
                 f"(for the local test cluster: `{LOCAL_CLUSTER_HINT}`). Nothing was submitted."
             ) from None
     if proc.returncode != 0:
-        requested = ", ".join(f"{k}={v}" for k, v in sorted(params.items()) if k in _RESOURCE_KEYS)
+        requested = ", ".join(
+            f"{k}={v}" for k, v in sorted(params.items()) if k in _RESOURCE_KEYS and v not in (None, {}, [])
+        )
         raise SweepSetupError(
             "Slurm rejects the sweep's job request (`sbatch --test-only`): "
             f"{(proc.stderr or proc.stdout).strip()}\nRequested: {requested}.\n"
@@ -167,6 +174,26 @@ _RESOURCE_KEYS = {
 }
 
 
+def sweep_summary(sweep_dir: Path) -> str:
+    """One line on what a finished sweep did: jobs, results written, skipped (already done)."""
+    job_dirs = sorted(p.parent for p in sweep_dir.glob("*/.hydra"))
+    finished = skipped = 0
+    for job_dir in job_dirs:
+        results = job_dir / "results.json"
+        if not results.exists():
+            continue
+        finished += 1
+        try:
+            skipped += bool(json.loads(results.read_text()).get("skipped", False))
+        except (OSError, ValueError):
+            pass
+    missing = len(job_dirs) - finished
+    return (
+        f"sweep {sweep_dir}: {len(job_dirs)} jobs, {finished - skipped} run, {skipped} skipped "
+        f"(a finished run of the same config existed), {missing} without results.json"
+    )
+
+
 class LauncherChecks(Callback):
     """Hydra callback: validate the launcher in the launching process, before submission."""
 
@@ -174,7 +201,13 @@ class LauncherChecks(Callback):
         self.test_submission = test_submission
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        check_launcher(config.hydra.launcher, test_submission=self.test_submission)
+        try:
+            check_launcher(config.hydra.launcher, test_submission=self.test_submission)
+        except SweepSetupError as err:
+            raise SystemExit(f"Error: {err}") from None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        log.info(sweep_summary(Path(str(config.hydra.sweep.dir))))
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         target = str(config.hydra.launcher.get("_target_", ""))
