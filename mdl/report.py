@@ -1,0 +1,282 @@
+"""``python -m mdl.report SWEEP_DIR... [--out DIR]``: the paper's table and figures from a sweep.
+
+Reads every ``results.json`` below the given directories, groups runs into conditions (the
+resolved config minus seeds and paths, see ``mdl.report_runs``) and writes into ``--out``
+(default ``<first SWEEP_DIR>/report``) a Markdown report with its PNG figures beside it plus CSVs:
+
+    report.md          the Appendix-C table, coverage, backfiring flags, figures, notes
+    table.csv          one line per cell (architecture x row keys x eraser), n = 0 for missing ones
+    runs.csv           one line per run (the numbers the table averages)
+    loss_curves.csv    per-epoch mean / std / min / max of the final fit's validation loss
+    backfiring.csv     flagged (architecture, row, eraser) with early / late gaps and crossing epoch
+
+Spread is the sample standard deviation over seeds (ddof = 1). Cells with fewer seeds than the
+fullest cell are marked and listed, never silently averaged with the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from mdl.report_figures import FigureFile, ImageLoader, default_image_loader, figure1, loss_figures, scaling_figures
+from mdl.report_runs import CONTROL, Sweep, load_sweep
+from mdl.report_stats import (
+    METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
+    mdl_backfire, row_differences, rows_of,
+)
+
+PARTIAL_MARK = "†"
+
+
+def fmt(mean: float, std: float, n: int, digits: int = 2) -> str:
+    if n == 0 or math.isnan(mean):
+        return "—"
+    spread = "n/a" if math.isnan(std) else f"{std:.{digits}f}"
+    return f"{mean:.{digits}f} ± {spread} (n={n})"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def pivot(sweep: Sweep, cells: list[Cell], metric: str, max_seeds: int, digits: int = 2) -> str:
+    """Architecture (and row keys) down, erasers across: 'mean ± std (n)' per cell."""
+    by_key = {(c.arch, c.row, c.eraser): c for c in cells}
+    erasers = erasers_of(cells)
+    body = []
+    for arch, row in rows_of(cells):
+        line = [arch, *map(str, row)]
+        for e in erasers:
+            cell = by_key.get((arch, row, e))
+            if cell is None:
+                line.append("missing")
+                continue
+            text = fmt(*cell.mean_std(metric), digits=digits)
+            line.append(text + (f" {PARTIAL_MARK}" if cell.n < max_seeds else ""))
+        body.append(line)
+    return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
+
+
+# --- CSV ---------------------------------------------------------------------------------------
+
+def write_csv(path: Path, header: list[str], rows: Iterable[Sequence[Any]]) -> Path:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _num(x: Any) -> str:
+    """CSV text of a number: ints as ints, floats in full precision, missing / NaN as empty."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return str(x) if isinstance(x, int) else repr(float(x))
+
+
+def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], out: Path) -> list[Path]:
+    keys = list(sweep.row_keys)
+    metric_cols = [f"{m}_{s}" for m in METRICS for s in ("mean", "std", "n")]
+    partial = {id(c): lacking for c, lacking in cov.partial}
+    table_rows = []
+    for c in cells:
+        stats = [v for m in METRICS for v in _triple(c, m)]
+        table_rows.append([c.arch, *c.row, c.eraser, c.n, " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
+                           " ".join(partial.get(id(c), [])), *stats])
+    for arch, row, eraser in cov.missing:
+        table_rows.append([arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))])
+    paths = [write_csv(out / "table.csv", ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
+                       table_rows)]
+
+    run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
+    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs", "git_sha", "path"],
+                           ([r.arch, *r.row, r.eraser, sweep.replicate_label(r.replicate),
+                             *(_num(r.results.get(m)) for m in run_metrics),
+                             len(r.results.get("val_loss_curve") or []), r.results.get("git_sha", ""), str(r.path)]
+                            for r in sweep.runs)))
+
+    curve_rows = []
+    for c in cells:
+        stats = curve_stats(c)
+        if stats is None:
+            continue
+        for t in range(len(stats.mean)):
+            curve_rows.append([c.arch, *c.row, c.eraser, t + 1, _num(stats.mean[t]), _num(stats.std[t]),
+                               _num(stats.low[t]), _num(stats.high[t]), stats.n_seeds])
+    paths.append(write_csv(out / "loss_curves.csv", ["architecture", *keys, "eraser", "epoch", "val_loss_mean_nats",
+                                                     "val_loss_std_nats", "val_loss_min_nats", "val_loss_max_nats", "n_seeds"],
+                           curve_rows))
+    paths.append(write_csv(out / "backfiring.csv", ["architecture", *keys, "eraser", "early_gap_nats", "late_gap_nats",
+                                                    "crossing_epoch", "compared_epochs"],
+                           ([f.arch, *f.row, f.eraser, _num(f.result.early_gap), _num(f.result.late_gap),
+                             f.result.crossing_epoch, f.result.epochs] for f in flags)))
+    return paths
+
+
+def _triple(cell: Cell, metric: str) -> list[str]:
+    mean, std, n = cell.mean_std(metric)
+    return [_num(mean), _num(std), str(n)]
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
+                 image_loader: ImageLoader | None = default_image_loader, ignore: Sequence[str] = (),
+                 early_fraction: float = 0.25, late_fraction: float = 0.25, n_images: int = 4) -> Path:
+    """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file."""
+    if not dirs:
+        raise ValueError("give at least one sweep directory (e.g. multirun/2025-01-01/12-00-00)")
+    if not (0 < early_fraction < 1 and 0 < late_fraction < 1 and early_fraction + late_fraction <= 1):
+        raise ValueError(f"backfiring windows must be fractions in (0, 1) summing to at most 1, got early="
+                         f"{early_fraction}, late={late_fraction}")
+    sweep = load_sweep(dirs, ignore)
+    if not sweep.runs:
+        raise FileNotFoundError(f"no readable results.json below {', '.join(map(str, dirs))}; "
+                                f"{len(sweep.problems)} unreadable. Did the jobs finish?")
+    out = Path(out) if out is not None else Path(dirs[0]) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    cells = build_cells(sweep)
+    cov = coverage(sweep, cells)
+    flags = backfire_flags(cells, early_fraction, late_fraction)
+    figures: list[FigureFile] = []
+    notes: list[str] = []
+    for make in (lambda: scaling_figures(sweep, cells, out, cov.max_seeds), lambda: loss_figures(sweep, cells, out),
+                 lambda: figure1(sweep, out, image_loader, n_images)):
+        f, n = make()
+        figures += f
+        notes += n
+    csvs = write_csvs(sweep, cells, cov, flags, out)
+    text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction)
+    path = out / "report.md"
+    path.write_text(text)
+    return path
+
+
+def render(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], figures: list[FigureFile],
+           notes: list[str], csvs: list[Path], dirs, out: Path, early_fraction: float, late_fraction: float) -> str:
+    md = [*_header(sweep, cells, dirs), *_tables(sweep, cells, cov), *_coverage(sweep, cells, cov),
+          *_backfiring(sweep, cells, flags, early_fraction, late_fraction), "## Figures\n"]
+    for f in figures:
+        md += [f"### {f.title}\n", f"![{f.title}]({f.path.relative_to(out).as_posix()})\n", f.caption, ""]
+    if notes:
+        md += ["## Notes\n", *[f"- {n}" for n in notes], ""]
+    units = ", ".join(f"`{m}` {unit}" for m, (_, unit) in METRICS.items())
+    md += ["## Files\n", *[f"- [`{p.name}`]({p.name})" for p in csvs], "",
+           f"Units: {units}; `<metric>_std` is the sample std over seeds (ddof = 1); `<metric>_n` the seeds that "
+           "reported it. Loss curves are in nats, epochs 1-based.", ""]
+    return "\n".join(md)
+
+
+def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
+    shas = sorted({str(r.results.get("git_sha") or "unknown (git_sha null: not a git checkout?)") for r in sweep.runs})
+    return ["# Sweep report\n",
+            f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
+            f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, "
+            f"erasers {erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'} (config keys that vary within an "
+            f"architecture x eraser pair: runs that differ in them are never averaged together; pass `--ignore KEY` "
+            f"for a key that should not split cells); seeds grouped by {sweep.replicate_keys or ['seed']}.",
+            f"Code version{'s' if len(shas) > 1 else ''}: {', '.join(f'`{s}`' for s in shas)}"
+            + (" — **runs come from different code versions**." if len(shas) > 1 else "."), ""]
+
+
+def _tables(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
+    return ["## Table (the paper's Appendix C)\n",
+            "Each cell: mean ± sample standard deviation over seeds (ddof = 1; n/a with one seed), n = number of "
+            f"seeds. {PARTIAL_MARK}: fewer seeds than the fullest cell ({cov.max_seeds}); `missing`: no run.\n",
+            "**Paper-compatible prequential MDL, bits per sample** (the number in the paper's table):\n",
+            pivot(sweep, cells, "paper_mdl", cov.max_seeds), "",
+            "**Online code length (Voita & Titov), bits per example** (total bits in `table.csv`; a uniform "
+            "predictor scores log2 K):\n", pivot(sweep, cells, "online_bits_per_example", cov.max_seeds), "",
+            "**Final validation loss of the full-data fit (best epoch), nats:**\n",
+            pivot(sweep, cells, "final_val_loss", cov.max_seeds, digits=3), ""]
+
+
+def _coverage(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
+    md = ["## Coverage\n"]
+    for c, lacking in cov.partial:
+        md.append(f"- partial: {_where(sweep, c.arch, c.row)} **{c.eraser}**: n={c.n} of {cov.max_seeds}"
+                  f" (lacks {', '.join(lacking) or 'seeds'})")
+    for arch, row, eraser in cov.missing:
+        md.append(f"- missing: {_where(sweep, arch, row)} **{eraser}**: no run")
+    for c, metric, lacking in cov.metric_gaps:
+        md.append(f"- {_where(sweep, c.arch, c.row)} {c.eraser}: {lacking} run(s) lack `{metric}`; its mean uses the rest")
+    for arch, row, key, values in row_differences(cells):
+        md.append(f"- {_where(sweep, arch, row)}: `{key}` differs between the erasers compared in this row ("
+                  + "; ".join(f"{e}: {v}" for e, v in values.items()) + ")")
+    for p in sweep.problems:
+        md.append(f"- skipped `{p.path}`: {p.reason}")
+    for kept, dropped in sweep.duplicates:
+        md.append(f"- duplicate seed with different numbers: `{dropped.path}` has the same config and seed as the "
+                  f"newer `{kept.path}`; only the newer one is used")
+    if sweep.copies:
+        md.append(f"- {sweep.copies} results.json file(s) were copies of a run already read (same config, seed and "
+                  "numbers: the run store or a re-launch's skipped jobs); each run counted once")
+    if not (cov.partial or cov.missing):
+        md.append(f"Every cell has {cov.max_seeds} seed(s).")
+    return [*md, ""]
+
+
+def _backfiring(sweep: Sweep, cells: list[Cell], flags: list[BackfireFlag], early_fraction: float,
+                late_fraction: float) -> list[str]:
+    md = ["## Backfiring\n",
+          "An erased condition *backfires* when its validation loss starts above the control's and ends below it. "
+          "Mean curves over seeds are compared on their common epochs 1..T (epoch t = t-th entry of "
+          "`val_loss_curve`); with d(t) = erased − control: early gap = mean of d over epochs "
+          f"1..ceil({early_fraction}·T), late gap = mean of d over the last ceil({late_fraction}·T) epochs; flagged "
+          "when early gap > 0 and late gap < 0. Crossing epoch: the last t with d(t−1) ≥ 0 > d(t).\n"]
+    controlled = {(c.arch, c.row) for c in cells if c.eraser == CONTROL}
+    erased = [c for c in cells if c.eraser != CONTROL]
+    compared = [c for c in erased if (c.arch, c.row) in controlled]
+    if not erased:
+        return [*md, "The sweep has no erased condition: nothing to check.", ""]
+    md.append(f"{len(compared)} of {len(erased)} erased cell(s) had a control (eraser `{CONTROL}`) in the same row "
+              "to compare with" + ("." if compared else ": nothing could be checked; add `eraser=none` to the sweep.")
+              + "\n")
+    if flags:
+        md.append(markdown_table(["architecture", *sweep.row_names(), "eraser", "early gap (nats)",
+                                  "late gap (nats)", "crossing epoch", "T"],
+                                 ([f.arch, *map(str, f.row), f.eraser, f"{f.result.early_gap:+.3f}",
+                                   f"{f.result.late_gap:+.3f}", f.result.crossing_epoch, f.result.epochs] for f in flags)))
+    elif compared:
+        md.append("No loss-curve backfiring found.")
+    if compared:
+        md += ["", "MDL below the control's (erasure made the code *shorter*, as for ConvNeXt + QLEACE in the paper):", ""]
+        md += [f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: {m:.3f} < control {mc:.3f} bits/sample"
+               for c, m, mc in mdl_backfire(cells)] or ["- none"]
+    return [*md, ""]
+
+
+def _where(sweep: Sweep, arch: str, row: tuple[Any, ...]) -> str:
+    return f"{arch} {sweep.describe(row)}".strip()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mdl.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directories searched for results.json")
+    parser.add_argument("--out", default=None, help="report directory (default: <first SWEEP_DIR>/report)")
+    parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                        help="config key (prefix) that must not split conditions, e.g. trainer.max_time; repeatable")
+    parser.add_argument("--early-fraction", type=float, default=0.25, help="backfiring: early window, fraction of epochs")
+    parser.add_argument("--late-fraction", type=float, default=0.25, help="backfiring: late window, fraction of epochs")
+    parser.add_argument("--images", type=int, default=4, help="Figure 1: number of images (rows)")
+    args = parser.parse_args(argv)
+    try:
+        path = build_report(args.sweep_dirs, args.out, ignore=args.ignore, early_fraction=args.early_fraction,
+                            late_fraction=args.late_fraction, n_images=args.images)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The report's figures: MDL against width / depth, final-fit loss curves, and Figure 1.
+
+Everything is drawn with matplotlib's Agg backend (no display needed) into PNG files; each
+function returns the files it wrote with a caption, plus notes on what it had to skip and why.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mdl.report_runs import CONTROL, Run, Sweep, eraser_sort_key, sortable  # noqa: E402
+from mdl.report_stats import Cell, curve_stats, erasers_of  # noqa: E402
+
+SCALING_METRICS = (("paper_mdl", "paper MDL (bits/sample)"), ("online_bits_per_example", "online code length (bits/example)"))
+MAX_COLUMNS = 4
+RANDOM_FIT_IMAGES = 8192
+
+
+@dataclass
+class FigureFile:
+    path: Path
+    title: str
+    caption: str
+
+
+def eraser_colors(cells: list[Cell]) -> dict[str, Any]:
+    cmap = plt.get_cmap("tab10")
+    return {e: cmap(i % 10) for i, e in enumerate(erasers_of(cells))}
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text).strip("_") or "x"
+
+
+def _grid(n: int, width: float = 4.2, height: float = 3.2, rows_per_panel: int = 1):
+    cols = min(n, MAX_COLUMNS)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel),
+                             squeeze=False)
+    return fig, axes, cols
+
+
+def _title(arch: str, setting: str, width: int = 50) -> str:
+    """'mlp: width=64, depth=2' wrapped to fit a panel; just 'mlp' when nothing else varies."""
+    return "\n".join(textwrap.wrap(f"{arch}: {setting}" if setting else arch, width))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- MDL against width and depth --------------------------------------------------------------
+
+def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) -> tuple[list[FigureFile], list[str]]:
+    """One figure per (axis, architecture) where that axis was varied; panels = the other row
+    keys' values, top row paper MDL, bottom row online code length; one line per eraser."""
+    figures, notes = [], []
+    colors = eraser_colors(cells)
+    for axis in ("width", "depth"):
+        if axis not in sweep.row_keys:
+            notes.append(f"MDL vs {axis}: not drawn, no sweep varied `{axis}`.")
+            continue
+        a = sweep.row_keys.index(axis)
+        for arch in sorted({c.arch for c in cells}):
+            panels: dict[tuple, list[Cell]] = {}
+            for c in cells:
+                if c.arch == arch:
+                    panels.setdefault(c.row[:a] + c.row[a + 1:], []).append(c)
+            panels = {k: v for k, v in panels.items()
+                      if len({c.row[a] for c in v}) > 1 and all(isinstance(c.row[a], (int, float)) and c.row[a] > 0 for c in v)}
+            if not panels:
+                notes.append(f"MDL vs {axis}: not drawn for {arch}, it has one positive numeric `{axis}` per setting.")
+                continue
+            fig, axes, cols = _grid(len(panels), rows_per_panel=len(SCALING_METRICS))
+            for p, (other, members) in enumerate(sorted(panels.items(), key=lambda kv: sortable(kv[0]))):
+                for m, (metric, ylabel) in enumerate(SCALING_METRICS):
+                    ax = axes[(p // cols) * len(SCALING_METRICS) + m][p % cols]
+                    _scaling_panel(ax, members, a, metric, colors, max_seeds)
+                    ax.set_xscale("log", base=2)
+                    ticks = sorted({c.row[a] for c in members})
+                    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+                    ax.minorticks_off()
+                    ax.set_xlabel(axis)
+                    ax.set_ylabel(ylabel)
+                    ax.set_title(_title(arch, sweep.describe(_insert(other, a, None), skip=axis)), fontsize=8)
+                    ax.legend(fontsize=7)
+            _hide_unused(axes, len(panels), cols, len(SCALING_METRICS))
+            path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
+            figures.append(FigureFile(path, f"MDL vs {axis}: {arch}",
+                                      f"Mean ± 1 sample std (ddof=1) over seeds; log2 x axis. Hollow markers: cells with "
+                                      f"fewer than {max_seeds} seeds (see Coverage)."))
+    return figures, notes
+
+
+def _insert(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
+    return values[:index] + (value,) + values[index:]
+
+
+def _scaling_panel(ax, members: list[Cell], a: int, metric: str, colors: dict, max_seeds: int) -> None:
+    for eraser in sorted({c.eraser for c in members}, key=lambda e: list(colors).index(e)):
+        pts = sorted((c.row[a], *c.mean_std(metric)) for c in members if c.eraser == eraser)
+        pts = [p for p in pts if p[3] > 0]
+        if not pts:
+            continue
+        x, mean, std, n = (np.array(v, dtype=float) for v in zip(*pts))
+        ax.errorbar(x, mean, yerr=np.nan_to_num(std), color=colors[eraser], label=eraser, capsize=3, marker="none")
+        full = n >= max_seeds
+        ax.scatter(x[full], mean[full], color=colors[eraser], zorder=3)
+        ax.scatter(x[~full], mean[~full], facecolors="white", edgecolors=colors[eraser], zorder=3)
+
+
+def _hide_unused(axes, used: int, cols: int, rows_per_panel: int = 1) -> None:
+    total = (len(axes) // rows_per_panel) * cols
+    for p in range(used, total):
+        for m in range(rows_per_panel):
+            axes[(p // cols) * rows_per_panel + m][p % cols].set_visible(False)
+
+
+# --- validation loss of the final fit ---------------------------------------------------------
+
+def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[FigureFile], list[str]]:
+    """Per architecture: one panel per row, one curve per eraser (mean over seeds, ± std band)."""
+    figures, notes = [], []
+    colors = eraser_colors(cells)
+    for arch in sorted({c.arch for c in cells}):
+        rows: dict[tuple, list[Cell]] = {}
+        for c in cells:
+            if c.arch == arch:
+                rows.setdefault(c.row, []).append(c)
+        fig, axes, cols = _grid(len(rows))
+        drawn = 0
+        for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
+            ax = axes[p // cols][p % cols]
+            for c in sorted(members, key=lambda c: list(colors).index(c.eraser)):
+                stats = curve_stats(c)
+                if stats is None:
+                    notes.append(f"{arch} {sweep.describe(row)} {c.eraser}: no val_loss_curve in any run.")
+                    continue
+                for r in c.runs:
+                    curve = r.results.get("val_loss_curve") or []
+                    ax.plot(np.arange(1, len(curve) + 1), curve, color=colors[c.eraser], alpha=0.25, lw=0.7)
+                epochs = np.arange(1, len(stats.mean) + 1)
+                ax.plot(epochs, stats.mean, color=colors[c.eraser], lw=2, label=f"{c.eraser} (n={stats.n_seeds})")
+                if stats.n_seeds > 1:
+                    ax.fill_between(epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2)
+                drawn += 1
+            ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
+            ax.set_xlabel("epoch of the final full-data fit")
+            ax.set_ylabel("validation loss (nats)")
+            ax.legend(fontsize=7)
+        _hide_unused(axes, len(rows), cols)
+        if not drawn:
+            plt.close(fig)
+            continue
+        path = _save(fig, out / f"val_loss_{slug(arch)}.png")
+        figures.append(FigureFile(path, f"Validation loss of the final fit: {arch}",
+                                  "Thick line: mean over seeds on the epochs every seed reached; band: ± 1 sample std "
+                                  "(ddof=1); thin lines: individual seeds over their full length (early stopping makes "
+                                  "lengths differ)."))
+    return figures, notes
+
+
+# --- Figure 1: the same images under each eraser ----------------------------------------------
+
+ImageLoader = Callable[[dict[str, Any]], tuple[Any, Any]]
+"""config of a run -> (images float (n, c, h, w), int64 labels (n,)) of its data source."""
+
+
+def default_image_loader(config: dict[str, Any]) -> tuple[Any, Any]:
+    """Training images of the run's data source through ``datamodules.load_source``."""
+    from datamodules import load_source
+
+    data = dict(config.get("data") or {})
+    name = data.pop("source", None) or data.pop("name", None)
+    if name is None:
+        raise ValueError("config.data has no `source` key naming the data set")
+    options = data.get("options") if isinstance(data.get("options"), dict) else {}
+    source = load_source(name, **options)
+    return source.train.x, source.train.y
+
+
+def edit_rank(eraser: Any) -> int | None:
+    """Number of directions an eraser edits, from its saved metadata when it records one."""
+    meta = eraser.metadata() if hasattr(eraser, "metadata") else {}
+    for key in ("edit_rank", "rank", "num_directions", "n_directions"):
+        if isinstance(meta.get(key), int):
+            return int(meta[key])
+    tensors = eraser.tensors() if hasattr(eraser, "tensors") else {}
+    for key in ("directions", "basis"):
+        if key in tensors and tensors[key].ndim == 2:
+            return int(min(tensors[key].shape))
+    return None
+
+
+def random_control(x, y, shown, rank: int):
+    """The paper's equal-rank control: erasure's ``random`` eraser (``rank`` random directions
+    through the data mean removed), fitted on (a sample of) the image set, applied to the shown ones."""
+    from erasure import fit_eraser
+
+    x, y = x[:RANDOM_FIT_IMAGES], y[:RANDOM_FIT_IMAGES]  # only the mean is fitted: a sample is plenty
+    return fit_eraser("random", x.double(), y.long(), rank=rank, seed=0)(shown.double()).to(shown.dtype)
+
+
+def pick_images(y, n_images: int) -> list[int]:
+    """The first example of each of the first ``n_images`` classes (deterministic, varied)."""
+    firsts: dict[int, int] = {}
+    for i, label in enumerate(y.tolist()):
+        firsts.setdefault(int(label), i)
+    return [firsts[c] for c in sorted(firsts)[:n_images]]
+
+
+def figure1(sweep: Sweep, out: Path, image_loader: ImageLoader | None = default_image_loader,
+            n_images: int = 4) -> tuple[list[FigureFile], list[str]]:
+    """For each data configuration: images (rows) as given and under every fitted eraser."""
+    figures, notes = [], []
+    if image_loader is None or n_images < 1:
+        return [], ["Figure 1: skipped (no image loader, or zero images asked for)."]
+    groups: dict[tuple, list[Run]] = {}
+    for run in sweep.runs:  # the images depend on the source and its options only
+        key = tuple(sorted((k, v) for k, v in run.flat.items() if k.startswith(("data.source", "data.options"))))
+        groups.setdefault(key, []).append(run)
+    used_names: set[str] = set()
+    for g, runs in enumerate(groups.values()):
+        source = (runs[0].results["config"].get("data") or {}).get("source", f"data{g}")
+        try:
+            x, y = image_loader(runs[0].results["config"])
+        except Exception as err:  # noqa: BLE001 - any loader failure only skips the figure
+            notes.append(f"Figure 1 ({source}): skipped, the images could not be loaded ({type(err).__name__}: {err}).")
+            continue
+        idx = pick_images(y, n_images)
+        xs, ys = x[idx].float(), y[idx].long()
+        columns, ranks = [("original", xs)], {}
+        # The control's "erased" images are the originals: its column would repeat the first one.
+        for eraser_label in sorted({r.eraser for r in runs if r.eraser != CONTROL}, key=eraser_sort_key):
+            image, rank, note = _apply_first_loadable([r for r in runs if r.eraser == eraser_label], xs, ys)
+            if note:
+                notes.append(f"Figure 1 ({source}), {eraser_label}: {note}")
+            if image is not None:
+                columns.append((eraser_label, image))
+                ranks[eraser_label] = rank
+        if len(columns) == 1:
+            notes.append(f"Figure 1 ({source}): skipped, no eraser of this data set could be applied.")
+            continue
+        caption_rank = ""
+        if not any(label.startswith("random") for label, _ in columns):  # else the sweep has its own
+            rank, origin = _reference_rank(ranks)
+            try:
+                if not rank:
+                    raise ValueError("no eraser records its edit rank")
+                columns.append((f"random (rank {rank})", random_control(x, y, xs, rank)))
+                caption_rank = f" The last column removes {rank} random directions (edit rank of {origin})."
+            except Exception as err:  # noqa: BLE001 - the control column is optional
+                notes.append(f"Figure 1 ({source}): no random-projection column ({type(err).__name__}: {err}).")
+        base = f"figure1_{slug(str(source))}"
+        name = base if base not in used_names else f"{base}_{g}"
+        used_names.add(name)
+        path = _draw_figure1(columns, out / f"{name}.png", float(x.min()), float(x.max()))
+        figures.append(FigureFile(path, f"Figure 1: {source} images under each eraser",
+                                  "Rows: the first example of each of the first classes of the training set; columns: "
+                                  "unedited (= the control) and under each fitted eraser (label-dependent erasers get the true label). "
+                                  f"Pixels clipped to the data range for display.{caption_rank}"))
+    return figures, notes
+
+
+def _reference_rank(ranks: dict[str, int | None]) -> tuple[int | None, str]:
+    for label, rank in ranks.items():
+        if label.startswith("alf_qleace") and rank:
+            return rank, label
+    known = [(r, label) for label, r in ranks.items() if r]
+    return max(known) if known else (None, "")
+
+
+def _apply_first_loadable(runs: list[Run], xs, ys):
+    """Apply the eraser of the first run whose file loads; (images, edit rank, note)."""
+    from erasure import load_eraser
+
+    reasons = []
+    for run in sorted(runs, key=lambda r: str(r.replicate)):
+        raw = run.results.get("eraser_path")
+        if not raw:
+            reasons.append("eraser_path is null (the run saved no eraser, e.g. one that cannot transform new data)")
+            continue
+        path = Path(raw)
+        if not path.exists() and (run.path.parent / path.name).exists():
+            path = run.path.parent / path.name  # the sweep was moved: look next to results.json
+        try:
+            eraser = load_eraser(path)
+            out = eraser(xs, ys) if getattr(eraser, "requires_labels", False) else eraser(xs)
+            return out, edit_rank(eraser), None
+        except Exception as err:  # noqa: BLE001 - report and try the next seed's file
+            reasons.append(f"{path}: {type(err).__name__}: {err}")
+    return None, None, "not shown; " + "; ".join(dict.fromkeys(reasons))
+
+
+def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: float) -> Path:
+    n_rows, n_cols = columns[0][1].shape[0], len(columns)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.6 * n_rows), squeeze=False)
+    span = hi - lo if hi > lo else 1.0
+    for j, (label, images) in enumerate(columns):
+        for i in range(n_rows):
+            img = ((images[i].detach().double().cpu().numpy() - lo) / span).clip(0, 1)
+            ax = axes[i][j]
+            if img.shape[0] == 1:
+                ax.imshow(img[0], cmap="gray", vmin=0, vmax=1)
+            else:
+                ax.imshow(np.moveaxis(img[:3], 0, -1))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(label, fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,242 @@
+"""Find, load and group the ``results.json`` files of a sweep for the report.
+
+A *condition* is one point of the experimental design: the resolved config with the replicate
+keys (every key named ``seed`` or ``*_seed``) and the bookkeeping keys (paths, logger, hydra)
+removed. Runs of one condition are its seeds; the report averages over them and nothing else, so
+two widths, two depths or two eraser option settings never end up in one mean.
+
+Within a condition's config three kinds of keys matter for display:
+- the architecture label: ``model.name`` plus any other ``model.*`` key that varies within that
+  architecture (e.g. ``mlp-gelu`` when several activations were swept);
+- the eraser label: ``eraser.name`` plus any ``eraser.*`` key that varies within that eraser
+  (e.g. ``alf_qleace (max_rank=15)``), so option sweeps stay apart and still share a control;
+- the row keys: every other key that varies within some (architecture, eraser) pair, e.g.
+  ``width``, ``depth``, ``data.source``. Rows are (architecture, row-key values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+RESULTS_NAME = "results.json"
+REQUIRED_KEYS = ("config",)
+# The same bookkeeping keys mdl.experiment.NON_SCIENTIFIC_KEYS leaves out of a run's config hash.
+IGNORED_PREFIXES = ("hydra", "logger", "paths", "skip_if_done")
+PATHLIKE_SUFFIXES = ("dir", "path", "root", "file", "dirname")
+CONTROL = "none"
+AXIS_ORDER = ("width", "depth")
+COMPARED_METRICS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve")
+ERASER_ORDER = ("none", "leace", "alf_qleace", "gradient", "qleace", "random")
+
+
+@dataclass
+class Run:
+    """One results.json: its flattened config split into the parts the report groups by."""
+
+    path: Path
+    results: dict[str, Any]
+    flat: dict[str, Any]                      # dotted config key -> JSON-encoded value
+    replicate: tuple[tuple[str, Any], ...]    # (key, value) of every seed key, sorted
+    mtime: float
+    arch: str = ""
+    eraser: str = ""
+    row: tuple[Any, ...] = ()                 # values of the row keys, in Sweep.row_keys order
+
+    def metric(self, name: str) -> float | None:
+        value = self.results.get(name)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass
+class Problem:
+    path: Path
+    reason: str
+
+
+@dataclass
+class Sweep:
+    runs: list[Run]
+    row_keys: list[str]
+    replicate_keys: list[str]                 # seed keys whose value varies somewhere
+    problems: list[Problem] = field(default_factory=list)
+    duplicates: list[tuple[Run, Run]] = field(default_factory=list)  # (kept, dropped) with different numbers
+    copies: int = 0  # results.json files identical in numbers to one kept (store/, skipped re-launches)
+
+    def row_names(self) -> list[str]:
+        names = display_names(self.row_keys)
+        return [names[k] for k in self.row_keys]
+
+    def describe(self, row: tuple[Any, ...], skip: str | None = None) -> str:
+        """'width=128, depth=2' for a row (optionally without one key); '' when no key is left."""
+        return ", ".join(f"{name}={v}" for k, name, v in zip(self.row_keys, self.row_names(), row) if k != skip)
+
+    def replicate_label(self, replicate: tuple[tuple[str, Any], ...]) -> str:
+        """'seed=2' (only the seed keys that vary in this sweep; the first one if none varies)."""
+        values = dict(replicate)
+        keys = self.replicate_keys or [k for k, _ in replicate][:1]
+        return ",".join(f"{k}={values.get(k)}" for k in keys) or "-"
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"a.b.c": JSON string}; lists are leaves (JSON-encoded, hashable)."""
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: json.dumps(tree, sort_keys=True)}
+
+
+def is_replicate_key(key: str) -> bool:
+    last = key.rsplit(".", 1)[-1]
+    return last == "seed" or last.endswith("_seed")
+
+
+def is_ignored_key(key: str, encoded: str, extra_ignored: Iterable[str] = ()) -> bool:
+    """Bookkeeping that differs between runs of one condition: paths, logger, hydra, --ignore."""
+    for prefix in (*IGNORED_PREFIXES, *extra_ignored):
+        if key == prefix or key.startswith(prefix + "."):
+            return True
+    if key.rsplit(".", 1)[-1].lower().endswith(PATHLIKE_SUFFIXES):
+        return True
+    value = json.loads(encoded)
+    return isinstance(value, str) and value.startswith(("/", "~"))
+
+
+def find_results(dirs: Iterable[str | os.PathLike]) -> list[Path]:
+    found: set[Path] = set()
+    for d in dirs:
+        d = Path(d)
+        if not d.exists():
+            raise FileNotFoundError(f"sweep directory {d} does not exist; pass the multirun/<date>/<time> folder")
+        found.update(p.resolve() for p in ([d] if d.is_file() else d.rglob(RESULTS_NAME)))
+    return sorted(found)
+
+
+def load_run(path: Path, extra_ignored: Iterable[str] = ()) -> Run:
+    with open(path) as f:
+        results = json.load(f)
+    if not isinstance(results, dict) or any(k not in results for k in REQUIRED_KEYS):
+        raise ValueError(f"missing keys {[k for k in REQUIRED_KEYS if k not in (results or {})]}")
+    flat = flatten(results["config"])
+    replicate = tuple(sorted((k, json.loads(v)) for k, v in flat.items() if is_replicate_key(k)))
+    kept = {k: v for k, v in flat.items() if not is_replicate_key(k) and not is_ignored_key(k, v, extra_ignored)}
+    return Run(path=path, results=results, flat=kept, replicate=replicate, mtime=path.stat().st_mtime)
+
+
+def _value(run: Run, key: str) -> Any:
+    return json.loads(run.flat[key]) if key in run.flat else None
+
+
+def _varying_within(runs: list[Run], group_of, keys_of) -> dict[Any, list[str]]:
+    """Per group (chosen by group_of): the keys (chosen by keys_of) taking more than one value."""
+    groups: dict[Any, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(group_of(run), []).append(run)
+    varying = {}
+    for group, members in groups.items():
+        keys = set().union(*(keys_of(r) for r in members))
+        varying[group] = sorted(k for k in keys if len({r.flat.get(k) for r in members}) > 1)
+    return varying
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def display_names(keys: Iterable[str]) -> dict[str, str]:
+    """The shortest dotted suffix naming each key unambiguously: width -> width, but
+    optimizer.lr and data.lr stay apart."""
+    keys = list(keys)
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            name = ".".join(parts[-n:])
+            if sum(other == name or other.endswith("." + name) for other in keys) == 1:
+                break
+        names[key] = name
+    return names
+
+
+def _label(base: str, run: Run, keys: list[str]) -> str:
+    names = display_names(keys)
+    parts = [f"{names[k]}={_value(run, k)}" for k in keys]
+    return f"{base} ({', '.join(parts)})" if parts else base
+
+
+def arch_label(run: Run, model_keys: list[str]) -> str:
+    """``mlp``, ``mlp-gelu`` when activations differ (model.activation or model.options.activation)."""
+    base = str(_value(run, "model.name"))
+    activation = [k for k in model_keys if _short(k) == "activation"]
+    for key in activation:
+        base = f"{base}-{_value(run, key)}"
+    return _label(base, run, [k for k in model_keys if k not in activation])
+
+
+def eraser_sort_key(label: str) -> tuple[int, str]:
+    name = label.split(" ", 1)[0]
+    return (ERASER_ORDER.index(name) if name in ERASER_ORDER else len(ERASER_ORDER), label)
+
+
+def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = ()) -> Sweep:
+    """Load every results.json below ``dirs``, label runs, and keep one run per (condition, seed).
+
+    Copies with the same numbers (the run store, a re-launch's skipped jobs) are counted once;
+    real re-runs with different numbers keep the newest non-skipped file and are listed.
+    """
+    runs: list[Run] = []
+    problems: list[Problem] = []
+    for path in find_results(dirs):
+        try:
+            runs.append(load_run(path, extra_ignored))
+        except (OSError, ValueError) as err:
+            problems.append(Problem(path, f"unreadable: {err}"))
+    for run in runs:
+        for key in ("model.name", "eraser.name"):
+            if key not in run.flat:
+                problems.append(Problem(run.path, f"config has no {key}; counted under 'None'"))
+
+    model_keys = _varying_within(runs, lambda r: _value(r, "model.name"),
+                                 lambda r: {k for k in r.flat if k.startswith("model.") and k != "model.name"})
+    eraser_keys = _varying_within(runs, lambda r: _value(r, "eraser.name"),
+                                  lambda r: {k for k in r.flat if k.startswith("eraser.") and k != "eraser.name"})
+    for run in runs:
+        run.arch = arch_label(run, model_keys[_value(run, "model.name")])
+        run.eraser = _label(str(_value(run, "eraser.name")), run, eraser_keys[_value(run, "eraser.name")])
+    varying = _varying_within(runs, lambda r: (r.arch, r.eraser),
+                              lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
+    row_keys = sorted(set().union(*varying.values()),
+                      key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    for run in runs:
+        run.row = tuple(_value(run, k) for k in row_keys)
+
+    by_seed: dict[tuple, list[Run]] = {}
+    for run in runs:
+        by_seed.setdefault((tuple(sorted(run.flat.items())), run.replicate), []).append(run)
+    kept: dict[tuple, Run] = {}
+    duplicates: list[tuple[Run, Run]] = []
+    copies = 0
+    for key, files in by_seed.items():
+        versions: dict[str, Run] = {}  # numbers -> newest non-skipped file holding them
+        for run in sorted(files, key=lambda r: (r.results.get("skipped", False), -r.mtime)):
+            versions.setdefault(json.dumps([run.results.get(m) for m in COMPARED_METRICS]), run)
+        copies += len(files) - len(versions)
+        newest, *others = sorted(versions.values(), key=lambda r: -r.mtime)
+        kept[key] = newest
+        duplicates += [(newest, other) for other in others]
+    all_replicates = {r.replicate for r in kept.values()}
+    replicate_keys = sorted({k for rep in all_replicates for k, _ in rep
+                             if len({dict(r).get(k) for r in all_replicates}) > 1})
+    ordered = sorted(kept.values(), key=lambda r: (r.arch, sortable(r.row), eraser_sort_key(r.eraser), str(r.replicate)))
+    return Sweep(runs=ordered, row_keys=row_keys, replicate_keys=replicate_keys, problems=problems,
+                 duplicates=duplicates, copies=copies)
+
+
+def sortable(values: tuple[Any, ...]) -> tuple:
+    """Sort rows numerically where values are numbers, by text otherwise (None first)."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, json.dumps(v)) for v in values)

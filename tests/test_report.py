@@ -1,0 +1,339 @@
+"""The report on a synthetic sweep written here with known numbers.
+
+Sweep: MLP and LeNet x widths 64, 128 (depth 2) x erasers none / leace (/ qleace for the MLP)
+x seeds 0, 1, 2, plus an MLP depth-4 point at width 128. MLP + QLEACE at width 128 lacks seed 2
+(partial cell); LeNet has no QLEACE at all (missing cells). The MLP width-128 depth-2 LEACE loss
+curve is built to cross below the control's; the QLEACE curve is its mirror image.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mdl.report import build_report, main
+from mdl.report_runs import load_sweep
+from mdl.report_stats import backfire_flags, build_cells, coverage, detect_backfire
+
+REPO = Path(__file__).resolve().parents[1]
+EPOCHS = 20
+CONTROL_CURVE = np.linspace(2.0, 1.0, EPOCHS)
+# erased - control = 0.5 - 0.06 t (t = 0-based index): +0.02 at index 8, -0.04 at index 9 -> crossing epoch 10.
+CROSSING_CURVE = CONTROL_CURVE + 0.5 - 0.06 * np.arange(EPOCHS)
+MIRROR_CURVE = 2 * CONTROL_CURVE - CROSSING_CURVE
+# paper MDL of MLP / width 128 / depth 2 / control, seeds 0, 1, 2:
+CONTROL_MDL = (7.0, 7.5, 8.5)
+CONTROL_MDL_MEAN = 23 / 3                 # 7.6667
+CONTROL_MDL_STD = math.sqrt(7 / 12)       # deviations -2/3, -1/6, 5/6: squares sum to 7/6, / (3 - 1)
+
+
+def paper_mdl(arch: str, eraser: str, width: int, depth: int, seed: int) -> float:
+    if (arch, eraser, width, depth) == ("mlp", "none", 128, 2):
+        return CONTROL_MDL[seed]
+    base = {"none": 7.0, "leace": 8.0, "qleace": 11.0}[eraser] - (1.0 if arch == "lenet" else 0.0)
+    return base + 0.01 * width / 64 + 0.1 * depth + 0.2 * seed
+
+
+def curve(arch: str, eraser: str, width: int, depth: int, seed: int) -> list[float]:
+    noise = 0.001 * seed
+    if (arch, width, depth) == ("mlp", 128, 2) and eraser == "leace":
+        return list(CROSSING_CURVE + noise)
+    if (arch, width, depth) == ("mlp", 128, 2) and eraser == "qleace":
+        return list(MIRROR_CURVE + noise)
+    shift = {"none": 0.0, "leace": 0.3, "qleace": 0.6}[eraser]
+    return list(CONTROL_CURVE + shift + noise)
+
+
+def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: int, seed: int,
+              eraser_path: str | None = None, activation: str = "relu", eraser_options: dict | None = None) -> Path:
+    run_dir = root / f"{job}_eraser={eraser},model={arch},seed={seed},width={width}"
+    run_dir.mkdir(parents=True)
+    online = paper_mdl(arch, eraser, width, depth, seed) / 2
+    results = {
+        "config": {
+            "seed": seed, "data_seed": seed, "width": width, "depth": depth,
+            "data": {"source": "synthetic-test", "val_size": 16, "root": f"/tmp/data-{seed}"},
+            "eraser": {"name": eraser, "options": eraser_options or {}},
+            "model": {"name": arch, "options": {"activation": activation}},
+            "logger": {"name": f"run-{job}"},
+            "output_dir": str(run_dir),
+        },
+        "overrides": [f"eraser={eraser}", f"seed={seed}"],
+        "git_sha": "abc123",
+        "num_classes": 3,
+        "n_train": 100,
+        "blocks": [{"n_train": 10, "n_eval": 10, "eval_bits": 12.0}],
+        "online_codelength_bits": online * 100,
+        "online_bits_per_example": online,
+        "uniform_codelength_bits": 100 * math.log2(3),
+        "paper_mdl": paper_mdl(arch, eraser, width, depth, seed),
+        "final_val_loss": float(min(curve(arch, eraser, width, depth, seed))),
+        "val_loss_curve": curve(arch, eraser, width, depth, seed),
+        "eraser_path": eraser_path,
+    }
+    (run_dir / "results.json").write_text(json.dumps(results))
+    return run_dir
+
+
+def tiny_images(n: int = 60) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 3
+    x = torch.rand(n, 1, 4, 4, generator=gen) * 0.5 + 0.15 * y.view(-1, 1, 1, 1)
+    return x, y
+
+
+def write_sweep(root: Path, with_erasers: bool = True) -> Path:
+    from erasure import fit_eraser
+
+    x, y = tiny_images()
+    files = {}
+    if with_erasers:
+        for name in ("none", "leace"):
+            files[name] = str(fit_eraser(name, x.double(), y).save(root / "erasers" / f"{name}.safetensors"))
+    sweep = root / "multirun" / "2025-01-01" / "12-00-00"
+    job = 0
+    for arch, erasers in (("mlp", ("none", "leace", "qleace")), ("lenet", ("none", "leace"))):
+        for eraser in erasers:
+            for width, depth in ((64, 2), (128, 2)) + (((128, 4),) if arch == "mlp" and eraser != "qleace" else ()):
+                for seed in (0, 1, 2):
+                    if (arch, eraser, width, seed) == ("mlp", "qleace", 128, 2):
+                        continue  # the partial cell
+                    write_run(sweep, job, arch, eraser, width, depth, seed, files.get(eraser))
+                    job += 1
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    return write_sweep(tmp_path_factory.mktemp("sweep"))
+
+
+@pytest.fixture(scope="module")
+def report(sweep_dir: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    return build_report([sweep_dir], out, image_loader=lambda config: tiny_images())
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def find_row(rows, **match) -> dict[str, str]:
+    hits = [r for r in rows if all(r[k] == str(v) for k, v in match.items())]
+    assert len(hits) == 1, f"{len(hits)} rows match {match}"
+    return hits[0]
+
+
+def test_seeds_grouped_despite_paths_logger_and_data_seed(sweep_dir: Path):
+    sweep = load_sweep([sweep_dir])
+    assert sweep.row_keys == ["width", "depth"]
+    cells = build_cells(sweep)
+    # MLP none/leace: 3 settings x 3 seeds; MLP qleace: 2 x 3 - 1; LeNet none/leace: 2 x 3.
+    assert len(sweep.runs) == 2 * 9 + 5 + 2 * 6
+    assert len(cells) == 3 + 3 + 2 + 2 + 2
+    assert sweep.replicate_keys == ["data_seed", "seed"]
+
+
+def test_activation_and_eraser_options_split_labels_not_rows(tmp_path: Path):
+    """Several MLP activations -> 'mlp-gelu'; an eraser option sweep -> 'leace (rank=1)': both
+    stay in the same row as their control, and nothing else becomes a row key."""
+    job = 0
+    for activation in ("relu", "gelu"):
+        for eraser, options in (("none", {}), ("leace", {"rank": 1}), ("leace", {"rank": 2})):
+            for seed in (0, 1):
+                write_run(tmp_path, job, "mlp", eraser, 128, 2, seed, activation=activation, eraser_options=options)
+                job += 1
+    sweep = load_sweep([tmp_path])
+    assert sweep.row_keys == []
+    cells = build_cells(sweep)
+    assert sorted((c.arch, c.eraser, c.n) for c in cells) == [
+        (arch, e, 2) for arch in ("mlp-gelu", "mlp-relu") for e in ("leace (rank=1)", "leace (rank=2)", "none")]
+
+
+def test_settings_differing_between_erasers_of_a_row_are_reported(tmp_path: Path):
+    from mdl.report_stats import row_differences
+
+    for job, eraser in enumerate(("none", "qleace")):
+        run_file = write_run(tmp_path, job, "mlp", eraser, 128, 2, 0) / "results.json"
+        results = json.loads(run_file.read_text())
+        results["config"]["data"]["eval_labels"] = eraser == "none" or "predicted"
+        run_file.write_text(json.dumps(results))
+    cells = build_cells(load_sweep([tmp_path]))
+    assert row_differences(cells) == [("mlp", (), "data.eval_labels", {"none": "true", "qleace": '"predicted"'})]
+
+
+def test_copies_counted_once_conflicts_and_broken_files_reported(tmp_path: Path):
+    """The run store holds a copy of every results.json: read once. A re-run of the same seed
+    with different numbers keeps the newer file and is listed; a truncated file is listed."""
+    first = write_run(tmp_path / "sweep", 0, "mlp", "none", 128, 2, 0) / "results.json"
+    store = tmp_path / "store" / "abc"
+    store.mkdir(parents=True)
+    (store / "results.json").write_text(first.read_text())
+    rerun = write_run(tmp_path / "sweep2", 0, "mlp", "none", 128, 2, 0) / "results.json"
+    changed = json.loads(rerun.read_text())
+    changed["paper_mdl"] = 9.0
+    rerun.write_text(json.dumps(changed))
+    os.utime(rerun, (first.stat().st_mtime + 10,) * 2)
+    (tmp_path / "sweep" / "broken").mkdir()
+    (tmp_path / "sweep" / "broken" / "results.json").write_text('{"config": {"se')
+    sweep = load_sweep([tmp_path])
+    assert [r.metric("paper_mdl") for r in sweep.runs] == [9.0]
+    assert sweep.copies == 1
+    [(kept, dropped)] = sweep.duplicates
+    assert kept.path == rerun.resolve() and dropped.metric("paper_mdl") == CONTROL_MDL[0]
+    assert [p.path.parent.name for p in sweep.problems] == ["broken"]
+
+
+def test_table_means_and_stds_equal_hand_computed(report: Path):
+    rows = read_csv(report.parent / "table.csv")
+    control = find_row(rows, architecture="mlp", width=128, depth=2, eraser="none")
+    assert float(control["paper_mdl_mean"]) == pytest.approx(CONTROL_MDL_MEAN, rel=1e-12)
+    assert float(control["paper_mdl_std"]) == pytest.approx(CONTROL_MDL_STD, rel=1e-12)
+    assert float(control["online_bits_per_example_std"]) == pytest.approx(CONTROL_MDL_STD / 2, rel=1e-12)
+    assert control["n_seeds"] == "3"
+    # Another cell: values base + 0.2 * seed -> mean base + 0.2, sample std 0.2 exactly.
+    leace = find_row(rows, architecture="lenet", width=64, depth=2, eraser="leace")
+    assert float(leace["paper_mdl_mean"]) == pytest.approx(8.0 - 1.0 + 0.01 + 0.2 + 0.2, rel=1e-12)
+    assert float(leace["paper_mdl_std"]) == pytest.approx(0.2, rel=1e-12)
+    text = report.read_text()
+    assert "7.67 ± 0.76 (n=3)" in text
+    assert "ddof = 1" in text and "bits per sample" in text
+
+
+def test_partial_and_missing_cells_are_flagged(report: Path, sweep_dir: Path):
+    sweep = load_sweep([sweep_dir])
+    cov = coverage(sweep, build_cells(sweep))
+    assert cov.max_seeds == 3
+    assert [(c.arch, c.row, c.eraser, lacking) for c, lacking in cov.partial] == [
+        ("mlp", (128, 2), "qleace", ["data_seed=2,seed=2"])]
+    assert sorted(cov.missing) == [("lenet", (64, 2), "qleace"), ("lenet", (128, 2), "qleace"),
+                                   ("mlp", (128, 4), "qleace")]
+    rows = read_csv(report.parent / "table.csv")
+    partial = find_row(rows, architecture="mlp", width=128, depth=2, eraser="qleace")
+    assert partial["n_seeds"] == "2" and partial["missing_seeds"] == "data_seed=2,seed=2"
+    assert find_row(rows, architecture="lenet", width=64, depth=2, eraser="qleace")["n_seeds"] == "0"
+    text = report.read_text()
+    assert "partial: mlp width=128, depth=2 **qleace**: n=2 of 3" in text
+    assert "(n=2) †" in text and "missing" in text
+
+
+def test_detector_flags_crossing_curve_not_its_mirror():
+    hit = detect_backfire(CONTROL_CURVE, CROSSING_CURVE)
+    assert hit is not None and hit.crossing_epoch == 10 and hit.epochs == EPOCHS
+    # early window = first 5 epochs: d = 0.5 - 0.06 t, t = 0..4 -> mean 0.38; late = last 5: t = 15..19 (mean 17) -> -0.52
+    assert hit.early_gap == pytest.approx(0.38) and hit.late_gap == pytest.approx(-0.52)
+    assert detect_backfire(CONTROL_CURVE, MIRROR_CURVE) is None
+    assert detect_backfire(CROSSING_CURVE, CONTROL_CURVE) is None  # roles swapped
+    assert detect_backfire(CONTROL_CURVE, CONTROL_CURVE + 0.1) is None  # always above: just slower
+
+
+def test_backfiring_flags_in_sweep(report: Path, sweep_dir: Path):
+    flags = backfire_flags(build_cells(load_sweep([sweep_dir])))
+    assert [(f.arch, f.row, f.eraser, f.result.crossing_epoch) for f in flags] == [("mlp", (128, 2), "leace", 10)]
+    rows = read_csv(report.parent / "backfiring.csv")
+    assert [(r["architecture"], r["eraser"], r["crossing_epoch"]) for r in rows] == [("mlp", "leace", "10")]
+
+
+def test_every_figure_written_and_not_blank(report: Path):
+    import matplotlib.image as mpimg
+
+    out = report.parent
+    expected = {"mdl_vs_width_mlp-relu.png", "mdl_vs_width_lenet-relu.png", "mdl_vs_depth_mlp-relu.png",
+                "val_loss_mlp-relu.png", "val_loss_lenet-relu.png", "figure1_synthetic-test.png"}
+    expected = {e.replace("-relu", "") for e in expected}  # one activation: the label is the bare name
+    written = {p.name for p in out.glob("*.png")}
+    assert written == expected
+    text = report.read_text()
+    for name in written:
+        assert f"]({name})" in text, f"{name} is not referenced in the report"
+        rgb = (mpimg.imread(out / name)[..., :3] * 255).astype(np.uint32)
+        colours = np.unique(rgb[..., 0] << 16 | rgb[..., 1] << 8 | rgb[..., 2])
+        assert rgb.std() > 10 and len(colours) > 10, f"{name} looks blank"
+    assert "removes 2 random directions (edit rank of leace)" in text
+    assert "qleace: not shown; eraser_path is null" in text
+    assert "MDL vs depth: not drawn for lenet" in text
+
+
+def test_figure1_shows_erased_images(tmp_path: Path):
+    """Columns: originals, LEACE (really applied: it changes the images), random control of
+    LEACE's rank (no ALF-QLEACE here); the control's identity column is not repeated."""
+    from mdl.report_figures import figure1
+    from mdl.report_runs import load_sweep as load
+
+    sweep = load([write_sweep(tmp_path)])
+    captured = {}
+
+    def spy_draw(columns, path, lo, hi):
+        captured.update(columns)
+        return path
+
+    import mdl.report_figures as figs
+
+    original = figs._draw_figure1
+    figs._draw_figure1 = spy_draw
+    try:
+        figures, notes = figure1(sweep, tmp_path, lambda config: tiny_images(), n_images=3)
+    finally:
+        figs._draw_figure1 = original
+    assert list(captured) == ["original", "leace", "random (rank 2)"]
+    x, y = tiny_images()
+    assert torch.equal(captured["original"], x[[0, 1, 2]])  # first example of classes 0, 1, 2
+    assert not torch.allclose(captured["leace"], captured["original"])
+    edit = (captured["random (rank 2)"] - captured["original"]).reshape(3, -1).double()
+    assert torch.linalg.matrix_rank(edit, rtol=1e-5) == 2  # as many directions as LEACE (float32 output)
+    assert captured["original"].shape == (3, 1, 4, 4)
+
+
+def test_figure1_degrades_when_images_unavailable(sweep_dir: Path, tmp_path: Path):
+    from mdl.report_figures import figure1
+
+    def broken(config):
+        raise ImportError("no module named datamodules")
+
+    figures, notes = figure1(load_sweep([sweep_dir]), tmp_path, broken)
+    assert figures == [] and not list(tmp_path.glob("*.png"))
+    assert notes == ["Figure 1 (synthetic-test): skipped, the images could not be loaded "
+                     "(ImportError: no module named datamodules)."]
+
+
+def test_default_image_loader_reads_the_runs_data_source():
+    """Figure 1's real loader goes through datamodules.load_source with config.data."""
+    from mdl.report_figures import default_image_loader
+
+    x, y = default_image_loader({"data": {"source": "digits", "options": {}, "val_size": 300}})
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == torch.float32 and float(x.max()) <= 1.0
+    assert y.dtype == torch.int64 and set(y.tolist()) == set(range(10))
+
+
+def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
+    """A small sweep (2 erasers x 2 seeds) through the real command line (Figure 1 off with
+    --images 0, so the subprocess needs neither torch nor the data sources: fast)."""
+    sweep = tmp_path / "multirun"
+    for job, (eraser, seed) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1)):
+        write_run(sweep, job, "mlp", eraser, 128, 2, seed)
+    out = tmp_path / "cli-report"
+    proc = subprocess.run([sys.executable, "-m", "mdl.report", str(sweep), "--out", str(out), "--images", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"report: {out / 'report.md'}" in proc.stdout
+    for name in ("report.md", "table.csv", "runs.csv", "loss_curves.csv", "backfiring.csv", "val_loss_mlp.png"):
+        assert (out / name).stat().st_size > 0
+    assert len(read_csv(out / "runs.csv")) == 4
+    text = (out / "report.md").read_text()
+    assert "7.25 ± 0.35 (n=2)" in text  # control seeds 0, 1: 7.0 and 7.5 -> std 0.5 / sqrt(2)
+    assert "Figure 1: skipped" in text
+
+
+def test_cli_clear_error_on_empty_dir(tmp_path: Path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "no readable results.json" in capsys.readouterr().err
