@@ -9,7 +9,8 @@ the training device and batches come from ``DeviceBatches``. The training split 
 loaders serve its first n examples.
 
 Label-dependent erasers (``requires_labels``, e.g. qleace) need a class for every example they
-map. The training split always uses its true labels (it is the data being learned, and the
+map; an eraser that only edits the data it was fitted on (gradient) is fitted again on the
+validation and on the test split, with labels chosen the same way. The training split always uses its true labels (it is the data being learned, and the
 prequential blocks are scored on it as erased). Validation and test use ``eval_labels``:
 ``true`` (the paper's choice: their true labels, which leaks label information into
 evaluation) or ``predicted`` (the class a quadratic discriminant fitted on the training split's
@@ -31,6 +32,8 @@ from datamodules.loader import BatchTransform, DeviceBatches
 from datamodules.qda import QuadraticDiscriminant
 from datamodules.sources import ImageSet, ImageSource, load_source
 from erasure import Eraser, class_moments, fit_eraser
+from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
+from erasure.base import eraser_class
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,12 @@ def erase(eraser: Eraser, x: Tensor, labels: Tensor | None) -> Tensor:
         sl = slice(start, start + ERASE_CHUNK)
         out[sl] = eraser(x[sl], labels[sl] if labels is not None else None)
     return out
+
+
+def needs_eval_labels(eraser: Eraser) -> bool:
+    """Label-dependent maps (qleace) and data-editing erasers (gradient, refitted per split) use
+    labels on val/test; every other eraser maps them without."""
+    return bool(eraser.requires_labels) or not getattr(eraser, "can_transform_new_data", True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +153,10 @@ class ErasedDataModule(L.LightningDataModule):
         return {"data_seed": self.data_seed, "val_size": self.val_size, "test_size": self.test_size}
 
     def eraser_key(self) -> str:
-        return cache_key(kind="eraser", source=self.source_identity(), split=self.split_identity(), eraser=self.eraser_cfg)
+        return cache_key(
+            kind="eraser", source=self.source_identity(), split=self.split_identity(), eraser=self.eraser_cfg,
+            eraser_format=ERASER_FORMAT_VERSION,
+        )
 
     def data_key(self) -> str:
         evaluation = {"eval_labels": self.eval_labels}
@@ -168,6 +180,12 @@ class ErasedDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
+        name = self.eraser_cfg["name"]
+        if self.augment_order == "augment_then_erase" and not eraser_class(name).can_transform_new_data:
+            raise ValueError(
+                f"the {name!r} eraser edits only the data it was fitted on, so it cannot erase augmented "
+                f"batches; use data.augment_order=erase_then_augment"
+            )
         splits = _Memo(self._load_splits)
 
         def fit() -> Eraser:
@@ -210,11 +228,19 @@ class ErasedDataModule(L.LightningDataModule):
         for name, images in (("val", splits.val), ("test", splits.test)):
             x, y = images.x.to(on), images.y.to(on)
             labels = None
-            if eraser.requires_labels:
+            if needs_eval_labels(eraser):
                 labels = y if qda is None else qda.predict(x)
                 if qda is not None:
                     info[f"qda_{name}_accuracy"] = float((labels == y).double().mean())
-            erased[name] = erase(eraser, x, labels)
+            if getattr(eraser, "can_transform_new_data", True):
+                erased[name] = erase(eraser, x, labels if eraser.requires_labels else None)
+            else:  # an eraser that edits its own fitting data (gradient): one edit per split
+                log.info("%s cannot transform new data: fitting it on the %s split too", eraser.name, name)
+                split_eraser = fit_eraser(
+                    self.eraser_cfg["name"], x, labels, num_classes=len(splits.classes),
+                    **dict(self.eraser_cfg.get("options") or {}),
+                )
+                erased[name] = erase(split_eraser, x, labels if split_eraser.requires_labels else None)
         train_x, train_y = splits.train.x.to(on), splits.train.y.to(on)
         if self.augment_order == "erase_then_augment":
             train_x = erase(eraser, train_x, train_y if eraser.requires_labels else None)
@@ -225,7 +251,7 @@ class ErasedDataModule(L.LightningDataModule):
 
     def _label_predictor(self, eraser: Eraser, splits: Splits) -> QuadraticDiscriminant | None:
         """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""
-        if not eraser.requires_labels or self.eval_labels is True:
+        if not needs_eval_labels(eraser) or self.eval_labels is True:
             return None
         train = splits.train
         moments = class_moments(train.x.to(self.device), train.y.to(self.device), len(splits.classes))

@@ -1,0 +1,198 @@
+"""On-disk cache of fitted erasers and erased splits, shared by every job of a sweep.
+
+Files are named by a hash of what determines their content (source config, split, eraser
+config, format version; see ``cache_key``). Each file is one safetensors file whose metadata
+holds a checksum of its tensors; a file that fails to load or to match its checksum is reported
+and rebuilt. Writers take a per-key file lock and write to a temporary name then rename, so
+concurrent jobs build each key once and a reader never sees half a file. (If the lock is not
+honoured, e.g. on some network file systems, the rename still keeps every file whole; at worst
+two jobs build the same key.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from erasure import Eraser, load_eraser
+
+CACHE_FORMAT_VERSION = 1
+
+
+class CorruptCacheFile(Exception):
+    """A cache file that cannot be trusted (truncated, bit rot, other format version)."""
+
+
+def cache_key(**parts: Any) -> str:
+    """Stable hash of JSON-able parts (dict order does not matter) plus the cache format version."""
+    payload = json.dumps(
+        {"cache_format_version": CACHE_FORMAT_VERSION, **parts}, sort_keys=True, default=str, separators=(",", ":")
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
+    """blake2b over names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return digest.hexdigest()
+
+
+def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
+    """Write tensors with their checksum, atomically (temporary file in the same folder, then rename)."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    meta = {
+        **metadata,
+        "cache_format_version": str(CACHE_FORMAT_VERSION),
+        "checksum": tensors_checksum(tensors),
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the cache is shared by a sweep's jobs
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def read_checked(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Load a file written by ``write_checked``; raise ``CorruptCacheFile`` if it cannot be trusted."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error types for truncated/garbled files
+        raise CorruptCacheFile(f"cannot read {path}: {err}") from err
+    if meta.get("cache_format_version") != str(CACHE_FORMAT_VERSION):
+        raise CorruptCacheFile(f"{path} has cache format {meta.get('cache_format_version')}, expected {CACHE_FORMAT_VERSION}")
+    if tensors_checksum(tensors) != meta.get("checksum"):
+        raise CorruptCacheFile(f"{path}: checksum mismatch (file damaged)")
+    return tensors, meta
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    builds: int = 0
+    rebuilt_corrupt: int = 0
+
+
+class ErasureCache:
+    """Get-or-build for fitted erasers and erased tensors under ``directory`` (None: no caching)."""
+
+    def __init__(self, directory: str | os.PathLike | None, lock_timeout_s: float = 6 * 3600) -> None:
+        self.directory = Path(os.path.expanduser(str(directory))).absolute() if directory else None
+        self.lock_timeout_s = lock_timeout_s
+        self.stats = CacheStats()
+
+    def eraser_path(self, key: str) -> Path | None:
+        return self.directory / f"{key}.eraser.safetensors" if self.directory else None
+
+    def data_path(self, key: str) -> Path | None:
+        return self.directory / f"{key}.data.safetensors" if self.directory else None
+
+    def eraser(self, key: str, fit: Callable[[], Eraser], describe: Mapping[str, Any] | None = None) -> Eraser:
+        """The eraser cached under ``key``, fitted by ``fit()`` (once, across processes) if absent."""
+        path = self.eraser_path(key)
+        if path is None:
+            self.stats.builds += 1
+            return fit()
+
+        def load() -> Eraser:
+            read_checked(path)  # checksum first: load_eraser alone would accept flipped bits
+            return load_eraser(path)
+
+        def build() -> Eraser:
+            eraser = fit()
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".raw")
+            os.close(fd)
+            try:
+                eraser.save(tmp)
+                from safetensors import safe_open
+
+                with safe_open(tmp, framework="pt") as f:
+                    meta = dict(f.metadata() or {})
+                    tensors = {k: f.get_tensor(k) for k in f.keys()}
+                meta["describe"] = json.dumps(describe or {}, sort_keys=True, default=str)
+                write_checked(path, tensors, meta)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return eraser
+
+        return self._get_or_build(path, load, build)
+
+    def tensors(
+        self,
+        key: str,
+        build: Callable[[], tuple[Mapping[str, Tensor], Mapping[str, Any]]],
+        describe: Mapping[str, Any] | None = None,
+    ) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """(tensors on the CPU, JSON info) cached under ``key``; ``build()`` runs (once) if absent."""
+        path = self.data_path(key)
+        if path is None:
+            self.stats.builds += 1
+            tensors, info = build()
+            return dict(tensors), dict(info)
+
+        def load() -> tuple[dict[str, Tensor], dict[str, Any]]:
+            tensors, meta = read_checked(path)
+            return tensors, json.loads(meta.get("info", "{}"))
+
+        def make() -> tuple[dict[str, Tensor], dict[str, Any]]:
+            built, info = build()
+            tensors = {k: v.detach().cpu().contiguous() for k, v in built.items()}
+            meta = {"describe": json.dumps(describe or {}, sort_keys=True, default=str), "info": json.dumps(dict(info))}
+            write_checked(path, tensors, meta)
+            return tensors, dict(info)
+
+        return self._get_or_build(path, load, make)
+
+    def _get_or_build(self, path: Path, load: Callable[[], Any], build: Callable[[], Any]) -> Any:
+        from filelock import FileLock
+
+        if path.exists():  # fast path: a complete file never needs the lock (writes are renames)
+            try:
+                result = load()
+                self.stats.hits += 1
+                return result
+            except CorruptCacheFile as err:
+                warnings.warn(f"erasure cache: {err}; rebuilding it", RuntimeWarning, stacklevel=3)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock", timeout=self.lock_timeout_s):
+            if path.exists():  # another job may have built (or rebuilt) it while we waited
+                try:
+                    result = load()
+                    self.stats.hits += 1
+                    return result
+                except CorruptCacheFile:
+                    path.unlink()
+                    self.stats.rebuilt_corrupt += 1
+            result = build()
+            self.stats.builds += 1
+            return result

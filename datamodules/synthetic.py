@@ -1,0 +1,101 @@
+"""Gaussian classes with a known answer: how much class information sits in means vs covariances.
+
+Class z is N(mu_z, Sigma_z) with
+    mu_z    = center + mean_shift * std * u_z                     (u_z a random unit vector)
+    Sigma_z = std^2 * Q_z diag(exp(cov_shift * g_z)) Q_z^T       (Q_z random orthogonal, g_z ~ N(0, I))
+so ``mean_shift=0`` gives classes that differ only in covariance (LEACE keeps all of their
+information, QLEACE removes all of it) and ``cov_shift=0`` classes that differ only in mean.
+Values are not clipped to [0, 1]: clipping would make the classes non-Gaussian and spoil the
+known answer (with the default std almost all values lie in [0, 1] anyway).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from datamodules.sources import ImageSet, ImageSource, register_source
+
+
+@dataclass(frozen=True)
+class GaussianClasses:
+    means: Tensor  # (k, d) float64
+    covariances: Tensor  # (k, d, d) float64
+    factors: Tensor  # (k, d, d): Sigma_z = factors_z @ factors_z.T
+
+
+def gaussian_classes(
+    num_classes: int, dim: int, mean_shift: float, cov_shift: float, std: float, center: float, generator: torch.Generator
+) -> GaussianClasses:
+    """Draw the class parameters (float64) from ``generator``."""
+    kw = {"dtype": torch.float64, "generator": generator}
+    directions = torch.randn(num_classes, dim, **kw)
+    directions /= directions.norm(dim=1, keepdim=True)
+    means = center + mean_shift * std * directions
+    rotations, _ = torch.linalg.qr(torch.randn(num_classes, dim, dim, **kw))
+    log_scales = torch.randn(num_classes, dim, **kw)
+    factors = std * rotations * torch.exp(0.5 * cov_shift * log_scales).unsqueeze(1)
+    covariances = factors @ factors.transpose(1, 2)
+    return GaussianClasses(means=means, covariances=covariances, factors=factors)
+
+
+def sample(classes: GaussianClasses, n: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """n samples with balanced, shuffled labels (class sizes differ by at most one)."""
+    k, d = classes.means.shape
+    y = torch.arange(n) % k
+    y = y[torch.randperm(n, generator=generator)]
+    noise = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    x = classes.means[y] + torch.einsum("nij,nj->ni", classes.factors[y], noise)
+    return x, y
+
+
+def _generator(seed: int, part: str) -> torch.Generator:
+    """Independent streams for the parameters and each split (changing n_train keeps the test set)."""
+    digest = hashlib.sha256(f"synthetic/{int(seed)}/{part}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _check(num_classes: int, shape: Sequence[int], n_train: int, n_test: int, std: float) -> tuple[int, int, int]:
+    if num_classes < 2:
+        raise ValueError(f"synthetic: num_classes must be >= 2, got {num_classes}")
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"synthetic: shape must be [channels, height, width], got {list(shape)}")
+    if n_train < num_classes or n_test < 0:
+        raise ValueError(f"synthetic: need n_train >= num_classes and n_test >= 0, got {n_train}, {n_test}")
+    if std <= 0:
+        raise ValueError(f"synthetic: std must be positive, got {std}")
+    return tuple(int(s) for s in shape)  # type: ignore[return-value]
+
+
+@register_source("synthetic")
+def load_synthetic(
+    num_classes: int = 3,
+    shape: Sequence[int] = (1, 4, 4),
+    n_train: int = 4000,
+    n_test: int = 2000,
+    mean_shift: float = 0.0,
+    cov_shift: float = 1.0,
+    std: float = 0.1,
+    center: float = 0.5,
+    generator_seed: int = 0,
+    **_: Any,
+) -> ImageSource:
+    """Gaussian class data shaped like images (float32 (n, c, h, w)); the same seed gives the same data."""
+    c, h, w = _check(num_classes, shape, n_train, n_test, std)
+    classes = gaussian_classes(
+        num_classes, c * h * w, mean_shift, cov_shift, std, center, _generator(generator_seed, "classes")
+    )
+    sets = []
+    for part, n in (("train", n_train), ("test", n_test)):
+        x, y = sample(classes, n, _generator(generator_seed, part))
+        sets.append(ImageSet(x.float().reshape(n, c, h, w), y))
+    return ImageSource(
+        name="synthetic",
+        train=sets[0],
+        test=sets[1] if n_test > 0 else None,
+        classes=[f"class{z}" for z in range(num_classes)],
+    )
