@@ -97,6 +97,14 @@ class Eraser(ABC):
     input_shift: Tensor | None = field(default=None, kw_only=True)
     input_scale: Tensor | None = field(default=None, kw_only=True)
 
+    def __post_init__(self) -> None:
+        # Loaded tensors are contiguous; fitted ones must be too, or matmuls take other kernels and
+        # the outputs after save -> load differ in the last bit (seen with QR factors).
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor) and not value.is_contiguous():
+                object.__setattr__(self, f.name, value.contiguous())
+
     @classmethod
     @abstractmethod
     def fit(cls, x: Tensor, y: Tensor, num_classes: int, **options: Any) -> "Eraser":

@@ -35,11 +35,12 @@ def psd_power(matrix: Tensor, power: float) -> Tensor:
     return (eigvecs * scaled.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
 
 
-_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()
 
 
 def warn_once(key: str, message: str) -> None:
-    """Warn about a numerical condition once per process (singular covariances are common)."""
-    if key not in _warned:
-        _warned.add(key)
+    """Warn about a numerical condition once per process and message (singular covariances are
+    common): repeats of the same numbers are silent, a different data set still gets its warning."""
+    if (key, message) not in _warned:
+        _warned.add((key, message))
         warnings.warn(message, RuntimeWarning, stacklevel=3)

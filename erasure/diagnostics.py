@@ -1,0 +1,106 @@
+"""How much class information is left after erasure: moment gaps and held-out probe accuracy.
+
+``erasure_report`` returns flat float metrics for a logger:
+- ``max_mean_gap``: max_z ||mu_z - mu||_2 (mu = class-frequency weighted mean), data units;
+- ``max_cov_gap``: max_z ||S_z - S_bar||_F / ||S_bar||_F, S_bar = weighted mean class covariance;
+- ``linear_probe_acc`` (multinomial logistic regression) and ``qda_acc`` (quadratic discriminant):
+  accuracy on held-out data, i.e. how much linear and quadratic information is left;
+each with suffix ``_before`` and ``_after``, plus ``chance`` (the majority-class rate).
+The probes are kept cheap: at most ``max_samples`` training rows and PCA to ``max_features``
+dimensions (fitted on the probe's training rows). scikit-learn is imported lazily, so erasure/
+stays importable with torch alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from erasure.moments import class_moments
+
+
+def moment_gaps(x: Tensor, y: Tensor, num_classes: int | None = None, batch_size: int = 8192) -> dict[str, float]:
+    """Largest class-mean gap (absolute) and largest relative class-covariance gap, in float64."""
+    k = int(y.max()) + 1 if num_classes is None else num_classes
+    moments = class_moments(x.reshape(x.shape[0], -1), y.long(), k, second_order=True, batch_size=batch_size)
+    present = moments.counts > 0
+    mean_gap = (moments.means[present] - moments.mean).norm(dim=1).max()
+    covs = moments.covariances()[present]
+    mean_cov = (moments.weights[present, None, None] * covs).sum(0)
+    cov_gap = torch.linalg.matrix_norm(covs - mean_cov).max() / torch.linalg.matrix_norm(mean_cov).clamp_min(1e-300)
+    return {"max_mean_gap": float(mean_gap), "max_cov_gap": float(cov_gap)}
+
+
+def _probe_accuracies(
+    x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, max_features: int, seed: int
+) -> dict[str, float]:
+    from sklearn.decomposition import PCA
+    from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    xtr = x_train.reshape(x_train.shape[0], -1).double().cpu().numpy()
+    xte = x_test.reshape(x_test.shape[0], -1).double().cpu().numpy()
+    ytr, yte = y_train.cpu().numpy(), y_test.cpu().numpy()
+    dims = min(max_features, xtr.shape[1], xtr.shape[0] - 1)
+    steps = [StandardScaler()] + ([PCA(dims, random_state=seed)] if dims < xtr.shape[1] else [])
+    linear = make_pipeline(*steps, LogisticRegression(max_iter=500))
+    steps = [StandardScaler()] + ([PCA(dims, random_state=seed)] if dims < xtr.shape[1] else [])
+    quadratic = make_pipeline(*steps, QuadraticDiscriminantAnalysis(reg_param=1e-3))
+    out = {}
+    for key, model in (("linear_probe_acc", linear), ("qda_acc", quadratic)):
+        model.fit(xtr, ytr)
+        out[key] = float((model.predict(xte) == yte).mean())
+    return out
+
+
+def erasure_report(
+    x_before: Tensor,
+    x_after: Tensor,
+    y: Tensor,
+    x_test_before: Tensor | None = None,
+    x_test_after: Tensor | None = None,
+    y_test: Tensor | None = None,
+    probes: bool = True,
+    max_samples: int = 5000,
+    max_features: int = 64,
+    holdout_fraction: float = 0.3,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Moment gaps and probe accuracies before / after erasure (see the module docstring).
+
+    Without test data the training rows are split (seeded) into probe-train and held-out parts;
+    the eraser itself was fitted on all of them, which slightly favours erasure.
+    """
+    if x_before.shape != x_after.shape:
+        raise ValueError(f"x_before {tuple(x_before.shape)} and x_after {tuple(x_after.shape)} differ in shape")
+    has_test = [t is not None for t in (x_test_before, x_test_after, y_test)]
+    if any(has_test) and not all(has_test):
+        raise ValueError("pass x_test_before, x_test_after and y_test together (or none of them)")
+    k = int(y.max()) + 1 if y_test is None else max(int(y.max()), int(y_test.max())) + 1
+    report: dict[str, float] = {}
+    for when, data in (("before", x_before), ("after", x_after)):
+        for key, value in moment_gaps(data, y, k).items():
+            report[f"{key}_{when}"] = value
+    if not probes:
+        return report
+    gen = torch.Generator().manual_seed(seed)
+    if y_test is None:
+        order = torch.randperm(y.shape[0], generator=gen)
+        n_test = max(1, int(round(holdout_fraction * y.shape[0])))
+        test_idx, train_idx = order[:n_test], order[n_test:]
+        splits = {
+            "before": (x_before[train_idx], x_before[test_idx]),
+            "after": (x_after[train_idx], x_after[test_idx]),
+        }
+        y_train, y_held = y[train_idx], y[test_idx]
+    else:
+        splits = {"before": (x_before, x_test_before), "after": (x_after, x_test_after)}
+        y_train, y_held = y, y_test
+    keep = torch.randperm(y_train.shape[0], generator=gen)[:max_samples]
+    for when, (train, test) in splits.items():
+        for key, value in _probe_accuracies(train[keep], y_train[keep], test, y_held, max_features, seed).items():
+            report[f"{key}_{when}"] = value
+    report["chance"] = float(torch.bincount(y_held.long()).max() / y_held.shape[0])
+    return report

@@ -1,0 +1,58 @@
+"""The control for the paper's Figure 1: remove a random subspace of a chosen rank.
+
+x -> m + (I - U U^T)(x - m) with U a seeded, uniformly random orthonormal (d, r) basis (QR of a
+Gaussian matrix) and m the data mean, so the edit has the same rank as an ALF-QLEACE edit but no
+relation to the classes. Label-free; labels are used only for the default rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from erasure.base import Eraser, register_eraser
+
+
+def random_orthonormal(dim: int, rank: int, seed: int) -> Tensor:
+    """A (dim, rank) orthonormal basis of a uniformly random subspace, same for the same seed."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gaussian = torch.randn(dim, rank, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(1, dtype=torch.float64))
+
+
+@register_eraser("random")
+@dataclass(frozen=True)
+class RandomProjectionEraser(Eraser):
+    mean: Tensor  # (d,)
+    directions: Tensor  # (d, r) orthonormal
+    dim: int
+    num_classes: int
+    rank: int
+    seed: int
+
+    @classmethod
+    def fit(
+        cls, x: Tensor, y: Tensor, num_classes: int, rank: int | None = None, seed: int = 0, **options: Any
+    ) -> "RandomProjectionEraser":
+        """rank None -> 2k - 1, the default ALF-QLEACE edit rank (LEACE's k - 1 plus k directions);
+        pass the ``edit_rank`` of a fitted ALF-QLEACE eraser to match it exactly."""
+        if options:
+            raise ValueError(f"unknown random-projection options {sorted(options)}; it takes rank and seed")
+        d = x.shape[1]
+        rank = 2 * num_classes - 1 if rank is None else int(rank)
+        if not 0 <= rank <= d:
+            raise ValueError(f"rank must lie in [0, {d}] (the number of features), got {rank}")
+        mean = (x.sum(0, dtype=torch.float64) / x.shape[0]).cpu()
+        return cls(
+            mean=mean, directions=random_orthonormal(d, rank, seed), dim=d, num_classes=num_classes,
+            rank=rank, seed=int(seed),
+        )
+
+    def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
+        mean, dirs = self.mean.to(x.device), self.directions.to(x.device)
+        centred = x.to(torch.float64) - mean
+        return mean + centred - (centred @ dirs) @ dirs.T
