@@ -31,7 +31,7 @@ from datamodules.cache import ErasureCache, cache_key
 from datamodules.loader import BatchTransform, DeviceBatches
 from datamodules.qda import QuadraticDiscriminant
 from datamodules.sources import ImageSet, ImageSource, load_source
-from erasure import Eraser, class_moments, fit_eraser
+from erasure import erasure_report, Eraser, class_moments, fit_eraser
 from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
 from erasure.base import eraser_class
 
@@ -115,6 +115,7 @@ class ErasedDataModule(L.LightningDataModule):
         pad_mode: str = "constant",
         cache_dir: str | None = None,
         qda_regularization: float = 1e-3,
+        diagnostics: bool = True,
         **unused: Any,
     ) -> None:
         super().__init__()
@@ -135,6 +136,7 @@ class ErasedDataModule(L.LightningDataModule):
         self.padding_fraction, self.pad_mode = padding_fraction, pad_mode
         self.eval_labels = eval_labels
         self.qda_regularization = qda_regularization
+        self.run_diagnostics = diagnostics
         self.device = resolve_device(device)
         self.cache = ErasureCache(cache_dir)
         self.prefix: int | None = None
@@ -247,7 +249,21 @@ class ErasedDataModule(L.LightningDataModule):
         # augment_then_erase keeps the training images raw; the loaders erase each batch
         tensors = {"train_x": train_x, "train_y": train_y, "val_x": erased["val"], "val_y": splits.val.y,
                    "test_x": erased["test"], "test_y": splits.test.y}
+        if self.run_diagnostics:
+            info["erasure"] = self._diagnose(eraser, splits, train_x, erased["val"])
         return tensors, info
+
+    def _diagnose(self, eraser: Eraser, splits: Splits, train_after: Tensor, val_after: Tensor) -> dict[str, float]:
+        """Moment gaps and linear/QDA probe accuracies on held-out data, before and after erasure."""
+        on = self.device
+        train_before, y = splits.train.x.to(on), splits.train.y.to(on)
+        if self.augment_order == "augment_then_erase":  # the stored training images are raw
+            train_after = erase(eraser, train_before, y if eraser.requires_labels else None)
+        log.info("erasure diagnostics: moment gaps, linear probe and QDA before/after")
+        return erasure_report(
+            train_before, train_after, y, x_test_before=splits.val.x.to(on), x_test_after=val_after,
+            y_test=splits.val.y.to(on), seed=self.data_seed,
+        )
 
     def _label_predictor(self, eraser: Eraser, splits: Splits) -> QuadraticDiscriminant | None:
         """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""

@@ -149,12 +149,14 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         "overrides": overrides,
         "git_sha": git_sha(),
         "eraser_path": eraser_path,
+        "data_diagnostics": dm.diagnostics,
         **outcome,
     }
     if logger is not None:
         for epoch, value in enumerate(outcome["val_loss_curve"]):
             logger.log_metrics({"final/val_loss": value, "final/epoch": epoch})
         logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
+        logger.log_metrics({f"erasure/{k}": v for k, v in dm.diagnostics.get("erasure", {}).items()})
         logger.finalize("success")
         finish = getattr(getattr(logger, "experiment", None), "finish", None)
         if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
