@@ -5,7 +5,7 @@ from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_sha
 from models.module import Classifier, total_bits
 
 # Importing a module registers its models.
-from models import mlp  # noqa: E402,F401
+from models import convnext, lenet, mlp, swin  # noqa: E402,F401
 
 __all__ = [
     "Classifier",

@@ -1,0 +1,137 @@
+"""Swin Transformer V2 through timm, scaled by width and depth, with a MuReadout head.
+
+``timm.models.swin_transformer_v2.SwinTransformerV2`` with the paper's scaling (Appendix B):
+patch size 2 (a 32x32 image is a 16x16 token grid), stage widths [w, 2w, 4w, 8w], stage depths
+[1, 1, 3, 1] * depth, and a fixed head dimension (``head_dim``), so the number of heads,
+width * 2^i / head_dim, grows with the width in every stage, the third included (Swin-T's heads
+3, 6, 12, 24 are this rule with head_dim 32).
+
+Windows are sized to the token grid: stage i sees a grid of ceil(grid / 2^i) tokens per side
+and uses windows of min(window_size, grid_i), i.e. timm's own rule (a window never exceeds the
+grid; where it covers the whole grid there is no shift). With window_size 8, 8x8 digits (grid 4,
+2, 1, 1) attend globally in every stage, CIFAR-10 (16, 8, 4, 2) uses shifted 8x8 windows in the
+first stage. A window must tile its grid exactly, because timm pads a ragged grid with tokens
+that take part in attention unmasked; when it does not (e.g. 24x24 inputs: grid 12 with windows
+of 8) the builder stops and names the window sizes that would work. ``window_size: null`` makes
+every stage attend over its whole grid. (timm pads odd grids before patch merging, so grids may
+reach 1x1.)
+
+Tiny inputs: 8x8 digits give token grids 4, 2, 1, 1, so the last two stages attend over a single
+token. Softmax over one logit is 1, so those blocks compute proj(v) and act as per-token MLP
+blocks; their query/key side (logit scale, q bias, position-bias MLP, q/k rows of qkv) gets no
+gradient. The builder warns. Real attention in all four stages needs inputs of at least 32x32
+(patch size 2) or 16x16 (patch size 1); otherwise fewer stages (``stage_depths`` with fewer
+entries) avoid the degenerate ones.
+
+muP and attention: muP replaces attention's 1/sqrt(d) logit scale by 1/d because, once trained,
+q and k are correlated and q.k grows like d. Swin V2 uses cosine attention instead:
+logits = cos(q, k) * exp(logit_scale) (+ a bounded position bias), which is independent of the
+head dimension and of width by construction, so it is kept as it is: with head_dim fixed nothing
+in an attention logit scales with width at all. The per-head logit scales and q/v biases are
+vector-like parameters (unscaled lr); qkv, proj, MLP and patch-merging weights are hidden layers
+(lr / width_mult, variance 1 / fan_in); the patch embedding and the continuous-position-bias MLP
+(fixed fan-in) are input layers. timm's zero gain of the residual post-norms is kept (blocks
+start as identities; the gains are vector-like and learn at lr).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import timm.models.swin_transformer_v2 as timm_swin_transformer_v2
+from mup import MuReadout
+from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+from models.mup_setup import fast_timm_init
+from models.registry import check_image_shape, register_model
+
+
+def stage_grids(grid: tuple[int, int], num_stages: int) -> list[tuple[int, int]]:
+    """Token grid of each stage: every stage after the first halves it (rounding up, as timm pads)."""
+    return [tuple(math.ceil(g / 2**i) for g in grid) for i in range(num_stages)]  # type: ignore[misc]
+
+
+def tiling_windows(grids: list[tuple[int, int]]) -> list[int]:
+    """Every window size w for which min(w, grid) tiles the grid of every stage."""
+    largest = max(g for grid in grids for g in grid)
+    return [w for w in range(1, largest + 1) if all(g % w == 0 for grid in grids for g in grid if g > w)]
+
+
+def stage_windows(grids: list[tuple[int, int]], window_size: int | None) -> list[tuple[int, int]]:
+    """Window of each stage: min(window_size, grid); it must tile the grid exactly."""
+    if window_size is None:
+        return list(grids)
+    if not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"swin window_size must be a positive integer or null (whole grid), got {window_size!r}")
+    windows = [tuple(min(window_size, g) for g in grid) for grid in grids]
+    for i, (grid, window) in enumerate(zip(grids, windows)):
+        for g, w in zip(grid, window):
+            if g % w:
+                raise ValueError(
+                    f"swin: stage {i + 1} has a {grid[0]}x{grid[1]} token grid that {w}x{w} windows do not tile "
+                    f"(stage grids {[f'{a}x{b}' for a, b in grids]}); set model.options.window_size to one of {tiling_windows(grids)} "
+                    f"or null (each stage attends over its whole grid), or use an input whose side over the patch "
+                    f"size is a multiple of {window_size}"
+                )
+    return windows  # type: ignore[return-value]
+
+
+@register_model("swin")
+def build_swin(
+    width: int,
+    depth: int,
+    num_classes: int,
+    input_shape: tuple[int, ...],
+    stage_depths: Sequence[int] = (1, 1, 3, 1),
+    head_dim: int = 16,
+    window_size: int | None = 8,
+    patch_size: int = 2,
+    mlp_ratio: float = 4.0,
+    **options: Any,
+) -> SwinTransformerV2:
+    if options:
+        raise ValueError(
+            f"unknown swin options {sorted(options)}; it takes stage_depths, head_dim, window_size, patch_size, mlp_ratio"
+        )
+    if len(stage_depths) < 1 or min(stage_depths) < 1:
+        raise ValueError(f"swin stage_depths must be positive integers, got {list(stage_depths)}")
+    if head_dim < 1 or width % head_dim:
+        raise ValueError(
+            f"swin width {width} is not a multiple of head_dim {head_dim} (stage i has width * 2^i / head_dim heads); "
+            f"use a width that is a multiple of {head_dim}, or set model.options.head_dim to a divisor of {width}"
+        )
+    in_channels, h, w = check_image_shape(input_shape, "swin")
+    if h % patch_size or w % patch_size:
+        raise ValueError(
+            f"swin: patch size {patch_size} does not divide the {h}x{w} input; pad or crop the images to a multiple "
+            f"of {patch_size}, or set model.options.patch_size to a divisor of both sides"
+        )
+    num_stages = len(stage_depths)
+    grids = stage_grids((h // patch_size, w // patch_size), num_stages)
+    windows = stage_windows(grids, window_size)
+    single = [i + 1 for i, grid in enumerate(grids) if grid == (1, 1)]
+    if single:
+        warnings.warn(
+            f"swin on a {h}x{w} input with patch size {patch_size}: stages {single} see a 1x1 token grid, so their "
+            f"attention is over one token (per-token MLP blocks; q/k side gets no gradient); for attention there use "
+            f"larger inputs, model.options.patch_size=1, or fewer stages in model.options.stage_depths",
+            stacklevel=2,
+        )
+    widths = [width * 2**i for i in range(num_stages)]
+    with fast_timm_init(timm_swin_transformer_v2):  # timm's init, faster (the muP init replaces it anyway)
+        model = SwinTransformerV2(
+            img_size=(h, w),
+            patch_size=patch_size,
+            in_chans=in_channels,
+            num_classes=num_classes,
+            embed_dim=width,
+            depths=tuple(depth * d for d in stage_depths),
+            num_heads=tuple(c // head_dim for c in widths),
+            window_size=windows,
+            mlp_ratio=mlp_ratio,
+            drop_path_rate=0.0,
+        )
+    model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
+    return model
