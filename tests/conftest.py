@@ -12,6 +12,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests never read or write the user's erasure cache (stale entries would hide code changes)."""
+    import tempfile
+
+    os.environ["SLOWING_CACHE_DIR"] = tempfile.mkdtemp(prefix="slowing-test-cache-")
 CONF = REPO / "conf"
 
 # A run that takes seconds: few epochs, three blocks.
