@@ -18,6 +18,8 @@ class IdentityEraser(Eraser):
 
     @classmethod
     def fit(cls, x: Tensor, y: Tensor, num_classes: int, **options: Any) -> "IdentityEraser":
+        if options:
+            raise ValueError(f"unknown options {sorted(options)} for the 'none' eraser; it takes none")
         return cls(dim=x.shape[1], num_classes=num_classes)
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
