@@ -27,7 +27,6 @@ residual, with a dense eigh fallback when it does not converge.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -158,13 +157,7 @@ class AlfQLeaceEraser(Eraser):
         shrinkage: float = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
-        **options: Any,
     ) -> "AlfQLeaceEraser":
-        if options:
-            raise ValueError(
-                f"unknown ALF-QLEACE options {sorted(options)}; it takes target_fraction, max_rank, "
-                f"deviation_norm, shrinkage, device, batch_size"
-            )
         if not 0.0 <= target_fraction < 1.0:
             raise ValueError(f"target_fraction must lie in [0, 1), got {target_fraction}")
         rank_cap = int(max_rank)

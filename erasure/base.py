@@ -8,6 +8,7 @@ int64 labels in range.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
@@ -186,6 +187,21 @@ def load_eraser(path: str | os.PathLike) -> Eraser:
     return cls(**tensors, **header["metadata"])
 
 
+def eraser_options(cls: type[Eraser]) -> list[str]:
+    """The options an eraser's ``fit`` takes: its keyword parameters after (x, y, num_classes)."""
+    params = list(inspect.signature(cls.fit).parameters.values())[3:]
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_options(cls: type[Eraser], options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(eraser_options(cls)))
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.name!r} eraser options {unknown}; it takes {eraser_options(cls) or 'no options'} "
+            f"(set them under eraser.options)"
+        )
+
+
 def fit_eraser(
     name: str, x: Tensor, y: Tensor, num_classes: int | None = None, zscore: bool = False, **options: Any
 ) -> Eraser:
@@ -195,6 +211,7 @@ def fit_eraser(
     the output stays in z-score units, see erasure.preprocess); other options go to the eraser.
     """
     cls = eraser_class(name)
+    check_options(cls, options)
     check_features(x)
     k = check_labels(y, x.shape[0], num_classes)
     if not isinstance(zscore, bool):

@@ -152,14 +152,7 @@ class GradientEraser(Eraser):
         chunk_size: int = 4096,
         device: str = "auto",
         log_every: int = 1,
-        **options: Any,
     ) -> "GradientEraser":
-        if options:
-            raise ValueError(
-                f"unknown gradient-erasure options {sorted(options)}; it takes mean_weight, cov_weight, "
-                f"distance_weight, steps, history_size, value_range, margin, chunk_size, device, log_every "
-                f"(it estimates no covariance to shrink)"
-            )
         if min(mean_weight, cov_weight, distance_weight) < 0 or steps < 1 or history_size < 1:
             raise ValueError("weights must be >= 0, steps and history_size >= 1")
         if not 0 < margin < 0.5:

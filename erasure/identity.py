@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor
 
@@ -17,9 +16,7 @@ class IdentityEraser(Eraser):
     num_classes: int
 
     @classmethod
-    def fit(cls, x: Tensor, y: Tensor, num_classes: int, **options: Any) -> "IdentityEraser":
-        if options:
-            raise ValueError(f"unknown options {sorted(options)} for the 'none' eraser; it takes none")
+    def fit(cls, x: Tensor, y: Tensor, num_classes: int) -> "IdentityEraser":
         return cls(dim=x.shape[1], num_classes=num_classes)
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:

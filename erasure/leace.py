@@ -8,7 +8,6 @@ Directions of zero variance (constant pixels) carry no class information and are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -64,10 +63,8 @@ class LeaceEraser(Eraser):
 
     @classmethod
     def fit(
-        cls, x: Tensor, y: Tensor, num_classes: int, batch_size: int = 8192, shrinkage: float = 0.0, **options: Any
+        cls, x: Tensor, y: Tensor, num_classes: int, batch_size: int = 8192, shrinkage: float = 0.0
     ) -> "LeaceEraser":
-        if options:
-            raise ValueError(f"unknown LEACE options {sorted(options)}; LEACE takes batch_size and shrinkage")
         moments = class_moments(x, y, num_classes, second_order=True, batch_size=batch_size)
         moments = shrink_moments(moments, shrinkage)
         m = leace_map(moments)

@@ -34,7 +34,6 @@ Singular covariances (documented choices, deterministic, warned once with the nu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -210,12 +209,7 @@ class QLeaceEraser(Eraser):
         shrinkage: float = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
-        **options: Any,
     ) -> "QLeaceEraser":
-        if options:
-            raise ValueError(
-                f"unknown QLEACE options {sorted(options)}; it takes tol, max_iter, shrinkage, device, batch_size"
-            )
         if not (tol > 0 and max_iter >= 1):
             raise ValueError(f"QLEACE needs tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
         check_shrinkage(shrinkage)

@@ -8,7 +8,6 @@ relation to the classes. Label-free; labels are used only for the default rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,12 +35,10 @@ class RandomProjectionEraser(Eraser):
 
     @classmethod
     def fit(
-        cls, x: Tensor, y: Tensor, num_classes: int, rank: int | None = None, seed: int = 0, **options: Any
+        cls, x: Tensor, y: Tensor, num_classes: int, rank: int | None = None, seed: int = 0
     ) -> "RandomProjectionEraser":
         """rank None -> 2k - 1, the default ALF-QLEACE edit rank (LEACE's k - 1 plus k directions);
         pass the ``edit_rank`` of a fitted ALF-QLEACE eraser to match it exactly."""
-        if options:
-            raise ValueError(f"unknown random-projection options {sorted(options)}; it takes rank and seed")
         d = x.shape[1]
         rank = 2 * num_classes - 1 if rank is None else int(rank)
         if not 0 <= rank <= d:
