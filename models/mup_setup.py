@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from mup import MuReadout, set_base_shapes
@@ -204,5 +204,3 @@ def depth_scaled_lr(lr: float, depth: int, base_depth: int, exponent: float) -> 
         raise ValueError(f"depth and base_depth must be >= 1, got depth={depth}, base_depth={base_depth}")
     return lr * (base_depth / depth) ** exponent
 
-
-OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]

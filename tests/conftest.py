@@ -47,6 +47,19 @@ def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, 
     )
 
 
+def pixel_classes(n_per_class: int = 40, d: int = 6, k: int = 3, seed: int = 0, spread: float = 0.1):
+    """k classes of pixel-like float64 data in [0, 1]: shifted means, class-specific correlations."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    xs, ys = [], []
+    for c in range(k):
+        mix = torch.randn(d, d, generator=gen, dtype=torch.float64) * spread
+        xs.append((torch.randn(n_per_class, d, generator=gen, dtype=torch.float64) @ mix.T + 0.3 + 0.1 * c).clamp(0, 1))
+        ys.append(torch.full((n_per_class,), c))
+    return torch.cat(xs), torch.cat(ys)
+
+
 @pytest.fixture
 def fast_overrides() -> list[str]:
     return list(FAST)

@@ -6,19 +6,12 @@ import pytest
 import torch
 
 from erasure import available_erasers, erasure_report, fit_eraser, load_eraser, linalg
+from conftest import pixel_classes
 from erasure.preprocess import Standardizer, shrink_covariances
 
 FAST_OPTIONS = {"gradient": {"steps": 3, "device": "cpu"}}
 
 
-def pixel_classes(n_per_class=40, d=6, k=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    xs, ys = [], []
-    for c in range(k):
-        mix = torch.randn(d, d, generator=gen, dtype=torch.float64) * 0.1
-        xs.append((torch.randn(n_per_class, d, generator=gen, dtype=torch.float64) @ mix.T + 0.3 + 0.1 * c).clamp(0, 1))
-        ys.append(torch.full((n_per_class,), c))
-    return torch.cat(xs), torch.cat(ys)
 
 
 def apply(eraser, x, y):

@@ -3,18 +3,13 @@
 import pytest
 import torch
 
+from conftest import pixel_classes as shared_pixel_classes
 from erasure import fit_eraser, moment_gaps
 from erasure.gradient import MomentLoss
 
 
-def pixel_classes(n_per_class=60, d=6, k=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    xs, ys = [], []
-    for c in range(k):
-        mix = torch.randn(d, d, generator=gen, dtype=torch.float64) * 0.08
-        xs.append((torch.randn(n_per_class, d, generator=gen, dtype=torch.float64) @ mix.T + 0.3 + 0.1 * c).clamp(0, 1))
-        ys.append(torch.full((n_per_class,), c))
-    return torch.cat(xs), torch.cat(ys)
+def pixel_classes(n_per_class: int = 60, d: int = 6, **kw):
+    return shared_pixel_classes(n_per_class=n_per_class, d=d, spread=0.08, **kw)
 
 
 @pytest.fixture(scope="module")
