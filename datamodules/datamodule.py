@@ -43,10 +43,25 @@ NON_DATA_OPTIONS = ("download", "decode_batch_size")
 ERASE_CHUNK = 8192  # rows erased at once (bounds the float64 temporaries of the erasers)
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, setting: str = "data.device") -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists here (``setting`` names the key in errors)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"{setting}={name!r} is not a device; use auto, cpu, cuda or cuda:N") from err
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{setting}={name!r}: only cpu and cuda devices are supported; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{setting}={name} asks for a GPU but torch sees none here (torch {torch.__version__}, "
+                f"CUDA build: {torch.version.cuda or 'no'}); run with {setting}=cpu or {setting}=auto, or on a GPU node"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{setting}={name}: only {torch.cuda.device_count()} GPU(s) visible here; use cuda:0..")
+    return device
 
 
 def seeded_split(n: int, sizes: list[int], data_seed: int) -> list[Tensor]:
@@ -198,7 +213,8 @@ class ErasedDataModule(L.LightningDataModule):
                 num_classes=len(splits().classes), **dict(self.eraser_cfg.get("options") or {}),
             )
 
-        eraser = _Memo(lambda: self.cache.eraser(self.eraser_key(), fit, describe=self._describe()))
+        # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
+        eraser = _Memo(lambda: eraser_on(self.cache.eraser(self.eraser_key(), fit, describe=self._describe()), self.device))
         tensors, info = self.cache.tensors(self.data_key(), lambda: self._build(splits(), eraser()), describe=self._describe())
         self.eraser = eraser()
         self.classes = list(info["classes"])

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 
 
 class KeepBestWeights(L.Callback):
     """Remember the weights of the epoch with the lowest validation loss; restore them on demand.
 
     Runs after validation, when a schedule-free optimizer is in eval mode, so the weights kept are
-    the averaged ones that were actually validated.
+    the averaged ones that were actually validated. The snapshot holds every parameter and
+    buffer (persistent or not) on the training device, so ``restore`` rebuilds the module there
+    from the snapshot alone, wherever Lightning's teardown has moved it since.
     """
 
-    def __init__(self, monitor: str = "val_loss") -> None:
+    def __init__(self, device: torch.device | str, monitor: str = "val_loss") -> None:
+        self.device = torch.device(device)
         self.monitor = monitor
         self.best_score = float("inf")
         self.best_epoch = -1
@@ -32,11 +35,17 @@ class KeepBestWeights(L.Callback):
         score = float(score)
         if score < self.best_score:
             self.best_score, self.best_epoch = score, trainer.current_epoch
-            self.best_state = copy.deepcopy(pl_module.state_dict())
+            self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}
 
     def restore(self, pl_module: L.LightningModule) -> None:
-        if self.best_state is not None:
-            pl_module.load_state_dict(self.best_state)
+        """Put ``pl_module`` on the training device holding the best epoch's weights."""
+        if self.best_state is None:
+            raise RuntimeError("no validation epoch finished, so there are no best weights to restore")
+        pl_module.to_empty(device=self.device)  # where it is now does not matter: every tensor is replaced
+        pl_module.to(self.device)  # a no-op move that updates Lightning's record of the module's device
+        with torch.no_grad():
+            for name, tensor in named_tensors(pl_module):
+                tensor.copy_(self.best_state[name])
 
     def state_dict(self) -> dict:
         return {"best_score": self.best_score, "best_epoch": self.best_epoch, "best_state": self.best_state}
@@ -44,22 +53,28 @@ class KeepBestWeights(L.Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         self.best_score = state_dict["best_score"]
         self.best_epoch = state_dict["best_epoch"]
-        self.best_state = state_dict["best_state"]
+        best = state_dict["best_state"]
+        self.best_state = None if best is None else {k: v.to(self.device) for k, v in best.items()}
 
 
-class SaveLastCheckpoint(L.Callback):
-    """Write a resumable checkpoint at the end of every training epoch, atomically.
+def named_tensors(module: torch.nn.Module):
+    """Every parameter and buffer, non-persistent ones included (a snapshot must rebuild the module)."""
+    yield from module.named_parameters()
+    yield from module.named_buffers()
 
-    Placed after early stopping in the callback list, so the saved early-stopping counters and
-    best weights include the epoch just validated; a schedule-free optimizer is in eval mode
-    here (validation ran), and ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
+
+class SaveLastCheckpoint(Checkpoint):
+    """Write a resumable checkpoint at the end of every training epoch.
+
+    A ``Checkpoint`` subclass, so Lightning orders it after every other callback (early stopping
+    and best weights included): the state it saves includes the epoch just validated. The file is
+    written atomically and checksummed by the trainer's ``RunCheckpointIO`` (mdl/checkpoints.py);
+    a schedule-free optimizer is in eval mode here (validation ran), and
+    ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp)
-        os.replace(tmp, self.path)
+        trainer.save_checkpoint(self.path)

@@ -23,10 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from datamodules.datamodule import ErasedDataModule
 from erasure import available_erasers
+from mdl.device import training_device
 from mdl.prequential import run_prequential
 from mdl.results import RESULTS_FILE, BlockResult, atomic_write_json, git_sha, read_json
 from mdl.schedule import block_boundaries
 from models import Classifier, available_models, create_model, depth_scaled_lr
+from models.precision import CompiledModel, check_compile, check_precision
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +66,43 @@ def validate_config(cfg: DictConfig) -> None:
             raise ValueError(f"{key} must be a non-negative integer, got {cfg[key]!r}")
 
 
+def check_trainer_config(cfg: DictConfig) -> torch.device:
+    """The training device and speed settings, checked before any data is loaded."""
+    kwargs = cfg.trainer.kwargs
+    if kwargs.get("precision") not in (None, 32, "32", "32-true"):
+        raise ValueError(
+            f"trainer.kwargs.precision={kwargs.precision} is not used: mixed precision has one switch, "
+            f"trainer.precision=bf16 (or fp32). Remove trainer.kwargs.precision."
+        )
+    if kwargs.get("devices") not in (None, 1):
+        raise ValueError(f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N")
+    check_precision(cfg.trainer.precision)
+    check_compile(cfg.trainer.compile)
+    return training_device(cfg.device, cfg.data.get("device"), kwargs.get("accelerator"))
+
+
 def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]):
-    """A function returning a freshly initialised Classifier: one per prequential block."""
-    m = cfg.model
+    """A function returning a freshly initialised Classifier: one per prequential block.
+
+    With ``trainer.compile`` the first model is compiled and every later block's fresh weights
+    are loaded into it (models/precision.py: CompiledModel), so compilation happens once per run.
+    """
+    m, t = cfg.model, cfg.trainer
     lr = depth_scaled_lr(cfg.optimizer.lr, cfg.depth, m.base_depth, m.lr_depth_exponent)
     optimizer = instantiate(cfg.optimizer, _convert_="all")  # plain lists: checkpoints load with weights_only
     options = OmegaConf.to_container(m.options, resolve=True) or {}
+    backend = check_compile(t.compile)
+    compiled = CompiledModel(backend) if backend else None
 
     def make() -> Classifier:
         model = create_model(
             m.name, cfg.width, cfg.depth, num_classes, input_shape, base_width=m.base_width, **options
         )
-        return Classifier(model, optimizer, lr=lr, mup=m.base_width is not None)
+        if compiled is not None:
+            model = compiled.adopt(model)
+        return Classifier(
+            model, optimizer, lr=lr, mup=m.base_width is not None, precision=t.precision, channels_last=t.channels_last,
+        )
 
     return make
 
@@ -112,6 +139,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
     run_dir = Path(run_dir)
     overrides = list(overrides or [])
     validate_config(cfg)
+    device = check_trainer_config(cfg)
     key = config_hash(cfg)
     store = Path(cfg.paths.store_dir) / key
     finished = store / RESULTS_FILE
@@ -123,6 +151,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
 
     L.seed_everything(cfg.seed, verbose=False)
     data_options = OmegaConf.to_container(cfg.data, resolve=True)
+    data_options["device"] = str(device)
     dm = ErasedDataModule(
         eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
         **data_options,
@@ -134,11 +163,18 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
 
     if cfg.trainer.get("torch_threads"):
         torch.set_num_threads(cfg.trainer.torch_threads)  # after the eraser fit, which uses them all
+    torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
     boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
     make_module = make_module_factory(cfg, dm.num_classes, dm.input_shape)
     logger = make_logger(cfg, run_dir, overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
-    log.info("run %s: %d training examples in blocks %s", key, dm.num_train, boundaries)
+    for key_set_by_device in ("accelerator", "devices", "precision"):
+        trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl/device.py and models/precision.py own them
+    t = cfg.trainer
+    log.info(
+        "run %s on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
+        key, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
+    )
     outcome = run_prequential(
         dm, boundaries, make_module, trainer_kwargs, cfg.trainer.patience, cfg.seed, store,
         on_block=(lambda i, b: log_block(logger, i, b)) if logger is not None else None,

@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
-
-from datamodules.datamodule import ErasedDataModule
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from datamodules.datamodule import ErasedDataModule
 from mdl.callbacks import KeepBestWeights, SaveLastCheckpoint
+from mdl.checkpoints import RunCheckpointIO, is_intact
+from mdl.device import lightning_device_kwargs
 from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
 from mdl.results import BlockResult, atomic_write_json, read_json
 from models.module import Classifier, total_bits
@@ -49,33 +50,49 @@ def fit_prefix(
 ) -> FitOutcome:
     """Train a fresh model on the first n_train examples (None = all) with early stopping.
 
-    With ``checkpoint`` set, the fit saves its state there every epoch and, if the file already
-    exists (an interrupted earlier attempt), continues from it instead of starting over.
+    The model trains on the data module's device and is returned there, holding its best
+    epoch's weights. With ``checkpoint`` set, the fit saves its state there every epoch and, if
+    an intact file already exists (an interrupted earlier attempt), continues from it; a damaged
+    one is discarded with a warning and the fit starts over.
     """
     start = time.perf_counter()
+    device = dm.device
     dm.use_prefix(n_train)
     module = make_module()
-    best = KeepBestWeights("val_loss")
+    best = KeepBestWeights(device, "val_loss")
     callbacks: list[L.Callback] = [best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint))
-    resume_from = str(checkpoint) if checkpoint is not None and checkpoint.exists() else None
-    if resume_from:
-        log.info("resuming fit from %s", resume_from)
+    resume_from = resumable(checkpoint)
+    plugins: list[Any] = [RunCheckpointIO(device)]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeueing
     trainer = L.Trainer(
-        **trainer_kwargs,
+        **{**trainer_kwargs, **lightning_device_kwargs(device)},
         callbacks=callbacks,
-        plugins=[SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None,
+        plugins=plugins,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoint is not None,  # our SaveLastCheckpoint, never a default one
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
-    best.restore(module)
+    best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
     best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the monitored float32 metric
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
+
+
+def resumable(checkpoint: Path | None) -> str | None:
+    """The checkpoint to resume from, if there is an intact one; a damaged one is removed."""
+    if checkpoint is None or not checkpoint.exists():
+        return None
+    if not is_intact(checkpoint):
+        log.warning("discarding damaged checkpoint %s (checksum mismatch or truncated); this fit starts over", checkpoint)
+        checkpoint.unlink(missing_ok=True)
+        return None
+    log.info("resuming fit from %s", checkpoint)
+    return str(checkpoint)
 
 
 def run_prequential(
@@ -141,7 +158,7 @@ def run_prequential(
         "paper_mdl": paper_mdl(boundaries, [b.val_bits_per_example for b in blocks]),
         "final_val_loss": final.best_val_loss,
         "final_epochs": final.epochs,
-        "final_test_bits_per_example": test_bits / max(n_test, 1),
+        "final_test_bits_per_example": test_bits / n_test if n_test else None,  # undefined without a test split
         "val_loss_curve": final.module.val_loss_curve,
         "train_loss_curve": final.module.train_loss_curve,
     }

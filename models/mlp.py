@@ -88,5 +88,5 @@ def build_mlp(
     width: int, depth: int, num_classes: int, input_shape: tuple[int, ...], activation: str = "relu", **options: Any
 ) -> MLP:
     if options:
-        raise ValueError(f"unknown MLP options {sorted(options)}; the MLP takes `activation` (and autocast, compile)")
+        raise ValueError(f"unknown MLP options {sorted(options)}; the MLP takes `activation`")
     return MLP(math.prod(input_shape), width, depth, num_classes, activation)

@@ -4,6 +4,9 @@ Schedule-free optimizers keep two weight sequences; the weights worth evaluating
 the averaged ones, which are in the model only while the optimizer is in eval mode. So the
 optimizer is put in eval mode for validation and testing, back in train mode for training, and
 every checkpoint is written with eval-mode weights whatever the mode was when it was asked for.
+
+Losses are accumulated on the model's device and read once per epoch: a ``float(loss)`` per step
+would make the host wait for the GPU's queue to drain at every step.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.mup_setup import mup_param_groups
-from models.precision import forward_with_precision
+from models.precision import as_channels_last, autocast_context, check_precision
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 
@@ -38,19 +41,33 @@ def set_optimizer_mode(optimizer: torch.optim.Optimizer, train: bool) -> None:
 class Classifier(L.LightningModule):
     """Cross-entropy classification; records per-epoch mean train and validation losses (nats)."""
 
-    def __init__(self, model: nn.Module, optimizer: OptimizerFactory, lr: float, mup: bool = True) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: OptimizerFactory,
+        lr: float,
+        mup: bool = True,
+        precision: str = "fp32",
+        channels_last: bool = False,
+    ) -> None:
         super().__init__()
-        self.model = model
+        self.model = model.to(memory_format=torch.channels_last) if channels_last else model
         self.optimizer_factory = optimizer
         self.lr = lr
         self.mup = mup
+        self.precision = check_precision(precision)
+        self.channels_last = channels_last
         self.train_loss_curve: list[float] = []
         self.val_loss_curve: list[float] = []
-        self._sums: dict[str, list[float]] = {}
+        self._sums: dict[str, list[Any]] = {}  # key -> [loss sum (tensor on the device), count]
 
     def forward(self, x: Tensor) -> Tensor:
-        """Float32 logits, computed under the model's autocast option (models/precision.py)."""
-        return forward_with_precision(self.model, x)
+        """Float32 logits, the forward pass under the run's precision (models/precision.py)."""
+        if self.channels_last:
+            x = as_channels_last(x)
+        with autocast_context(self.precision, x.device.type):
+            out = self.model(x)
+        return out.float()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = list(self.model.parameters())
@@ -83,7 +100,8 @@ class Classifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Whatever mode we are in, the checkpoint holds the eval-mode (averaged) weights."""
         checkpoint["loss_curves"] = {
-            "train": list(self.train_loss_curve), "val": list(self.val_loss_curve), "pending": dict(self._sums),
+            "train": list(self.train_loss_curve), "val": list(self.val_loss_curve),
+            "pending": {k: [float(v[0]), v[1]] for k, v in self._sums.items()},
         }
         opts = self.trainer.optimizers if self._trainer is not None else []
         in_train = [o for o in opts if optimizer_train_mode(o)]
@@ -108,13 +126,15 @@ class Classifier(L.LightningModule):
     # --- steps --------------------------------------------------------------------------------
 
     def _accumulate(self, key: str, loss_sum: Tensor, n: int) -> None:
-        total = self._sums.setdefault(key, [0.0, 0])
-        total[0] += float(loss_sum)
+        """Add to the epoch's running sum on the device: no host synchronisation per step."""
+        total = self._sums.setdefault(key, [torch.zeros((), dtype=torch.float64, device=loss_sum.device), 0])
+        total[0] = total[0] + loss_sum.detach().double()
         total[1] += n
 
     def _epoch_mean(self, key: str) -> float:
+        """The epoch's mean loss: the one read of the device per epoch."""
         total, n = self._sums.pop(key, [0.0, 0])
-        return total / max(n, 1)
+        return float(total) / max(n, 1)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -139,15 +159,34 @@ class Classifier(L.LightningModule):
         self.log("val_loss", mean, prog_bar=False, logger=False)
 
 
+def module_device(module: nn.Module) -> torch.device | None:
+    """The one device holding a module's parameters and buffers (None for a module without any)."""
+    devices = {t.device for t in module.parameters()} | {t.device for t in module.buffers()}
+    if len(devices) > 1:
+        raise RuntimeError(f"the model's tensors are spread over {sorted(map(str, devices))}; expected one device")
+    return devices.pop() if devices else None
+
+
+def require_same_device(model: nn.Module, batch: Tensor, where: str) -> None:
+    """A named error, instead of torch's, for a model and a batch on different devices."""
+    on = module_device(model)
+    if on is not None and on != batch.device:
+        raise RuntimeError(
+            f"{where}: the model is on {on} but the data is on {batch.device}. Lightning's teardown moves a "
+            f"module to the CPU after every Trainer.fit; put it back on the training device first (mdl/device.py)."
+        )
+
+
 @torch.no_grad()
 def total_bits(model: nn.Module, batches: Any) -> tuple[float, int]:
-    """Sum of -log2 p(y | x) over all batches (float64 accumulation) and the example count."""
+    """Sum of -log2 p(y | x) over all batches (float64 accumulation, on the device) and the count."""
     was_training = model.training
     model.eval()
-    total, count = torch.zeros((), dtype=torch.float64), 0
+    total, count = None, 0
     for x, y in batches:
+        require_same_device(model, x, "scoring")
         nats = F.cross_entropy(model(x).double(), y, reduction="sum")  # float64: exact sums
-        total += nats.cpu()
+        total = nats if total is None else total + nats
         count += y.shape[0]
     model.train(was_training)
-    return float(total) / math.log(2), count
+    return (float(total) / math.log(2) if total is not None else 0.0), count

@@ -1,17 +1,20 @@
-"""bf16 autocast and torch.compile as model options (``model.options.autocast`` / ``.compile``).
+"""Speed settings of a run: one mixed-precision switch, channels-last memory, reusable torch.compile.
 
-Both are settings of the model, not of its shapes, so ``create_model`` takes them out of the
-builder options and applies them here:
+They are settings of the training run (``trainer.precision``, ``trainer.channels_last``,
+``trainer.compile``; conf/trainer/), not of a model's shapes, and ``models.module.Classifier``
+applies them:
 
-- ``autocast``: ``false`` (off), ``bf16`` (bf16 autocast wherever the input lives) or ``auto``
-  (bf16 autocast only when the input is on a CUDA device: off on CPU, where bf16 matmuls are
-  slow and the embedded runs should stay exact). The choice is stored on the model
-  (``autocast_dtype``) and applied by ``autocast_context`` around every forward of
-  ``models.module.Classifier``; logits are returned in float32.
-- ``compile``: ``false``, ``true`` (torch.compile with the inductor backend) or a backend name.
-  Compiles in place (``nn.Module.compile``), so parameter names, state dicts and checkpoints are
-  unchanged. Off by default: each prequential block builds a fresh model, and compiling costs
-  tens of seconds per build, more than small models gain.
+- ``precision``: ``fp32`` (default; exact, and on CUDA TF32 only if ``trainer.matmul_precision``
+  allows it) or ``bf16`` (every forward pass under bf16 autocast: training, validation and the
+  scoring of each prequential block). Logits are returned in float32 and code lengths are summed
+  in float64 whatever the compute dtype, so bf16 changes the numbers only through the rounding of
+  the forward pass (about 3 significant digits per activation). It is the one switch: Lightning's
+  own ``precision`` argument stays at 32-true.
+- ``channels_last``: model and image batches in channels-last memory (faster convolutions on
+  GPUs with bf16; same math).
+- ``compile``: torch.compile. The prequential driver builds a fresh model per block, so a
+  ``CompiledModel`` compiles the first one and loads each later block's freshly initialised
+  weights into that same compiled module: the compiled code is reused, not rebuilt per block.
 """
 
 from __future__ import annotations
@@ -22,43 +25,61 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-AUTOCAST_CHOICES = (False, "bf16", "auto")
-PRECISION_OPTIONS = ("autocast", "compile")
+PRECISIONS = ("fp32", "bf16")
 
 
-def split_precision_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(builder options, precision options)."""
-    builder = {k: v for k, v in options.items() if k not in PRECISION_OPTIONS}
-    precision = {k: v for k, v in options.items() if k in PRECISION_OPTIONS}
-    return builder, precision
+def check_precision(precision: Any) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
 
 
-def configure_precision(model: nn.Module, autocast: Any = False, compile: Any = False) -> nn.Module:
-    """Record the autocast choice on ``model`` and compile it in place if asked."""
-    if autocast is None:
-        autocast = False
-    if autocast not in AUTOCAST_CHOICES:
-        raise ValueError(f"model.options.autocast must be one of {AUTOCAST_CHOICES}, got {autocast!r}")
-    model.autocast_mode = autocast  # type: ignore[assignment]
-    if compile:
-        backend = compile if isinstance(compile, str) else "inductor"
-        model.compile(backend=backend)
-    elif compile not in (False, None):
-        raise ValueError(f"model.options.compile must be false, true or a torch.compile backend name, got {compile!r}")
-    return model
-
-
-def autocast_context(model: nn.Module, x: torch.Tensor) -> ContextManager[Any]:
-    """The autocast context the model asked for, for an input on ``x.device``."""
-    mode = getattr(model, "autocast_mode", False)
-    device_type = x.device.type
-    if mode == "bf16" or (mode == "auto" and device_type == "cuda"):
+def autocast_context(precision: str, device_type: str) -> ContextManager[Any]:
+    """bf16 autocast on the input's device type, or nothing for fp32."""
+    if precision == "bf16":
         return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def forward_with_precision(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """model(x) under the model's autocast choice; float32 logits whatever the compute dtype."""
-    with autocast_context(model, x):
-        out = model(x)
-    return out.float()
+def as_channels_last(x: torch.Tensor) -> torch.Tensor:
+    """Image batches (n, c, h, w) in channels-last memory; anything else unchanged."""
+    return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
+
+
+def check_compile(compile: Any) -> str | None:
+    """The torch.compile backend asked for (None = off)."""
+    if compile in (False, None):
+        return None
+    if compile is True:
+        return "inductor"
+    if isinstance(compile, str):
+        return compile
+    raise ValueError(f"trainer.compile must be false, true or a torch.compile backend name, got {compile!r}")
+
+
+class CompiledModel:
+    """One compiled module per run, re-initialised for every prequential block.
+
+    ``adopt(fresh)`` compiles the first model it sees in place and returns it; for every later
+    (freshly built and initialised) model of the same architecture it copies the fresh weights
+    and buffers into the compiled one and returns that, so dynamo's cache is hit instead of
+    tracing and compiling again. Same initial weights as building fresh, same numbers.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.model: nn.Module | None = None
+
+    def adopt(self, fresh: nn.Module) -> nn.Module:
+        if self.model is None:
+            fresh.compile(backend=self.backend)
+            self.model = fresh
+            return fresh
+        target = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        source = dict(fresh.named_parameters()) | dict(fresh.named_buffers())
+        if {k: v.shape for k, v in target.items()} != {k: v.shape for k, v in source.items()}:
+            raise ValueError("CompiledModel.adopt: the new model's architecture differs from the compiled one")
+        with torch.no_grad():
+            for name, tensor in source.items():
+                target[name].data = tensor.data  # same Parameter objects: guards and muP shapes hold
+        return self.model

@@ -22,7 +22,6 @@ from mup.shape import get_shapes
 from torch import nn
 
 from models.mup_setup import apply_mup, apply_standard
-from models.precision import configure_precision, split_precision_options
 
 ModelBuilder = Callable[..., nn.Module]
 OptionResolver = Callable[..., dict[str, Any]]
@@ -91,7 +90,7 @@ def create_model(
 
     With ``base_width`` set it is muP (base shapes from models at base_width and 2 * base_width);
     with ``base_width=None`` it is the standard parametrisation with the builder's own init.
-    ``options`` go to the builder, except ``autocast`` and ``compile`` (models/precision.py).
+    ``options`` go to the builder.
     """
     build = model_builder(name)
     for key, value in (("width", width), ("depth", depth), ("num_classes", num_classes)):
@@ -100,8 +99,7 @@ def create_model(
     if base_width is not None and (not isinstance(base_width, int) or base_width < 1):
         raise ValueError(f"model.base_width must be a positive integer or null (standard parametrisation), got {base_width!r}")
     input_shape = tuple(int(s) for s in input_shape)
-    builder_options, precision = split_precision_options(options)
-    builder_options = resolve_options(name, width, depth, num_classes, input_shape, **builder_options)
+    builder_options = resolve_options(name, width, depth, num_classes, input_shape, **options)
 
     def make(at_width: int) -> nn.Module:
         return build(width=at_width, depth=depth, num_classes=num_classes, input_shape=input_shape, **builder_options)
@@ -112,7 +110,7 @@ def create_model(
     else:
         base, delta = reference_shapes(name, base_width, depth, num_classes, input_shape, _freeze(builder_options))
         apply_mup(model, base, delta)
-    return configure_precision(model, **precision)
+    return model
 
 
 def _freeze(options: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,9 +39,14 @@ def compose_config(overrides: list[str], output_root: Path | None = None) -> Dic
         return compose("config", overrides=list(overrides) + extra)
 
 
+def python_path() -> str:
+    """The repository first, then whatever PYTHONPATH already holds (e.g. carried wheels)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run launch.py in a subprocess exactly as a user would."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run(
         [sys.executable, str(REPO / "launch.py"), *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=timeout,
@@ -63,3 +69,35 @@ def pixel_classes(n_per_class: int = 40, d: int = 6, k: int = 3, seed: int = 0, 
 @pytest.fixture
 def fast_overrides() -> list[str]:
     return list(FAST)
+
+
+class RecordOps(TorchDispatchMode):
+    """Records every aten op run inside it with the devices of its tensor inputs and outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, set[str]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import torch
+
+        out = func(*args, **(kwargs or {}))
+        devices: set[str] = set()
+        for value in [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else [out])]:
+            if isinstance(value, torch.Tensor):
+                devices.add(str(value.device))
+        self.ops.append((str(func), devices))
+        return out
+
+
+def host_reads(record: RecordOps) -> list[str]:
+    """Ops that read a tensor's value back to Python (.item(), float(), bool(), .tolist()):
+    each one makes the host wait for a GPU's queue to drain."""
+    return [name for name, _ in record.ops if "_local_scalar_dense" in name or name.startswith("aten.item")]
+
+
+def cuda_only(reason: str = "needs a CUDA GPU"):
+    """Mark a test `gpu` and skip it where torch sees no CUDA device."""
+    import torch
+
+    return [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)]

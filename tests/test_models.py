@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from models import available_models, create_model, depth_scaled_lr, mup_param_groups, restore_base_shapes
 from models.mlp import SwiGLU, mlp_param_count, swiglu_param_count
-from models.precision import forward_with_precision
+from models.precision import CompiledModel
 from models.swin import tiling_windows
 
 # 8x8 digits leave Swin's last stages with a single token; the builder says so (tested below).
@@ -219,23 +219,32 @@ def test_swiglu_is_gated_and_parameter_matched():
                 assert abs(n_glu / n_relu - 1) < 0.02
 
 
-def test_bf16_autocast_and_compile_options():
-    model = build("mlp", autocast="bf16")
-    with torch.no_grad():
-        model.head.weight.normal_()
+def test_compiled_model_is_compiled_once_and_reinitialised_per_block():
+    """The driver builds a fresh model per block; with compile on, each block's fresh weights go
+    into the one compiled module, so dynamo traces once (counted) and the numbers are unchanged."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = CompiledModel("eager")
     x = torch.rand(4, 1, 8, 8)
-    logits = forward_with_precision(model, x)
-    assert logits.dtype == torch.float32
-    exact = model(x)
-    assert not torch.equal(logits, exact) and torch.allclose(logits, exact, rtol=0.05, atol=0.05)
-    auto = build("mlp", autocast="auto")  # bf16 on CUDA only: exact on CPU
-    auto.load_state_dict(model.state_dict())
-    assert torch.equal(forward_with_precision(auto, x), exact)
-    compiled = build("mlp", compile="eager")  # compiles in place: names and checkpoints unchanged
-    compiled.load_state_dict(model.state_dict())
-    assert torch.allclose(compiled(x), exact)
-    with pytest.raises(ValueError, match="autocast"):
-        build("mlp", autocast="fp8")
+    outputs, graphs = [], []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        fresh = build("mlp")
+        reference = copy.deepcopy(fresh)
+        with torch.no_grad():
+            reference.head.weight.normal_()
+            expected = reference(x)
+        model = compiled.adopt(fresh)
+        with torch.no_grad():
+            model.head.weight.copy_(reference.head.weight)
+            outputs.append(torch.allclose(model(x), expected))
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        assert model is compiled.model
+    assert all(outputs)
+    assert graphs[0] >= 1 and graphs[-1] == graphs[0], graphs  # no new graph for blocks 2 and 3
+    with pytest.raises(ValueError, match="architecture differs"):
+        compiled.adopt(create_model("mlp", 64, 2, NUM_CLASSES, (1, 8, 8), base_width=32))
 
 
 # --- bad input: every message says why and what to change ------------------------------------

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, run_launch
+from conftest import REPO, python_path, run_launch
 
 SETTINGS = [
     "trainer.kwargs.max_epochs=30", "trainer.patience=10", "mdl.num_blocks=3", "data.first_block=300",
@@ -24,13 +24,15 @@ def _results(root: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
-    reference = run_launch([*SETTINGS, f"paths.output_root={tmp_path / 'ref'}"], cwd=tmp_path)
+def kill_mid_block_and_resume(tmp_path: Path, extra: list[str] = ()) -> None:
+    """SIGKILL a run once block 2 has written a checkpoint, re-run it, compare with an uninterrupted run."""
+    settings = [*SETTINGS, *extra]
+    reference = run_launch([*settings, f"paths.output_root={tmp_path / 'ref'}"], cwd=tmp_path)
     assert reference.returncode == 0, reference.stderr[-3000:]
 
     root = tmp_path / "killed"
-    args = [sys.executable, str(REPO / "launch.py"), *SETTINGS, f"paths.output_root={root}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, str(REPO / "launch.py"), *settings, f"paths.output_root={root}"]
+    env = {**os.environ, "PYTHONPATH": python_path()}
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     mid_block = None
@@ -46,10 +48,14 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
     progress = json.loads((mid_block.parent.parent / "progress.json").read_text())
     assert len(progress["blocks"]) == 1  # killed inside the second block, after the first finished
 
-    resumed = run_launch([*SETTINGS, f"paths.output_root={root}"], cwd=tmp_path)
+    resumed = run_launch([*settings, f"paths.output_root={root}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming" in resumed.stdout + resumed.stderr
     a, b = _results(tmp_path / "ref"), _results(root)
     for key in NUMBERS:
         assert a[key] == b[key], key
     assert a["blocks"] == b["blocks"]
+
+
+def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
+    kill_mid_block_and_resume(tmp_path)

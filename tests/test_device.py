@@ -1,0 +1,135 @@
+"""One owner of the training device, guarded on a CPU-only machine.
+
+Lightning's strategy teardown moves the LightningModule to the CPU after every ``fit`` while the
+data module keeps every split on the training device. On a GPU that once crashed the first block's
+scoring. Here the teardown is made to move the module to the ``meta`` device (a device that is
+not the data's, and holds no values): a driver that used the module where Lightning left it fails,
+one that restores the best weights onto the training device gives the numbers of a normal run.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import schedulefree
+import torch
+from lightning.pytorch.strategies.strategy import Strategy
+
+from conftest import FAST, RecordOps, compose_config, host_reads
+from datamodules.loader import DeviceBatches
+from mdl.checkpoints import DamagedCheckpoint, RunCheckpointIO, is_intact
+from mdl.device import training_device
+from mdl.experiment import run_experiment
+from models import Classifier, create_model, total_bits
+
+NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "final_test_bits_per_example", "blocks")
+
+
+def test_scoring_and_restore_do_not_trust_where_lightning_left_the_module(tmp_path: Path, monkeypatch) -> None:
+    reference = run_experiment(compose_config(FAST, tmp_path / "ref"), tmp_path / "ref")
+    original = Strategy.teardown
+    moved = []
+
+    def teardown_elsewhere(self: Strategy) -> None:
+        original(self)
+        if self.lightning_module is not None:
+            self.lightning_module.to(torch.device("meta"))  # stands in for "the CPU, not the data's GPU"
+            moved.append(True)
+
+    monkeypatch.setattr(Strategy, "teardown", teardown_elsewhere)
+    results = run_experiment(compose_config(FAST, tmp_path / "moved"), tmp_path / "moved")
+    assert len(moved) == 3  # two prefix fits and the final fit were each moved away
+    for key in NUMBERS:
+        assert results[key] == reference[key], key
+
+
+def test_scoring_a_model_on_another_device_names_the_problem() -> None:
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 2)
+    batches = DeviceBatches(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long), 2)
+    with pytest.raises(RuntimeError, match="model is on meta but the data is on cpu"):
+        total_bits(model, batches)
+
+
+def test_cuda_requested_without_one_names_the_setting(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device=cuda asks for a GPU.*device=cpu"):
+        training_device("cuda")
+    with pytest.raises(ValueError, match=r"data.device=cuda asks for a GPU"):
+        training_device("auto", data_device="cuda")
+
+
+def test_data_device_and_accelerator_must_agree(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"data.device=cuda contradicts device=cpu"):
+        training_device("cpu", data_device="cuda")
+    with pytest.raises(ValueError, match=r"trainer.kwargs.accelerator=cpu contradicts data.device"):
+        training_device("cuda", data_device="cuda", accelerator="cpu")
+    assert training_device("auto", data_device="cpu", accelerator="cpu") == torch.device("cpu")
+    assert training_device("auto", data_device="${device}" if False else "auto") == torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+trainer.kwargs.precision=bf16-mixed", "one switch, trainer.precision=bf16"),
+        ("trainer.precision=fp16", "trainer.precision must be one of"),
+        ("trainer.compile=3", "trainer.compile must be"),
+        ("device=tpu", "device='tpu' is not a device|only cpu and cuda"),
+        ("+trainer.kwargs.devices=2", "one device"),
+    ],
+)
+def test_bad_device_and_precision_settings_are_refused_before_loading(tmp_path: Path, override: str, message: str) -> None:
+    cfg = compose_config([*FAST, override], tmp_path)
+    with pytest.raises(ValueError, match=message):
+        run_experiment(cfg, tmp_path / "run")
+
+
+def _classifier() -> Classifier:
+    torch.manual_seed(0)
+    model = create_model("mlp", 16, 2, 10, (1, 8, 8), base_width=16)
+    return Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
+
+
+def test_training_step_reads_nothing_back_to_the_host() -> None:
+    """float(loss) per step stalls a GPU's queue; losses are summed on the device, read per epoch."""
+    module = _classifier()
+    x, y = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
+    with RecordOps() as record:
+        for i in range(3):
+            module.training_step((x, y), i)
+            module.validation_step((x, y), i)
+    assert not host_reads(record), host_reads(record)
+    assert module._epoch_mean("train") > 0  # the one read, at the end of the epoch
+
+
+def test_bf16_forward_gives_float32_logits_close_to_fp32() -> None:
+    module = _classifier()
+    with torch.no_grad():
+        module.model.head.weight.normal_()  # the muP readout starts at zero
+    x = torch.rand(8, 1, 8, 8)
+    exact = module(x)
+    module.precision = "bf16"
+    fast = module(x)
+    assert fast.dtype == torch.float32
+    assert torch.allclose(fast, exact, atol=0.05) and not torch.equal(fast, exact)
+
+
+def test_checkpoints_are_checksummed_and_load_onto_the_training_device(tmp_path: Path) -> None:
+    io_plugin = RunCheckpointIO("cpu")
+    path = tmp_path / "a.ckpt"
+    io_plugin.save_checkpoint({"w": torch.arange(4.0), "epoch": 3}, path)
+    assert list(tmp_path.iterdir()) == [path]  # the unique temporary was renamed away
+    loaded = io_plugin.load_checkpoint(path)
+    assert loaded["epoch"] == 3 and loaded["w"].device == torch.device("cpu")
+    blob = bytearray(path.read_bytes())
+    blob[-9:-1] = bytes(8)  # 8 flipped bytes in the payload
+    path.write_bytes(bytes(blob))
+    assert not is_intact(path)
+    with pytest.raises(DamagedCheckpoint, match="checksum"):
+        io_plugin.load_checkpoint(path)
+    path.write_bytes(path.read_bytes()[:20])  # truncated
+    assert not is_intact(path)

@@ -1,0 +1,158 @@
+"""Every CUDA path, run for real where a GPU exists (``python -m pytest -m gpu``).
+
+Skipped with a reason on CPU-only machines (CI). The CPU tests that stand guard for the same
+contracts without a GPU are in test_device.py (teardown simulation, device checks, no host reads
+in a step, checksummed checkpoints) and test_loader.py (no host reads per batch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import schedulefree
+import torch
+
+from conftest import FAST, compose_config, cuda_only, python_path, run_launch
+from erasure import fit_eraser
+from mdl.experiment import run_experiment
+from models import Classifier, create_model
+from test_sources import write_cifar10
+
+pytestmark = cuda_only()
+
+GPU = ["device=cuda", *FAST]
+MODEL_SETTINGS = {
+    "mlp": [],
+    "lenet": [],
+    "convnext": ["width=16", "model.base_width=16"],
+    "swin": ["width=16", "model.base_width=16", "model.options.head_dim=8"],
+}
+NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "blocks", "val_loss_curve")
+
+
+def _finite_results(results: dict) -> None:
+    assert math.isfinite(results["paper_mdl"]) and math.isfinite(results["online_codelength_bits"])
+    assert all(math.isfinite(b["eval_bits"]) for b in results["blocks"])
+
+
+@pytest.mark.parametrize("model", sorted(MODEL_SETTINGS))
+def test_every_model_runs_end_to_end_on_cuda(model: str, tmp_path: Path) -> None:
+    cfg = compose_config([*GPU, f"model={model}", *MODEL_SETTINGS[model]], tmp_path)
+    results = run_experiment(cfg, tmp_path / "run")
+    _finite_results(results)
+    assert results["config"]["device"] == "cuda"
+
+
+def test_launch_py_on_cuda_as_a_user_types_it(tmp_path: Path) -> None:
+    proc = run_launch([*GPU, f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "on cuda" in proc.stdout + proc.stderr
+    assert "paper MDL" in proc.stdout
+
+
+def test_cifar10_format_convnext_qleace_bf16_compiled(tmp_path: Path) -> None:
+    """The issue's command: a CIFAR-10-format folder, ConvNeXt, QLEACE fitted on the GPU, trainer=gpu."""
+    write_cifar10(tmp_path / "data", per_batch=120)
+    args = [
+        *GPU, "data=cifar10", f"paths.data_root={tmp_path / 'data'}", "data.options.verify_checksums=false",
+        "data.val_size=100", "data.first_block=100", "model=convnext", "width=16", "model.base_width=16",
+        "eraser=qleace", "eraser.options.shrinkage=0.1", "trainer=gpu", f"paths.output_root={tmp_path / 'out'}",
+        "trainer.kwargs.max_epochs=3", "trainer.patience=2",
+    ]
+    proc = run_launch(args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = (tmp_path / "out" / "runs").rglob("results.json")
+    _finite_results(json.loads(path.read_text()))
+
+
+def test_bf16_run_is_finite_and_close_to_fp32(tmp_path: Path) -> None:
+    exact = run_experiment(compose_config(GPU, tmp_path / "a"), tmp_path / "a")
+    fast = run_experiment(compose_config([*GPU, "trainer.precision=bf16"], tmp_path / "b"), tmp_path / "b")
+    _finite_results(fast)
+    assert abs(fast["paper_mdl"] - exact["paper_mdl"]) < 0.05 * exact["paper_mdl"]
+    assert fast["paper_mdl"] != exact["paper_mdl"]  # bf16 really ran
+
+
+def test_compiled_runs_compile_once_for_all_blocks(tmp_path: Path) -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    results = run_experiment(compose_config([*GPU, "trainer=gpu"], tmp_path), tmp_path / "run")
+    _finite_results(results)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # one graph per (train/eval mode, batch-shape family): a handful, not one set per block
+    assert 0 < graphs <= 8, graphs
+
+
+def test_killed_run_resumes_bit_identical_on_cuda(tmp_path: Path) -> None:
+    from test_resume import kill_mid_block_and_resume
+
+    kill_mid_block_and_resume(tmp_path, extra=["device=cuda"])
+
+
+@pytest.mark.parametrize("name", ["leace", "qleace", "alf_qleace"])
+def test_eraser_fitted_on_cuda_equals_cpu_fit(name: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    k, d, n = 3, 12, 600
+    y = torch.arange(n) % k
+    mix = torch.randn(k, d, d, generator=gen, dtype=torch.float64) * 0.3 + torch.eye(d, dtype=torch.float64)
+    x = torch.einsum("nd,nde->ne", torch.randn(n, d, generator=gen, dtype=torch.float64), mix[y]) + y[:, None] * 0.2
+    on_cpu = fit_eraser(name, x, y, num_classes=k)
+    on_gpu = fit_eraser(name, x.cuda(), y.cuda(), num_classes=k)
+    for key, value in on_cpu.tensors().items():
+        other = on_gpu.tensors()[key].cpu()
+        assert value.dtype == other.dtype
+        if value.is_floating_point():
+            scale = value.abs().max().clamp_min(1e-300)
+            assert ((value - other).abs().max() / scale) < 1e-8, key
+        else:
+            assert torch.equal(value, other), key
+    labels = y if on_cpu.requires_labels else None
+    out_cpu = on_cpu(x, labels)
+    out_gpu = on_gpu(x.cuda(), labels.cuda() if labels is not None else None)
+    assert torch.allclose(out_cpu, out_gpu.cpu(), rtol=1e-8, atol=1e-10)
+
+
+def test_training_step_makes_no_host_synchronisation() -> None:
+    torch.manual_seed(0)
+    model = create_model("mlp", 64, 2, 10, (1, 8, 8), base_width=64).cuda()
+    module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
+    optimizer = module.configure_optimizers()
+    optimizer.train()
+    x, y = torch.rand(64, 1, 8, 8, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+    for warm in range(2):  # first calls may allocate state and initialise kernels
+        module.training_step((x, y), warm).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(5):
+            loss = module.training_step((x, y), i)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert module._epoch_mean("train") > 0
+
+
+def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> None:
+    """Figure 1 reads saved erasers; one fitted on a GPU must load and apply with no GPU."""
+    x = torch.rand(300, 1, 8, 8, device="cuda")
+    y = torch.arange(300, device="cuda") % 3
+    fit_eraser("qleace", x, y, num_classes=3, shrinkage=0.1).save(tmp_path / "e.safetensors")
+    script = (
+        "import torch; from erasure import load_eraser; assert not torch.cuda.is_available(); "
+        f"e = load_eraser({str(tmp_path / 'e.safetensors')!r}); x = torch.rand(4, 1, 8, 8); "
+        "out = e(x, torch.tensor([0, 1, 2, 0])); assert out.device.type == 'cpu' and torch.isfinite(out).all(); print('ok')"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": python_path()}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
