@@ -13,13 +13,17 @@ prequential block pays).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-import schedulefree
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import Classifier, create_model
-from models.precision import CompiledModel
+import schedulefree  # noqa: E402
+import torch  # noqa: E402
+
+from models import Classifier, create_model  # noqa: E402
+from models.precision import CompiledModel  # noqa: E402
 
 SETTINGS = {
     "fp32 (highest)": dict(precision="fp32", matmul="highest", channels_last=False, compile=False),
