@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+# Errors that mean "change a setting or a file", reported as one message without a traceback
+# (set MDL_TRACEBACK=1 to see it anyway). Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportError, FloatingPointError)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -18,7 +24,13 @@ def main(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
-    results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
+    try:
+        results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
+    except USER_ERRORS as err:
+        if os.environ.get("MDL_TRACEBACK"):
+            raise
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     print(summary(results, run_dir / RESULTS_FILE), flush=True)
     return results["paper_mdl"]
 

@@ -75,6 +75,18 @@ class SaveLastCheckpoint(Checkpoint):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self._resumed_stopped = False
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         trainer.save_checkpoint(self.path)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint["fit_stopped"] = bool(trainer.should_stop)  # early stopping decided at this epoch
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit killed after its last checkpoint but before the driver recorded it trains no further."""
+        if self._resumed_stopped:
+            trainer.should_stop = True
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._resumed_stopped = bool(checkpoint.get("fit_stopped", False))

@@ -25,7 +25,7 @@ from mdl.callbacks import KeepBestWeights, SaveLastCheckpoint
 from mdl.checkpoints import RunCheckpointIO, is_intact
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
-from mdl.results import BlockResult, atomic_write_json, read_json
+from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
 from models.module import Classifier, total_bits
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,34 @@ def resumable(checkpoint: Path | None) -> str | None:
     return str(checkpoint)
 
 
+def finished_blocks(progress_path: Path, boundaries: Sequence[int]) -> list[dict[str, Any]]:
+    """Blocks an earlier attempt of this run finished, if they can be trusted; else none.
+
+    A damaged progress file, another block schedule or another code version means starting over
+    (with a warning): a result is always computed by one version of the code. Checkpoints of the
+    discarded attempt are removed with it.
+    """
+    if not progress_path.exists():
+        return []
+    try:
+        saved = read_checked_json(progress_path)
+    except DamagedRecord as err:
+        reason = str(err)
+    else:
+        if saved.get("boundaries") != list(boundaries):
+            reason = f"its block schedule {saved.get('boundaries')} differs from {list(boundaries)}"
+        elif saved.get("code_version") != code_version():
+            reason = f"it was made by code version {saved.get('code_version')}, this is {code_version()}"
+        else:
+            log.info("resuming: %d of %d blocks already done", len(saved["blocks"]), len(boundaries) - 1)
+            return saved["blocks"]
+    log.warning("discarding the earlier progress of this run (%s); starting it over", reason)
+    progress_path.unlink(missing_ok=True)
+    for stale in progress_path.parent.glob("checkpoints/*.ckpt"):
+        stale.unlink(missing_ok=True)
+    return []
+
+
 def run_prequential(
     dm: ErasedDataModule,
     boundaries: Sequence[int],
@@ -111,12 +139,7 @@ def run_prequential(
     n_total, k = dm.num_train, dm.num_classes
     if boundaries[-1] != n_total:
         raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {n_total} training examples")
-    done: list[dict[str, Any]] = []
-    if progress_path.exists():
-        saved = read_json(progress_path)
-        if saved.get("boundaries") == list(boundaries):
-            done = saved["blocks"]
-            log.info("resuming: %d of %d blocks already done", len(done), len(boundaries) - 1)
+    done = finished_blocks(progress_path, boundaries)
     blocks = [BlockResult(**b) for b in done]
 
     for i in range(len(blocks), len(boundaries) - 1):
@@ -131,7 +154,8 @@ def run_prequential(
             val_loss_curve=fit.module.val_loss_curve, train_loss_curve=fit.module.train_loss_curve,
         )
         blocks.append(block)
-        atomic_write_json(progress_path, {"boundaries": list(boundaries), "blocks": [b.to_dict() for b in blocks]})
+        write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
+                                           "blocks": [b.to_dict() for b in blocks]})
         ckpt.unlink(missing_ok=True)
         log.info(
             "block %d/%d: trained on %d, %d epochs, %.1fs | next %d examples: %.3f bits/example, val %.3f bits",

@@ -1,7 +1,15 @@
-"""Run records: the results.json schema and atomic writes (an interrupted sweep loses nothing)."""
+"""Run records: the results.json schema, atomic checksummed writes, the code version of a run.
+
+An interrupted sweep loses nothing: every record is written to a temporary file and renamed into
+place. Records the framework reads back to decide what to do (progress.json, the run store's
+results.json) carry a SHA-256 of their content, so a truncated or edited one is detected and
+redone instead of silently steering a resumed run.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +35,49 @@ class BlockResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+CHECKSUM_KEY = "sha256"
+SOURCE_PACKAGES = ("erasure", "models", "datamodules", "mdl")
+
+
+class DamagedRecord(ValueError):
+    """A JSON record that cannot be read or whose checksum does not match its content."""
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    body = {k: v for k, v in payload.items() if k != CHECKSUM_KEY}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def write_checked_json(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
+    """``atomic_write_json`` with a SHA-256 of the content stored under ``"sha256"``."""
+    return atomic_write_json(path, {**payload, CHECKSUM_KEY: _digest(payload)})
+
+
+def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
+    """A record written by ``write_checked_json``; DamagedRecord if unreadable or altered."""
+    try:
+        payload = read_json(path)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DamagedRecord(f"{path}: unreadable ({type(err).__name__}: {err})") from err
+    if not isinstance(payload, dict) or payload.get(CHECKSUM_KEY) != _digest(payload):
+        raise DamagedRecord(f"{path}: checksum missing or wrong (truncated, edited or from an older version)")
+    return payload
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """A short hash of the framework's own source files: what computed a result.
+
+    Unlike the git sha it also changes with uncommitted edits and exists outside a git checkout.
+    """
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for file in sorted((root / package).rglob("*.py")):
+            h.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:

@@ -24,10 +24,12 @@ def block_boundaries(n: int, num_blocks: int = 10, first: int = 1024) -> list[in
     n; the cumulative sums are rounded, so t_1 = first and t_S = n exactly. For n = 47952
     (CIFAR-10's 50000 minus a 2048 validation split) it gives 1024, 2375, ..., 47952.
     """
-    if num_blocks < 1:
-        raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
-    if num_blocks == 1:
-        return [n]
+    if num_blocks < 2:
+        raise ValueError(
+            f"mdl.num_blocks={num_blocks}: prequential MDL needs at least 2 blocks (the first is sent with a "
+            f"uniform code and each later one is scored by a model trained on the blocks before it, so with one "
+            f"block neither the online code length nor the paper MDL is defined); use mdl.num_blocks=2 or more"
+        )
     if first < 1 or first * num_blocks > n:
         raise ValueError(
             f"cannot cut {n} examples into {num_blocks} growing blocks starting at {first}: "

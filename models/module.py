@@ -143,7 +143,17 @@ class Classifier(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        self.train_loss_curve.append(self._epoch_mean("train"))
+        self.train_loss_curve.append(self._require_finite(self._epoch_mean("train"), "training"))
+
+    def _require_finite(self, mean: float, what: str) -> float:
+        """Stop a diverged fit with the learning rate in the message (not a NaN in results.json)."""
+        if not math.isfinite(mean):
+            raise FloatingPointError(
+                f"training diverged: the mean {what} loss of epoch {self.current_epoch} is {mean} with learning rate "
+                f"{self.lr:g} (optimizer.lr, whose default is data.lr, scaled for depth); lower it, e.g. "
+                f"optimizer.lr={self.lr / 10:g}"
+            )
+        return mean
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -154,7 +164,7 @@ class Classifier(L.LightningModule):
         if self.trainer.sanity_checking:
             self._sums.pop("val", None)
             return
-        mean = self._epoch_mean("val")
+        mean = self._require_finite(self._epoch_mean("val"), "validation")
         self.val_loss_curve.append(mean)
         self.log("val_loss", mean, prog_bar=False, logger=False)
 

@@ -59,3 +59,55 @@ def kill_mid_block_and_resume(tmp_path: Path, extra: list[str] = ()) -> None:
 
 def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
     kill_mid_block_and_resume(tmp_path)
+
+
+# --- in-process kills at every checkpoint, any patience ---------------------------------------
+
+import pytest  # noqa: E402
+
+from conftest import compose_config  # noqa: E402
+from mdl.callbacks import SaveLastCheckpoint  # noqa: E402
+from mdl.experiment import run_experiment  # noqa: E402
+
+KILL_SETTINGS = ["trainer.kwargs.max_epochs=25", "mdl.num_blocks=3", "data.first_block=100", "width=32", "model.base_width=32"]
+EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "blocks", "val_loss_curve", "train_loss_curve", "final_epochs")
+
+
+class Killed(Exception):
+    """Stands in for SIGKILL right after a checkpoint reached the disk."""
+
+
+def run_killed_after(cfg, run_dir: Path, saves: int, monkeypatch) -> bool:
+    """Run until the ``saves``-th checkpoint is written, then die; False if the run ended first."""
+    original = SaveLastCheckpoint.on_train_epoch_end
+    count = [0]
+
+    def save_then_maybe_die(self, trainer, module) -> None:
+        original(self, trainer, module)
+        count[0] += 1
+        if count[0] == saves:
+            raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(SaveLastCheckpoint, "on_train_epoch_end", save_then_maybe_die)
+        try:
+            run_experiment(cfg, run_dir)
+        except Killed:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("patience", [1, 2, 30])
+def test_resume_is_exact_at_every_kill_point(patience: int, tmp_path: Path, monkeypatch) -> None:
+    """Early-stopping counters, best weights and the stop decision survive a kill at any epoch."""
+    settings = [*KILL_SETTINGS, f"trainer.patience={patience}"]
+    reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
+    epochs = sum(b["epochs"] for b in reference["blocks"]) + reference["final_epochs"]
+    kill_points = range(1, epochs + 1) if patience < 30 else sorted({1, epochs // 3, epochs // 2, epochs - 1, epochs})
+    for saves in kill_points:
+        root = tmp_path / f"kill{saves}"
+        cfg = compose_config(settings, root)
+        assert run_killed_after(cfg, root / "a", saves, monkeypatch), saves
+        resumed = run_experiment(cfg, root / "b")
+        for key in EXACT:
+            assert resumed[key] == reference[key], (saves, key)
