@@ -26,10 +26,16 @@ def test_paper_schedule_for_cifar10() -> None:
     assert paper_mdl(bounds, [math.log2(10)] * 9) == pytest.approx(11.44, abs=0.01)
 
 
-@pytest.mark.parametrize("n,blocks,first", [(1197, 10, 64), (1000, 3, 100), (500, 1, 500), (64, 2, 32)])
+@pytest.mark.parametrize("n,blocks,first", [(1197, 10, 64), (1000, 3, 100), (64, 2, 32)])
 def test_schedule_sums_to_n(n: int, blocks: int, first: int) -> None:
     bounds = block_boundaries(n, blocks, first)
-    assert bounds[-1] == n and bounds[0] == (first if blocks > 1 else n) and len(bounds) == blocks
+    assert bounds[-1] == n and bounds[0] == first and len(bounds) == blocks
+
+
+def test_schedule_with_one_block_is_refused() -> None:
+    """One block leaves both MDL numbers undefined (no model is ever scored)."""
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        block_boundaries(500, 1, 500)
 
 
 def test_schedule_rejects_impossible_request() -> None:
