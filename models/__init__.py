@@ -1,5 +1,9 @@
 """Model builders (a registry), muP set-up and the LightningModule that trains them."""
 
+from models.dependencies import check_dependencies
+
+check_dependencies()  # before timm's builders: an old stack gets a message, not a TypeError in timm
+
 from models.registry import available_models, create_model, register_model
 from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_shapes
 from models.module import Classifier, total_bits

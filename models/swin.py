@@ -78,6 +78,13 @@ def stage_windows(grids: list[tuple[int, int]], window_size: int | None) -> list
     return windows  # type: ignore[return-value]
 
 
+def timm_window_size(grids: list[tuple[int, int]], window_size: int | None) -> int:
+    """One window size for timm, which clamps it to each block's grid exactly as ``stage_windows``
+    does (min(window, grid), no shift where it covers the grid). One int works in every timm
+    1.0.x; per-stage tuples need timm >= 1.0.30."""
+    return max(grids[0]) if window_size is None else window_size
+
+
 @register_model("swin")
 def build_swin(
     width: int,
@@ -129,7 +136,7 @@ def build_swin(
             embed_dim=width,
             depths=tuple(depth * d for d in stage_depths),
             num_heads=tuple(c // head_dim for c in widths),
-            window_size=windows,
+            window_size=timm_window_size(grids, window_size),
             mlp_ratio=mlp_ratio,
             drop_path_rate=0.0,
         )
