@@ -7,18 +7,28 @@ and rebuilt. Writers take a per-key file lock and write to a temporary name then
 concurrent jobs build each key once and a reader never sees half a file. (If the lock is not
 honoured, e.g. on some network file systems, the rename still keeps every file whole; at worst
 two jobs build the same key.)
+
+Temporary names carry the writer's pid and a random part (``.<file>.<pid>.<random>.tmp``). A job
+killed while writing leaves its temporary behind (as large as the erased data set): the next
+access removes temporaries older than ``stale_after_s`` whose key is not locked. A folder that
+cannot be written (read-only, no permission, disk full) stops the run with one message naming
+it and the settings that move or disable the cache; partial files are removed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 import warnings
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -28,8 +38,85 @@ from erasure import Eraser, load_eraser
 CACHE_FORMAT_VERSION = 1
 
 
+STALE_AFTER_S = 3600.0  # a temporary this old whose key is unlocked belongs to a dead writer
+# .<key>.<kind>.safetensors.<pid>.<random>.tmp (older versions: .<name>.<random>.tmp / .raw)
+TEMPORARY = re.compile(r"^\.+(?P<target>[0-9a-f]{32}\.(?:eraser|data)\.safetensors)\..*\.(?:tmp|raw)$")
+
+
 class CorruptCacheFile(Exception):
     """A cache file that cannot be trusted (truncated, bit rot, other format version)."""
+
+
+class CacheWriteError(OSError):
+    """The cache folder cannot be written; the message names it and how to move or disable it."""
+
+
+FIX = (
+    "set data.cache_dir=/a/writable/folder to move the cache (or paths.cache_dir / $SLOWING_CACHE_DIR), "
+    "or data.cache_dir=null to run without it"
+)
+
+
+@contextmanager
+def cache_writes(folder: Path) -> Iterator[None]:
+    """Turn an OS error while writing into the cache folder into one message with the fix."""
+    try:
+        yield
+    except CacheWriteError:
+        raise
+    except OSError as err:
+        what = {
+            errno.ENOSPC: "the disk is full",
+            errno.EDQUOT: "the disk quota is exhausted",
+            errno.EROFS: "the file system is read-only",
+            errno.EACCES: "permission denied",
+            errno.EPERM: "operation not permitted",
+        }.get(err.errno or -1, err.strerror or str(err))
+        culprit = getattr(err, "filename", None)
+        where = f" ({culprit})" if culprit and Path(culprit) != folder else ""
+        raise CacheWriteError(
+            f"erasure cache: cannot write to {folder}: {what}{where}. To fix it: {FIX}. "
+            f"Partial files were removed."
+        ) from err
+
+
+def _unlink_quietly(path: str | os.PathLike) -> None:
+    with suppress(OSError):
+        os.unlink(path)
+
+
+def _temporary(path: Path) -> str:
+    """A new empty temporary next to ``path``, unique per writer (pid + random)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+    os.close(fd)
+    return tmp
+
+
+def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S) -> list[Path]:
+    """Delete temporaries older than ``stale_after_s`` whose key no writer holds locked (their
+    writer was killed); return what was removed. Errors are ignored: this is housekeeping."""
+    from filelock import FileLock, Timeout
+
+    removed: list[Path] = []
+    now = time.time()
+    with suppress(OSError):
+        for entry in os.scandir(folder):
+            match = TEMPORARY.match(entry.name)
+            with suppress(OSError):
+                if match is None or not entry.is_file() or now - entry.stat().st_mtime < stale_after_s:
+                    continue
+                try:
+                    with FileLock(str(folder / f"{match['target']}.lock"), timeout=0):
+                        os.unlink(entry.path)
+                        removed.append(Path(entry.path))
+                except Timeout:
+                    continue  # a live writer holds the key: its temporary is in use
+    if removed:
+        warnings.warn(
+            f"erasure cache: removed {len(removed)} temporary file(s) left in {folder} by killed jobs",
+            RuntimeWarning, stacklevel=3,
+        )
+    return removed
 
 
 def cache_key(**parts: Any) -> str:
@@ -51,25 +138,27 @@ def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
 
 
 def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
-    """Write tensors with their checksum, atomically (temporary file in the same folder, then rename)."""
+    """Write tensors with their checksum, atomically (temporary file in the same folder, then rename);
+    an OS error (full disk, read-only folder) removes the temporary and becomes ``CacheWriteError``."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     meta = {
         **metadata,
         "cache_format_version": str(CACHE_FORMAT_VERSION),
         "checksum": tensors_checksum(tensors),
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the cache is shared by a sweep's jobs
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    tmp = None
+    with cache_writes(path.parent):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _temporary(path)
+            save_file(tensors, tmp, metadata=meta)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the cache is shared by a sweep's jobs
+            os.replace(tmp, path)
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                _unlink_quietly(tmp)
 
 
 def _umask() -> int:
@@ -105,10 +194,14 @@ class CacheStats:
 class ErasureCache:
     """Get-or-build for fitted erasers and erased tensors under ``directory`` (None: no caching)."""
 
-    def __init__(self, directory: str | os.PathLike | None, lock_timeout_s: float = 6 * 3600) -> None:
+    def __init__(
+        self, directory: str | os.PathLike | None, lock_timeout_s: float = 6 * 3600, stale_after_s: float = STALE_AFTER_S
+    ) -> None:
         self.directory = Path(os.path.expanduser(str(directory))).absolute() if directory else None
         self.lock_timeout_s = lock_timeout_s
+        self.stale_after_s = stale_after_s
         self.stats = CacheStats()
+        self._swept = False
 
     def eraser_path(self, key: str) -> Path | None:
         return self.directory / f"{key}.eraser.safetensors" if self.directory else None
@@ -129,20 +222,9 @@ class ErasureCache:
 
         def build() -> Eraser:
             eraser = fit()
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".raw")
-            os.close(fd)
-            try:
-                eraser.save(tmp)
-                from safetensors import safe_open
-
-                with safe_open(tmp, framework="pt") as f:
-                    meta = dict(f.metadata() or {})
-                    tensors = {k: f.get_tensor(k) for k in f.keys()}
-                meta["describe"] = json.dumps(describe or {}, sort_keys=True, default=str)
-                write_checked(path, tensors, meta)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            tensors, meta = eraser.serialized()
+            meta["describe"] = json.dumps(describe or {}, sort_keys=True, default=str)
+            write_checked(path, tensors, meta)
             return eraser
 
         return self._get_or_build(path, load, build)
@@ -174,8 +256,9 @@ class ErasureCache:
         return self._get_or_build(path, load, make)
 
     def _get_or_build(self, path: Path, load: Callable[[], Any], build: Callable[[], Any]) -> Any:
-        from filelock import FileLock
+        from filelock import FileLock, Timeout
 
+        self._sweep(path.parent)
         if path.exists():  # fast path: a complete file never needs the lock (writes are renames)
             try:
                 result = load()
@@ -183,16 +266,35 @@ class ErasureCache:
                 return result
             except CorruptCacheFile as err:
                 warnings.warn(f"erasure cache: {err}; rebuilding it", RuntimeWarning, stacklevel=3)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(path) + ".lock", timeout=self.lock_timeout_s):
+        lock = FileLock(str(path) + ".lock", timeout=self.lock_timeout_s)
+        try:
+            with cache_writes(path.parent):  # checked before the (long) build: the lock file is a write
+                path.parent.mkdir(parents=True, exist_ok=True)
+                lock.acquire()
+        except Timeout as err:
+            raise CacheWriteError(
+                f"erasure cache: waited {self.lock_timeout_s:.0f} s for {lock.lock_file}, held by another job "
+                f"building the same entry; if no job is running, delete that file, or {FIX}"
+            ) from err
+        try:
             if path.exists():  # another job may have built (or rebuilt) it while we waited
                 try:
                     result = load()
                     self.stats.hits += 1
                     return result
                 except CorruptCacheFile:
-                    path.unlink()
+                    with cache_writes(path.parent):
+                        path.unlink()
                     self.stats.rebuilt_corrupt += 1
             result = build()
             self.stats.builds += 1
             return result
+        finally:
+            lock.release()
+
+    def _sweep(self, folder: Path) -> None:
+        """Remove dead writers' temporaries, once per cache object (see the module docstring)."""
+        if not self._swept:
+            self._swept = True
+            if folder.is_dir():
+                remove_stale_temporaries(folder, self.stale_after_s)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from datamodules.data_root import data_root, missing_data
-from datamodules.sources import ImageSet, ImageSource, register_source, uint8_images
+from datamodules.data_root import bad_data, data_root, missing_data, reading
+from datamodules.sources import ImageSet, ImageSource, check_labels, register_source, uint8_images
 
 IMAGE_COLUMN = "img"
 LABEL_COLUMN = "label"
@@ -68,12 +68,16 @@ def load_cifarnet(
     **_: Any,
 ) -> ImageSource:
     """Train / test splits of a saved CIFARNet copy; ``path`` defaults to ``<root>/cifarnet``."""
-    from datasets import DatasetDict, load_from_disk
+    from datasets import DatasetDict
 
     folder = Path(os.path.expanduser(str(path))).absolute() if path else data_root(root, "cifarnet") / "cifarnet"
-    if not folder.exists() and download:
+    resave = f"save it again with `datasets.load_dataset('{hub_id}').save_to_disk('{folder}')`"
+    with reading("cifarnet", folder, resave):
+        exists = folder.exists()
+    if not exists and download:
         _save_from_hub(hub_id, folder)
-    if not folder.exists():
+        exists = True
+    if not exists:
         raise missing_data(
             "cifarnet",
             folder,
@@ -82,7 +86,7 @@ def load_cifarnet(
             f"from the Hugging Face hub and saves it there), or on any machine run "
             f"`datasets.load_dataset('{hub_id}').save_to_disk('{folder}')` and copy the folder here",
         )
-    data = load_from_disk(str(folder))
+    data = _load_saved(folder, resave)
     if not isinstance(data, DatasetDict) or not {"train", "test"} <= set(data):
         raise ValueError(
             f"cifarnet: {folder} must hold a DatasetDict with splits 'train' and 'test', found "
@@ -95,8 +99,29 @@ def load_cifarnet(
             f"cifarnet: {folder} has columns {sorted(columns)}, expected {IMAGE_COLUMN!r} and {LABEL_COLUMN!r}"
         )
     feature = data["train"].features[LABEL_COLUMN]
-    train = _to_image_set(data["train"], side, decode_batch_size)
-    test = _to_image_set(data["test"], side, decode_batch_size)
-    num_classes = int(max(train.y.max(), test.y.max())) + 1
-    classes = list(feature.names) if hasattr(feature, "names") else [str(c) for c in range(num_classes)]
-    return ImageSource(name="cifarnet", train=train, test=test, classes=classes)
+    sets = {}
+    for split in ("train", "test"):
+        with reading("cifarnet", folder / split, resave):
+            sets[split] = _to_image_set(data[split], side, decode_batch_size)
+    if hasattr(feature, "names"):
+        classes = list(feature.names)
+    else:
+        classes = [str(c) for c in range(int(max(sets["train"].y.max(), sets["test"].y.max())) + 1)]
+    for split, images in sets.items():
+        check_labels(images.y, len(classes), f"cifarnet: {folder / split} (column {LABEL_COLUMN!r})", resave)
+    return ImageSource(name="cifarnet", train=sets["train"], test=sets["test"], classes=classes)
+
+
+def _load_saved(folder: Path, resave: str) -> Any:
+    """``load_from_disk`` with its failures reported against the folder."""
+    from datasets import load_from_disk
+
+    with reading("cifarnet", folder, resave):
+        try:
+            return load_from_disk(str(folder))
+        except FileNotFoundError as err:  # datasets' word for "not a save_to_disk folder"
+            raise bad_data("cifarnet", folder, f"is not a data set written by save_to_disk ({err})", resave) from err
+        except OSError:
+            raise
+        except Exception as err:  # damaged arrow files or json raise many types
+            raise bad_data("cifarnet", folder, f"could not be loaded ({type(err).__name__}: {err})", resave) from err

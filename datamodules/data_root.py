@@ -1,20 +1,43 @@
-"""Where data sets live on disk, and the error a user sees when one is missing.
+"""Where data sets live on disk, and the errors a user sees when one is missing or unreadable.
 
 The default root is set in ``conf/data/*.yaml`` (``SLOWING_DATA_ROOT`` or
 ``~/.cache/slowing-learning/data``); Python only checks what it was given, so the message can
-name the exact folder it looked in and how to fill it.
+name the exact folder or file it looked at and how to fix it. Three kinds of failure, each a
+subclass of the builtin error a caller would expect, so ``launch.py`` can print them as one
+paragraph: missing (``FileNotFoundError``), unreadable (``PermissionError``) and read but wrong
+(``ValueError``: truncated, wrong shape, labels out of range).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 DATA_ROOT_ENV = "SLOWING_DATA_ROOT"
+OTHER_FOLDER = (
+    f"To use another folder: set paths.data_root=/path/to/data (or data.options.root) on the command line or the "
+    f"environment variable {DATA_ROOT_ENV}."
+)
 
 
 class MissingDataError(FileNotFoundError):
     """A data set is not where the configuration says; the message says how to get it."""
+
+
+class UnreadableDataError(PermissionError):
+    """A data file or folder exists but this process may not read it; the message names it."""
+
+
+class BadDataError(ValueError):
+    """A data file was read but holds something else than the format promises (truncated, wrong
+    shape or dtype, labels out of range); the message names the file and how to replace it."""
+
+
+class ChecksumError(BadDataError, RuntimeError):
+    """Files that differ from the official MD5 sums (a RuntimeError too, as torchvision's own)."""
 
 
 def data_root(root: str | os.PathLike | None, source: str) -> Path:
@@ -32,6 +55,33 @@ def missing_data(source: str, looked_in: Path, wanted: str, how: str) -> Missing
     return MissingDataError(
         f"{source}: data set not found in {looked_in} (looked for {wanted}).\n"
         f"To get it: {how}\n"
-        f"To use another folder: set paths.data_root=/path/to/data (or data.options.root) on the command line or the environment "
-        f"variable {DATA_ROOT_ENV}."
+        f"{OTHER_FOLDER}"
     )
+
+
+def bad_data(source: str, path: Path, problem: str, fix: str) -> BadDataError:
+    """Build the error for a data file whose content is wrong."""
+    return BadDataError(f"{source}: {path} {problem}. To fix it: {fix}.")
+
+
+@contextmanager
+def reading(source: str, path: Path, fix: str) -> Iterator[None]:
+    """Turn operating-system errors raised while reading ``path`` into messages naming the file
+    (``err.filename`` when the OS says which one) and ``fix``; our own errors pass through."""
+    try:
+        yield
+    except (MissingDataError, UnreadableDataError, BadDataError):
+        raise
+    except OSError as err:
+        culprit = Path(err.filename) if getattr(err, "filename", None) else path
+        reason = err.strerror or str(err)
+        if isinstance(err, PermissionError) or err.errno in (errno.EACCES, errno.EPERM):
+            raise UnreadableDataError(
+                f"{source}: cannot read {culprit} ({reason}). To fix it: give this user read access "
+                f"(e.g. `chmod -R a+rX {culprit}`), or copy the data set to a folder you can read. {OTHER_FOLDER}"
+            ) from err
+        if isinstance(err, FileNotFoundError):
+            raise MissingDataError(f"{source}: {culprit} disappeared while reading ({reason}). To fix it: {fix}.") from err
+        if isinstance(err, IsADirectoryError) or os.path.isdir(culprit):
+            raise bad_data(source, culprit, "is a folder, expected a file", fix) from err
+        raise bad_data(source, culprit, f"could not be read ({reason})", fix) from err

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from typing import Any, Callable
 
 import lightning as L
@@ -32,6 +33,7 @@ from datamodules.loader import BatchTransform, DeviceBatches
 from datamodules.qda import QuadraticDiscriminant
 from datamodules.sources import ImageSet, ImageSource, load_source
 from erasure import erasure_report, Eraser, class_moments, fit_eraser
+from erasure.diagnostics import erasure_shortfall
 from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
 from erasure.base import eraser_class
 
@@ -101,12 +103,53 @@ def needs_eval_labels(eraser: Eraser) -> bool:
     return bool(eraser.requires_labels) or not getattr(eraser, "can_transform_new_data", True)
 
 
+def _report_gaps(report: dict[str, float]) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(before, after) moment gaps out of an ``erasure_report``, or None without diagnostics."""
+    split = [{k[: -len(when)]: v for k, v in report.items() if k.endswith(when)} for when in ("_before", "_after")]
+    return (split[0], split[1]) if split[0] and split[1] else None
+
+
+def not_erased(eraser: Eraser, split: str, gaps: tuple[dict[str, float], dict[str, float]] | None) -> list[str]:
+    """A warning when the eraser left the class moments it targets almost as they were: a run on
+    such data measures no erasure, whatever its name says."""
+    missed = erasure_shortfall(*gaps, eraser.targeted_gaps()) if gaps is not None else []
+    if not missed:
+        return []
+    return [
+        f"the {eraser.name!r} eraser did not erase on the {split} split: {', '.join(missed)} (less than 10% "
+        f"removed), so this run trains and evaluates on nearly unerased data. To fix it: {eraser.tuning_hint()}"
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Splits:
     train: ImageSet
     val: ImageSet
     test: ImageSet
     classes: list[str]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_data_settings(
+    val_size: Any, test_size: Any, batch_size: Any, eval_batch_size: Any, qda_regularization: Any, padding_fraction: Any
+) -> None:
+    """Refuse sizes that cannot work before anything is loaded or fitted, naming the setting."""
+    minimums = {  # key: (value, smallest that works, what it is, a usual value)
+        "val_size": (val_size, 1, "early stopping and the paper MDL score every model on it", "300 (the paper: 2048)"),
+        "test_size": (test_size, 0, "held out when the source has no official test split; 0 = none", "300"),
+        "batch_size": (batch_size, 1, "examples per training step", "128"),
+        "eval_batch_size": (eval_batch_size, 1, "examples per evaluation step", "1024"),
+    }
+    for key, (value, low, what, usual) in minimums.items():
+        if not _is_int(value) or value < low:
+            raise ValueError(f"data.{key}={value!r}: must be an integer >= {low} ({what}); e.g. data.{key}={usual}")
+    if isinstance(qda_regularization, bool) or not (isinstance(qda_regularization, (int, float)) and qda_regularization > 0):
+        raise ValueError(f"data.qda_regularization={qda_regularization!r}: must be > 0 (it ridges singular covariances), e.g. 1e-3")
+    if isinstance(padding_fraction, bool) or not (isinstance(padding_fraction, (int, float)) and 0 <= padding_fraction < 1):
+        raise ValueError(f"data.padding_fraction={padding_fraction!r}: must lie in [0, 1) (crop padding / image side), e.g. 0.125")
 
 
 class ErasedDataModule(L.LightningDataModule):
@@ -134,6 +177,7 @@ class ErasedDataModule(L.LightningDataModule):
         **unused: Any,
     ) -> None:
         super().__init__()
+        check_data_settings(val_size, test_size, batch_size, eval_batch_size, qda_regularization, padding_fraction)
         if augment_order not in AUGMENT_ORDERS:
             raise ValueError(f"data.augment_order must be one of {AUGMENT_ORDERS}, got {augment_order!r}")
         if not (eval_labels is True or eval_labels == "predicted"):
@@ -186,6 +230,13 @@ class ErasedDataModule(L.LightningDataModule):
     def _load_splits(self) -> Splits:
         src: ImageSource = load_source(self.source_name, **self.source_options)
         x, y = src.train.x, src.train.y
+        held = self.val_size + (self.test_size if src.test is None else 0)
+        if held >= len(y):
+            sizes = "data.val_size" + (" + data.test_size" if src.test is None else "")
+            raise ValueError(
+                f"{sizes} = {held} leaves no training examples out of the {len(y)} of data source "
+                f"{self.source_name!r}; lower {sizes.replace(' + ', ' and ')} (at most {len(y) - 1} in all)"
+            )
         if src.test is None:
             val_idx, test_idx, train_idx = seeded_split(len(y), [self.val_size, self.test_size], self.data_seed)
             test = ImageSet(x[test_idx], y[test_idx])
@@ -220,6 +271,8 @@ class ErasedDataModule(L.LightningDataModule):
         self.classes = list(info["classes"])
         self.num_classes = len(self.classes)
         self.diagnostics = {k: v for k, v in info.items() if k != "classes"}
+        for message in info.get("not_erased", []):
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         on = self.device
         self.train_set = ImageSet(tensors["train_x"].to(on), tensors["train_y"].to(on))
         self.val_set = ImageSet(tensors["val_x"].to(on), tensors["val_y"].to(on))
@@ -259,6 +312,7 @@ class ErasedDataModule(L.LightningDataModule):
                     **dict(self.eraser_cfg.get("options") or {}),
                 )
                 erased[name] = erase(split_eraser, x, labels if split_eraser.requires_labels else None)
+                info.setdefault("not_erased", []).extend(not_erased(split_eraser, name, split_eraser.fit_gaps()))
         train_x, train_y = splits.train.x.to(on), splits.train.y.to(on)
         if self.augment_order == "erase_then_augment":
             train_x = erase(eraser, train_x, train_y if eraser.requires_labels else None)
@@ -266,20 +320,36 @@ class ErasedDataModule(L.LightningDataModule):
         tensors = {"train_x": train_x, "train_y": train_y, "val_x": erased["val"], "val_y": splits.val.y,
                    "test_x": erased["test"], "test_y": splits.test.y}
         if self.run_diagnostics:
-            info["erasure"] = self._diagnose(eraser, splits, train_x, erased["val"])
+            skipped: dict[str, str] = {}
+            info["erasure"] = self._diagnose(eraser, splits, train_x, erased["val"], skipped)
+            if skipped:
+                info["erasure_skipped"] = skipped
+        gaps = eraser.fit_gaps() or _report_gaps(info.get("erasure", {}))
+        info["not_erased"] = not_erased(eraser, "training", gaps) + info.get("not_erased", [])
         return tensors, info
 
-    def _diagnose(self, eraser: Eraser, splits: Splits, train_after: Tensor, val_after: Tensor) -> dict[str, float]:
-        """Moment gaps and linear/QDA probe accuracies on held-out data, before and after erasure."""
+    def _diagnose(
+        self, eraser: Eraser, splits: Splits, train_after: Tensor, val_after: Tensor, skipped: dict[str, str]
+    ) -> dict[str, float]:
+        """Moment gaps and linear/QDA probe accuracies on held-out data, before and after erasure.
+        Optional numbers: what cannot be computed is recorded in ``skipped`` and warned, never fatal."""
         on = self.device
         train_before, y = splits.train.x.to(on), splits.train.y.to(on)
         if self.augment_order == "augment_then_erase":  # the stored training images are raw
             train_after = erase(eraser, train_before, y if eraser.requires_labels else None)
         log.info("erasure diagnostics: moment gaps, linear probe and QDA before/after")
-        return erasure_report(
-            train_before, train_after, y, x_test_before=splits.val.x.to(on), x_test_after=val_after,
-            y_test=splits.val.y.to(on), seed=self.data_seed,
-        )
+        try:
+            return erasure_report(
+                train_before, train_after, y, x_test_before=splits.val.x.to(on), x_test_after=val_after,
+                y_test=splits.val.y.to(on), seed=self.data_seed, skipped=skipped,
+            )
+        except (ValueError, RuntimeError, ArithmeticError) as err:
+            skipped["all"] = f"{type(err).__name__}: {err}"
+            warnings.warn(
+                f"erasure diagnostics failed ({skipped['all']}); the run goes on without them "
+                f"(data.diagnostics=false skips them)", RuntimeWarning, stacklevel=2,
+            )
+            return {}
 
     def _label_predictor(self, eraser: Eraser, splits: Splits) -> QuadraticDiscriminant | None:
         """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""

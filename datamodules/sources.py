@@ -4,6 +4,11 @@ A source is a function registered by name (``@register_source("cifar10")``) that
 options of its ``conf/data/*.yaml`` and returns an ``ImageSource``. Sources with an official
 test split return it; the data module splits validation (and, where there is no official test
 split, test) off the training set with ``data_seed``.
+
+Every source is checked where it is read (each file-based loader names the file) and once more
+by ``load_source`` (integer labels in 0..K-1 in every split, finite pixels, one image shape,
+training images not all identical), so a bad label that would land in the validation or test
+split, where no eraser looks at it, stops the run at load time.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+from datamodules.data_root import BadDataError
+
+CHECK_CHUNK = 8192  # rows checked at once (bounds the temporaries on big data sets)
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,59 @@ def available_sources() -> list[str]:
 def load_source(name: str, **options: Any) -> ImageSource:
     """Load the data set registered as ``name`` with the options of its conf/data yaml."""
     if name not in _SOURCES:
-        raise ValueError(f"unknown data source {name!r}; choose one of {available_sources()} (e.g. `data=digits`)")
-    return _SOURCES[name](**options)
+        raise ValueError(
+            f"unknown data source {name!r} (data.source); choose one of {available_sources()} "
+            f"with data=<name>, e.g. `data=digits`"
+        )
+    source = _SOURCES[name](**options)
+    check_source(source)
+    return source
+
+
+def check_labels(y: Tensor, num_classes: int, where: str, fix: str) -> None:
+    """Integer labels in 0..K-1: a label out of range would crash training or, in a held-out
+    split, silently score against a class that does not exist."""
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise BadDataError(f"{where}: labels must be integer class indices, found dtype {y.dtype}. To fix it: {fix}.")
+    bad = (y < 0) | (y >= num_classes)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        shown = ", ".join(f"#{int(i)}: {int(y[i])}" for i in rows[:5])
+        raise BadDataError(
+            f"{where}: {rows.numel()} label(s) outside 0..{num_classes - 1} (the {num_classes} classes), "
+            f"e.g. {shown}{', ...' if rows.numel() > 5 else ''}. To fix it: {fix}."
+        )
+
+
+def check_pixels(x: Tensor, where: str, fix: str) -> None:
+    """Float (n, c, h, w) pixels without NaN or infinity (they would poison every moment)."""
+    if x.ndim != 4 or not x.is_floating_point():
+        raise BadDataError(f"{where}: images must be float (n, c, h, w), got {x.dtype} {tuple(x.shape)}. To fix it: {fix}.")
+    bad = sum(int((~torch.isfinite(x[i : i + CHECK_CHUNK])).sum()) for i in range(0, x.shape[0], CHECK_CHUNK))
+    if bad:
+        raise BadDataError(f"{where}: {bad} pixel value(s) are NaN or infinite. To fix it: {fix}.")
+
+
+def check_source(source: ImageSource) -> None:
+    """What every loader must hand over, checked for all splits (see the module docstring)."""
+    fix = f"check the files or data.options of data source {source.name!r}"
+    splits = {"train": source.train, **({"test": source.test} if source.test is not None else {})}
+    for split, images in splits.items():
+        where = f"data source {source.name!r}, {split} split"
+        check_pixels(images.x, where, fix)
+        check_labels(images.y, source.num_classes, where, fix)
+    if source.test is not None and source.test.x.shape[1:] != source.train.x.shape[1:]:
+        raise BadDataError(
+            f"data source {source.name!r}: test images are {tuple(source.test.x.shape[1:])}, training images "
+            f"{tuple(source.train.x.shape[1:])}. To fix it: {fix}."
+        )
+    x = source.train.x
+    if len(x) > 1 and bool((x.amax(0) == x.amin(0)).all()):
+        raise BadDataError(
+            f"data source {source.name!r}: all {len(x)} training images are identical (zero variance in every "
+            f"pixel), so there is nothing to learn and nothing to erase. To fix it: {fix} (e.g. a synthetic "
+            f"data.options.std below float32 resolution)."
+        )
 
 
 def uint8_images(array: Any) -> Tensor:

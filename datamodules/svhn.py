@@ -3,6 +3,8 @@
 torchvision maps the published label 10 to digit 0. ``verify_checksums=False`` uses a subclass
 whose split table carries no MD5 sums (existence is still checked); the reading code is
 torchvision's. ``use_extra=true`` appends the 531131 ``extra`` images to the training set.
+Each file is read on its own, so any error (unreadable, truncated, wrong shape, a label outside
+1..10) names it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from datamodules.data_root import data_root, missing_data
-from datamodules.sources import ImageSet, ImageSource, register_source, uint8_images
+from datamodules.data_root import ChecksumError, bad_data, data_root, missing_data, reading
+from datamodules.sources import ImageSet, ImageSource, check_labels, register_source, uint8_images
 
 
 @functools.cache
@@ -33,24 +36,47 @@ def svhn_reader(verify_checksums: bool) -> type:
     return SVHNWithoutChecksums
 
 
+def refetch(path: Path) -> str:
+    """How to replace a damaged file."""
+    return f"delete {path} and run once with data.options.download=true, or copy an intact {path.name} there"
+
+
 def check_svhn_file(folder: Path, split: str, verify_checksums: bool) -> None:
     from torchvision.datasets.utils import check_integrity
 
     url, name, md5 = svhn_reader(True).split_list[split]
     path = folder / name
-    if not path.is_file():
-        raise missing_data(
-            "svhn",
-            folder,
-            name,
-            f"run once with data.options.download=true on a machine with network access (fetches {url}), "
-            f"or download it elsewhere and copy it to {path}",
-        )
-    if verify_checksums and not check_integrity(str(path), md5):
-        raise RuntimeError(
-            f"svhn: {path} does not match the official MD5 sum. Delete it and run with data.options.download=true, "
-            f"or set data.options.verify_checksums=false to load it anyway."
-        )
+    with reading("svhn", path, refetch(path)):
+        if not path.exists():
+            raise missing_data(
+                "svhn",
+                folder,
+                name,
+                f"run once with data.options.download=true on a machine with network access (fetches {url}), "
+                f"or download it elsewhere and copy it to {path}",
+            )
+        if not path.is_file():
+            raise bad_data("svhn", path, "is not a regular file (a folder?)", refetch(path))
+        if verify_checksums and not check_integrity(str(path), md5):
+            raise ChecksumError(
+                f"svhn: {path} does not match the official MD5 sum. Delete it and run with data.options.download=true, "
+                f"or set data.options.verify_checksums=false to load it anyway."
+            )
+
+
+def _read_mat(folder: Path, split: str, verify_checksums: bool) -> Any:
+    """torchvision's reader on one split; whatever it raises is reported against the file."""
+    path = folder / svhn_reader(True).split_list[split][1]
+    with reading("svhn", path, refetch(path)):
+        try:
+            return svhn_reader(verify_checksums)(str(folder), split=split, download=False)
+        except OSError:
+            raise
+        except Exception as err:  # scipy and numpy raise many types for truncated or re-shaped files
+            raise bad_data(
+                "svhn", path, f"is not a readable SVHN .mat file with X (32, 32, 3, n) and y (n, 1) "
+                f"({type(err).__name__}: {err})", refetch(path),
+            ) from err
 
 
 def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> ImageSet:
@@ -58,10 +84,18 @@ def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> I
         folder.mkdir(parents=True, exist_ok=True)
         svhn_reader(True)(str(folder), split=split, download=True)
     check_svhn_file(folder, split, verify_checksums)
-    reader = svhn_reader(verify_checksums)
-    data = reader(str(folder), split=split, download=False)
-    # torchvision returns (n, c, h, w) uint8 and int64 labels in 0..9
-    return ImageSet(uint8_images(data.data).contiguous(), torch.as_tensor(data.labels, dtype=torch.int64))
+    data = _read_mat(folder, split, verify_checksums)
+    path = folder / data.filename
+    # torchvision returns (n, c, h, w) uint8 and int64 labels, 10 mapped to 0
+    x, y = np.asarray(data.data), np.atleast_1d(np.asarray(data.labels))
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (3, 32, 32) or y.ndim != 1 or len(y) != len(x):
+        raise bad_data(
+            "svhn", path, f"reads as images of shape {x.shape} ({x.dtype}) with {y.size} labels; expected uint8 "
+            f"X of shape (32, 32, 3, n) and n labels", refetch(path),
+        )
+    labels = torch.as_tensor(y)
+    check_labels(labels, 10, f"svhn: {path} (published labels 1..10, 10 = digit 0)", refetch(path))
+    return ImageSet(uint8_images(x).contiguous(), labels.to(torch.int64))
 
 
 @register_source("svhn")

@@ -12,6 +12,7 @@ known answer (with the default std almost all values lie in [0, 1] anyway).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,8 @@ import torch
 from torch import Tensor
 
 from datamodules.sources import ImageSet, ImageSource, register_source
+
+MIN_STD_STEPS = 1000  # std must span this many float32 steps, or the moments are rounding noise
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,34 @@ def _generator(seed: int, part: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def _check(num_classes: int, shape: Sequence[int], n_train: int, n_test: int, std: float) -> tuple[int, int, int]:
+def _check(
+    num_classes: int, shape: Sequence[int], n_train: int, n_test: int, std: float, **reals: float
+) -> tuple[int, int, int]:
+    """Refuse options that would give no data, NaN data or data that float32 turns into one point."""
+    for key, value in (("num_classes", num_classes), ("n_train", n_train), ("n_test", n_test)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"synthetic: data.options.{key} must be an integer, got {value!r}")
     if num_classes < 2:
-        raise ValueError(f"synthetic: num_classes must be >= 2, got {num_classes}")
+        raise ValueError(f"synthetic: data.options.num_classes must be >= 2, got {num_classes}")
     if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"synthetic: shape must be [channels, height, width], got {list(shape)}")
+        raise ValueError(f"synthetic: data.options.shape must be [channels, height, width], got {list(shape)}")
     if n_train < num_classes or n_test < 0:
-        raise ValueError(f"synthetic: need n_train >= num_classes and n_test >= 0, got {n_train}, {n_test}")
+        raise ValueError(
+            f"synthetic: need data.options.n_train >= num_classes and data.options.n_test >= 0, got {n_train}, {n_test}"
+        )
+    for key, value in {"std": std, **reals}.items():
+        if not math.isfinite(float(value)):
+            raise ValueError(f"synthetic: data.options.{key} must be a finite number, got {value}")
     if std <= 0:
-        raise ValueError(f"synthetic: std must be positive, got {std}")
+        raise ValueError(f"synthetic: data.options.std must be positive, got {std}")
+    center = abs(float(reals.get("center", 0.0)))
+    resolution = torch.finfo(torch.float32).eps * center  # float32 step size around the center
+    if std < MIN_STD_STEPS * resolution:
+        raise ValueError(
+            f"synthetic: data.options.std={std:g} is below what float32 resolves around center {center:g} "
+            f"(steps of {resolution:.2g}): the samples would be (nearly) identical and their moments rounding noise; "
+            f"use data.options.std >= {MIN_STD_STEPS * resolution:.2g}"
+        )
     return tuple(int(s) for s in shape)  # type: ignore[return-value]
 
 
@@ -85,7 +107,7 @@ def load_synthetic(
     **_: Any,
 ) -> ImageSource:
     """Gaussian class data shaped like images (float32 (n, c, h, w)); the same seed gives the same data."""
-    c, h, w = _check(num_classes, shape, n_train, n_test, std)
+    c, h, w = _check(num_classes, shape, n_train, n_test, std, mean_shift=mean_shift, cov_shift=cov_shift, center=center)
     classes = gaussian_classes(
         num_classes, c * h * w, mean_shift, cov_shift, std, center, _generator(generator_seed, "classes")
     )

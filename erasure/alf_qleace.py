@@ -182,6 +182,11 @@ class AlfQLeaceEraser(Eraser):
             deviation_norm=deviation_norm, target_fraction=target_fraction, max_rank=rank_cap, shrinkage=shrinkage,
         )
 
+    def targeted_gaps(self) -> tuple[str, ...]:
+        # Only the exact LEACE part: its covariance edit stops at max_rank directions by design, and
+        # its deviation (unweighted mean, ``deviation_norm``) is not the diagnostics' max_cov_gap.
+        return ("max_mean_gap",)
+
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         mean, proj, dirs = (t.to(x.device) for t in (self.mean, self.leace_proj, self.directions))
         centred = x.to(torch.float64) - mean

@@ -138,6 +138,20 @@ class Eraser(ABC):
         out = self._erase(flat, y if self.requires_labels else None)
         return out.to(x.dtype).reshape(x.shape)
 
+    # --- self-assessment (read by the data module to warn when nothing was erased) -----------
+
+    def targeted_gaps(self) -> tuple[str, ...]:
+        """The ``erasure.diagnostics.moment_gaps`` keys this eraser is meant to shrink (none: a control)."""
+        return ()
+
+    def fit_gaps(self) -> tuple[dict[str, float], dict[str, float]] | None:
+        """Moment gaps of the fitting data before and after, for erasers that measure them while fitting."""
+        return None
+
+    def tuning_hint(self) -> str:
+        """What to change when the eraser did not shrink its targeted gaps."""
+        return "check eraser.options"
+
     # --- persistence -------------------------------------------------------------------------
 
     def tensors(self) -> dict[str, Tensor]:
@@ -146,18 +160,23 @@ class Eraser(ABC):
     def metadata(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if not isinstance(getattr(self, f.name), Tensor)}
 
+    def serialized(self) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """(CPU tensors, safetensors metadata) exactly as ``save`` writes them (``load_eraser`` reads them)."""
+        header = {"eraser": self.name, "format_version": FORMAT_VERSION, "metadata": self.metadata()}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors().items()}
+        return tensors, {"header": json.dumps(header)}
+
     def save(self, path: str | os.PathLike) -> Path:
         """Write tensors and metadata to one safetensors file, atomically (write then rename)."""
         from safetensors.torch import save_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        header = {"eraser": self.name, "format_version": FORMAT_VERSION, "metadata": self.metadata()}
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.tensors().items()}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tensors, metadata = self.serialized()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
         os.close(fd)
         try:
-            save_file(tensors, tmp, metadata={"header": json.dumps(header)})
+            save_file(tensors, tmp, metadata=metadata)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

@@ -9,9 +9,16 @@ each with suffix ``_before`` and ``_after``, plus ``chance`` (the majority-class
 The probes are kept cheap: at most ``max_samples`` training rows and PCA to ``max_features``
 dimensions (fitted on the probe's training rows). scikit-learn is imported lazily, so erasure/
 stays importable with torch alone.
+
+Diagnostics never stop a run: a probe that cannot be fitted (e.g. QDA with fewer samples per
+class than features) is left out of the report, with the reason put in ``skipped`` and warned.
+``erasure_shortfall`` compares gaps before and after, to say when an eraser did not erase.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Mapping
 
 import torch
 from torch import Tensor
@@ -31,28 +38,61 @@ def moment_gaps(x: Tensor, y: Tensor, num_classes: int | None = None, batch_size
     return {"max_mean_gap": float(mean_gap), "max_cov_gap": float(cov_gap)}
 
 
-def _probe_accuracies(
-    x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, max_features: int, seed: int
-) -> dict[str, float]:
+def _probe_models(n_train: int, dim: int, max_features: int, seed: int) -> dict[str, object]:
+    """The linear and quadratic probes (scaled, PCA-reduced when the data are wider than allowed)."""
     from sklearn.decomposition import PCA
     from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
+    dims = max(1, min(max_features, dim, n_train - 1))
+
+    def steps() -> list[object]:
+        return [StandardScaler()] + ([PCA(dims, random_state=seed)] if dims < dim else [])
+
+    return {
+        "linear_probe_acc": make_pipeline(*steps(), LogisticRegression(max_iter=500)),
+        "qda_acc": make_pipeline(*steps(), QuadraticDiscriminantAnalysis(reg_param=1e-3)),
+    }
+
+
+def _probe_accuracies(
+    x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, max_features: int, seed: int,
+    skipped: dict[str, str],
+) -> dict[str, float]:
+    """Held-out accuracy of each probe; a probe sklearn cannot fit goes to ``skipped`` with its reason."""
+    import numpy as np
+
     xtr = x_train.reshape(x_train.shape[0], -1).double().cpu().numpy()
     xte = x_test.reshape(x_test.shape[0], -1).double().cpu().numpy()
     ytr, yte = y_train.cpu().numpy(), y_test.cpu().numpy()
-    dims = min(max_features, xtr.shape[1], xtr.shape[0] - 1)
-    steps = [StandardScaler()] + ([PCA(dims, random_state=seed)] if dims < xtr.shape[1] else [])
-    linear = make_pipeline(*steps, LogisticRegression(max_iter=500))
-    steps = [StandardScaler()] + ([PCA(dims, random_state=seed)] if dims < xtr.shape[1] else [])
-    quadratic = make_pipeline(*steps, QuadraticDiscriminantAnalysis(reg_param=1e-3))
     out = {}
-    for key, model in (("linear_probe_acc", linear), ("qda_acc", quadratic)):
-        model.fit(xtr, ytr)
-        out[key] = float((model.predict(xte) == yte).mean())
+    for key, model in _probe_models(xtr.shape[0], xtr.shape[1], max_features, seed).items():
+        try:
+            model.fit(xtr, ytr)
+            out[key] = float((model.predict(xte) == yte).mean())
+        except (ValueError, np.linalg.LinAlgError) as err:  # too few samples per class, one class only, ...
+            skipped[key] = f"{type(err).__name__}: {'. '.join(str(err).split('. ')[:2])}"  # sklearn's why, not its advice
     return out
+
+
+def _unfittable(y_train: Tensor, y_test: Tensor) -> str | None:
+    """Why no probe can be fitted on these labels at all (None when they can be tried)."""
+    if y_test.numel() == 0:
+        return "no held-out examples to score the probes on"
+    if torch.unique(y_train).numel() < 2:
+        return f"the probes' training rows hold {torch.unique(y_train).numel()} class(es); a classifier needs two"
+    return None
+
+
+def _warn_skipped(skipped: Mapping[str, str]) -> None:
+    if skipped:
+        listed = "; ".join(f"{key}: {why}" for key, why in skipped.items())
+        warnings.warn(
+            f"erasure diagnostics: {len(skipped)} probe result(s) skipped, the run goes on without them ({listed})",
+            RuntimeWarning, stacklevel=3,
+        )
 
 
 def erasure_report(
@@ -67,18 +107,21 @@ def erasure_report(
     max_features: int = 64,
     holdout_fraction: float = 0.3,
     seed: int = 0,
+    skipped: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Moment gaps and probe accuracies before / after erasure (see the module docstring).
 
     Without test data the training rows are split (seeded) into probe-train and held-out parts;
-    the eraser itself was fitted on all of them, which slightly favours erasure.
+    the eraser itself was fitted on all of them, which slightly favours erasure. Probes that
+    cannot be fitted are left out; pass a dict as ``skipped`` to receive why (key -> reason).
     """
+    skipped = {} if skipped is None else skipped
     if x_before.shape != x_after.shape:
         raise ValueError(f"x_before {tuple(x_before.shape)} and x_after {tuple(x_after.shape)} differ in shape")
     has_test = [t is not None for t in (x_test_before, x_test_after, y_test)]
     if any(has_test) and not all(has_test):
         raise ValueError("pass x_test_before, x_test_after and y_test together (or none of them)")
-    k = int(y.max()) + 1 if y_test is None else max(int(y.max()), int(y_test.max())) + 1
+    k = int(y.max()) + 1 if y_test is None or y_test.numel() == 0 else max(int(y.max()), int(y_test.max())) + 1
     report: dict[str, float] = {}
     for when, data in (("before", x_before), ("after", x_after)):
         for key, value in moment_gaps(data, y, k).items():
@@ -99,8 +142,30 @@ def erasure_report(
         splits = {"before": (x_before, x_test_before), "after": (x_after, x_test_after)}
         y_train, y_held = y, y_test
     keep = torch.randperm(y_train.shape[0], generator=gen)[:max_samples]
+    reason = _unfittable(y_train[keep], y_held)
+    if reason is not None:
+        skipped.update({f"{key}_{when}": reason for when in splits for key in ("linear_probe_acc", "qda_acc")})
+        _warn_skipped(skipped)
+        return report
     for when, (train, test) in splits.items():
-        for key, value in _probe_accuracies(train[keep], y_train[keep], test, y_held, max_features, seed).items():
+        missed: dict[str, str] = {}
+        for key, value in _probe_accuracies(train[keep], y_train[keep], test, y_held, max_features, seed, missed).items():
             report[f"{key}_{when}"] = value
+        skipped.update({f"{key}_{when}": why for key, why in missed.items()})
     report["chance"] = float(torch.bincount(y_held.long()).max() / y_held.shape[0])
+    _warn_skipped(skipped)
     return report
+
+
+def erasure_shortfall(
+    before: Mapping[str, float], after: Mapping[str, float], keys: tuple[str, ...],
+    max_ratio: float = 0.9, floor: float = 1e-6,
+) -> list[str]:
+    """The targeted gaps that shrank by less than 10% (``after > max_ratio * before``), as
+    "key before -> after" strings: an eraser that leaves them so did not erase. Gaps already at
+    or below ``floor`` before erasure count as erased (there was nothing to remove)."""
+    missed = []
+    for key in keys:
+        if key in before and key in after and before[key] > floor and after[key] > max_ratio * before[key]:
+            missed.append(f"{key} {before[key]:.4g} -> {after[key]:.4g}")
+    return missed

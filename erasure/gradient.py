@@ -205,6 +205,20 @@ class GradientEraser(Eraser):
             margin=margin, loss_history=losses, initial_gaps=initial, final_gaps=final,
         )
 
+    def targeted_gaps(self) -> tuple[str, ...]:
+        keys = (("max_mean_gap", self.mean_weight), ("max_cov_gap", self.cov_weight))
+        return tuple(key for key, weight in keys if weight > 0)
+
+    def fit_gaps(self) -> tuple[dict[str, float], dict[str, float]]:
+        return dict(self.initial_gaps), dict(self.final_gaps)
+
+    def tuning_hint(self) -> str:
+        return (
+            f"raise eraser.options.steps (now {self.steps}), or eraser.options.mean_weight / cov_weight "
+            f"(now {self.mean_weight:g} / {self.cov_weight:g}; the loss is in squared data units, so data of small "
+            f"scale need larger weights), or lower eraser.options.distance_weight (now {self.distance_weight:g})"
+        )
+
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         if tuple(x.shape) != tuple(self.edited.shape) or fingerprint(x) != self.fingerprint:
             raise ValueError(

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
-from erasure.linalg import psd_eigh, rank_tolerance, warn_once
+from erasure.linalg import psd_eigh, rank_tolerance, require_variance, smallest_kept, warn_once
 from erasure.moments import ClassMoments, class_moments
 from erasure.preprocess import shrink_moments
 
@@ -31,11 +31,12 @@ def leace_map(moments: ClassMoments) -> LeaceMap:
     sigma = moments.pooled_covariance()
     eigvals, eigvecs, keep = psd_eigh(sigma)
     d = sigma.shape[0]
+    require_variance(keep, "LEACE")
     if not bool(keep.all()):
         warn_once(
             "leace-singular",
             f"LEACE: covariance has rank {int(keep.sum())} of {d} (e.g. constant pixels); "
-            f"smallest kept eigenvalue {float(eigvals[keep].min()):.3g}; null directions are left unchanged",
+            f"smallest kept eigenvalue {smallest_kept(eigvals, keep):.3g}; null directions are left unchanged",
         )
     inv_sqrt = torch.where(keep, eigvals.clamp_min(1e-300).rsqrt(), 0.0)
     sqrt = eigvals.sqrt()
@@ -72,6 +73,9 @@ class LeaceEraser(Eraser):
             mean=m.mean, proj=m.proj, dim=x.shape[1], num_classes=num_classes, rank=m.rank,
             class_counts=[int(c) for c in moments.counts], shrinkage=shrinkage,
         )
+
+    def targeted_gaps(self) -> tuple[str, ...]:
+        return ("max_mean_gap",)
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         mean, proj = self.mean.to(x.device), self.proj.to(x.device)

@@ -35,6 +35,26 @@ def psd_power(matrix: Tensor, power: float) -> Tensor:
     return (eigvecs * scaled.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
 
 
+class NoVarianceError(ValueError):
+    """The data have zero variance in every direction: nothing to erase, nothing to learn."""
+
+
+def require_variance(keep: Tensor, who: str) -> None:
+    """Refuse data whose covariance is numerically zero: every example is the same point, so
+    any eraser would be the identity and any classifier would see one input."""
+    if not bool(keep.any()):
+        raise NoVarianceError(
+            f"{who}: the data have zero variance in every direction (every example is the same up to "
+            f"float rounding), so there is no class information to erase and nothing to learn; check "
+            f"the data and their scale (e.g. a tiny synthetic std, or images that are all one value)"
+        )
+
+
+def smallest_kept(eigvals: Tensor, keep: Tensor) -> float:
+    """The smallest eigenvalue above the rank tolerance (nan when none is), for messages."""
+    return float(eigvals[keep].min()) if bool(keep.any()) else float("nan")
+
+
 _warned: set[tuple[str, str]] = set()
 
 

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
-from erasure.linalg import psd_eigh, warn_once
+from erasure.linalg import psd_eigh, require_variance, smallest_kept, warn_once
 from erasure.moments import class_moments
 from erasure.preprocess import check_shrinkage, shrink_moments
 
@@ -149,12 +149,13 @@ def _span_basis(covariances: Tensor, weights: Tensor) -> Tensor | None:
     mean_cov = (weights[:, None, None] * covariances).sum(0)
     eigvals, eigvecs, keep = psd_eigh(mean_cov)
     d, rank = mean_cov.shape[0], int(keep.sum())
+    require_variance(keep, "QLEACE")
     if rank == d:
         return None
     warn_once(
         "qleace-common-null",
         f"QLEACE: the class covariances span {rank} of {d} dimensions (constant pixels or exact "
-        f"dependencies); smallest kept eigenvalue {float(eigvals[keep].min()):.3g}; the other "
+        f"dependencies); smallest kept eigenvalue {smallest_kept(eigvals, keep):.3g}; the other "
         f"{d - rank} directions are mapped to the mean",
     )
     return eigvecs[:, keep]
@@ -232,6 +233,9 @@ class QLeaceEraser(Eraser):
             residual=bary.residual, objective=bary.objective, tol=tol, max_iter=max_iter, shrinkage=shrinkage,
             span_rank=x.shape[1] if basis is None else basis.shape[1],
         )
+
+    def targeted_gaps(self) -> tuple[str, ...]:
+        return ("max_mean_gap", "max_cov_gap")
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         assert y is not None

@@ -25,15 +25,20 @@ from datamodules.datamodule import ErasedDataModule
 from erasure import available_erasers
 from mdl.device import training_device
 from mdl.prequential import run_prequential
-from mdl.results import RESULTS_FILE, BlockResult, atomic_write_json, git_sha, read_json
+from mdl.results import (
+    RESULTS_FILE, BlockResult, DamagedRecord, code_version, git_sha, read_checked_json, write_checked_json,
+)
+from mdl.storage import require_writable, run_lock
 from mdl.schedule import block_boundaries
 from models import Classifier, available_models, create_model, depth_scaled_lr
 from models.precision import CompiledModel, check_compile, check_precision
 
 log = logging.getLogger(__name__)
 
-# Keys that say where or how a run is recorded, not what it computes.
+# Keys that say where or how a run is recorded or its data is fetched, not what it computes.
 NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
+NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
+NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
 
 def quiet_lightning() -> None:
@@ -51,19 +56,47 @@ def config_hash(cfg: DictConfig) -> str:
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in NON_SCIENTIFIC_KEYS:
         data.pop(key, None)
+    for key in NON_SCIENTIFIC_DATA_KEYS:
+        data.get("data", {}).pop(key, None)
+    for key in NON_SCIENTIFIC_SOURCE_OPTIONS:
+        (data.get("data", {}).get("options") or {}).pop(key, None)
     blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Fail before any data is loaded on names that do not exist."""
+    """Fail before any data is loaded or any eraser fitted (minutes on CIFAR-10) on names that do
+    not exist and sizes that cannot work, with the setting, the smallest value that works and a usual one."""
+    from datamodules import available_sources
+    from datamodules.datamodule import check_data_settings
+
+    def require_int(key: str, low: int, usual: str, allowed: tuple[Any, ...] = ()) -> None:
+        value = OmegaConf.select(cfg, key)
+        if value in allowed and not isinstance(value, bool):
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            also = "".join(f" or {'null' if v is None else v}" for v in allowed)
+            raise ValueError(f"{key}={value!r}: must be an integer >= {low}{also}; e.g. {key}={usual}")
+
     if cfg.eraser.name not in available_erasers():
-        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()}")
+        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
     if cfg.model.name not in available_models():
-        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()}")
-    for key in ("seed", "data_seed", "width", "depth"):
-        if not isinstance(cfg[key], int) or cfg[key] < 0:
-            raise ValueError(f"{key} must be a non-negative integer, got {cfg[key]!r}")
+        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
+    if cfg.data.source not in available_sources():
+        raise ValueError(
+            f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
+        )
+    for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
+                            ("mdl.num_blocks", 1, "10"), ("mdl.first_block", 1, "1024"),
+                            ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2")):
+        require_int(key, low, usual)
+    require_int("model.base_width", 1, "128", allowed=(None,))
+    require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
+    lr = cfg.optimizer.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"optimizer.lr={lr!r} (data.lr by default): must be a positive number; e.g. data.lr=5e-4")
+    d = cfg.data
+    check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
 
 
 def check_trainer_config(cfg: DictConfig) -> torch.device:
@@ -142,13 +175,29 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
     device = check_trainer_config(cfg)
     key = config_hash(cfg)
     store = Path(cfg.paths.store_dir) / key
-    finished = store / RESULTS_FILE
-    if cfg.skip_if_done and finished.exists():
-        results = read_json(finished)
-        log.info("skipped: a finished run of this config exists (%s)", finished)
-        atomic_write_json(run_dir / RESULTS_FILE, {**results, "skipped": True, "reused_from": str(finished)})
-        return {**results, "skipped": True}
+    require_writable(run_dir, "paths.output_root")
+    require_writable(store, "paths.output_root (or paths.store_dir)")
+    with run_lock(store):  # a second process with the same config waits here, then skips or resumes
+        done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
+        if done is not None:
+            log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
+            write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
+            return {**done, "skipped": True}
+        return _run(cfg, run_dir, overrides, device, key, store)
 
+
+def finished_results(path: Path) -> dict[str, Any] | None:
+    """The stored results of a finished run, or None (a damaged file is reported and redone)."""
+    if not path.exists():
+        return None
+    try:
+        return read_checked_json(path)
+    except DamagedRecord as err:
+        log.warning("the stored results are damaged, so this run is done again: %s", err)
+        return None
+
+
+def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.device, key: str, store: Path) -> dict[str, Any]:
     L.seed_everything(cfg.seed, verbose=False)
     data_options = OmegaConf.to_container(cfg.data, resolve=True)
     data_options["device"] = str(device)
@@ -184,6 +233,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         "config_hash": key,
         "overrides": overrides,
         "git_sha": git_sha(),
+        "code_version": code_version(),
+        "device": str(device),
         "eraser_path": eraser_path,
         "data_diagnostics": dm.diagnostics,
         **outcome,
@@ -197,8 +248,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         finish = getattr(getattr(logger, "experiment", None), "finish", None)
         if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
             finish()
-    atomic_write_json(run_dir / RESULTS_FILE, results)
-    atomic_write_json(finished, results)
+    write_checked_json(run_dir / RESULTS_FILE, results)
+    write_checked_json(store / RESULTS_FILE, results)
     return results
 
 

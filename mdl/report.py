@@ -11,7 +11,10 @@ resolved config minus seeds and paths, see ``mdl.report_runs``) and writes into 
     backfiring.csv     flagged (architecture, row, eraser) with early / late gaps and crossing epoch
 
 Spread is the sample standard deviation over seeds (ddof = 1). Cells with fewer seeds than the
-fullest cell are marked and listed, never silently averaged with the others.
+fullest cell are marked and listed, never silently averaged with the others. Runs of different code
+versions (results.json ``code_version``, else ``git_sha``) go to different cells, told apart by a
+``code_version`` column, unless ``--merge-code-versions``; when the runs come from more than one
+version, a console line and report.md say how many and whether cells were split or merged.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import math
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mdl.report_figures import FigureFile, ImageLoader, default_image_loader, figure1, loss_figures, scaling_figures
-from mdl.report_runs import CONTROL, Sweep, load_sweep
+from mdl.report_runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
 from mdl.report_stats import (
     METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
     mdl_backfire, row_differences, rows_of,
@@ -97,10 +100,12 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                        table_rows)]
 
     run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
-    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs", "git_sha", "path"],
+    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs", "git_sha",
+                                              "code_version_full", "path"],
                            ([r.arch, *r.row, r.eraser, sweep.replicate_label(r.replicate),
                              *(_num(r.results.get(m)) for m in run_metrics),
-                             len(r.results.get("val_loss_curve") or []), r.results.get("git_sha", ""), str(r.path)]
+                             len(r.results.get("val_loss_curve") or []), r.results.get("git_sha") or "", r.code_version,
+                             str(r.path)]
                             for r in sweep.runs)))
 
     curve_rows = []
@@ -130,17 +135,25 @@ def _triple(cell: Cell, metric: str) -> list[str]:
 
 def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                  image_loader: ImageLoader | None = default_image_loader, ignore: Sequence[str] = (),
-                 early_fraction: float = 0.25, late_fraction: float = 0.25, n_images: int = 4) -> Path:
-    """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file."""
+                 early_fraction: float = 0.25, late_fraction: float = 0.25, n_images: int = 4,
+                 merge_code_versions: bool = False, echo: Callable[[str], Any] | None = print) -> Path:
+    """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file.
+
+    Runs of different code versions land in different cells unless ``merge_code_versions``; when
+    the runs come from more than one version, ``echo`` (print; None: silent) gets one line saying
+    how many and whether cells were split or merged, and report.md says the same.
+    """
     if not dirs:
         raise ValueError("give at least one sweep directory (e.g. multirun/2025-01-01/12-00-00)")
     if not (0 < early_fraction < 1 and 0 < late_fraction < 1 and early_fraction + late_fraction <= 1):
         raise ValueError(f"backfiring windows must be fractions in (0, 1) summing to at most 1, got early="
                          f"{early_fraction}, late={late_fraction}")
-    sweep = load_sweep(dirs, ignore)
+    sweep = load_sweep(dirs, ignore, merge_code_versions=merge_code_versions)
     if not sweep.runs:
         raise FileNotFoundError(f"no readable results.json below {', '.join(map(str, dirs))}; "
                                 f"{len(sweep.problems)} unreadable. Did the jobs finish?")
+    if sweep.mixed_versions and echo is not None:
+        echo(f"note: {sweep.code_version_line().replace('`', '')}")
     out = Path(out) if out is not None else Path(dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     cells = build_cells(sweep)
@@ -176,15 +189,21 @@ def render(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireF
 
 
 def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
-    shas = sorted({str(r.results.get("git_sha") or "unknown (git_sha null: not a git checkout?)") for r in sweep.runs})
+    counts = {v: sum(r.code_version == v for r in sweep.runs) for v in sweep.code_versions}
+    versions = ", ".join(f"`{v}`" + (f" ({n} runs)" if len(counts) > 1 else "")
+                         + (" (no code_version or git_sha recorded: not a git checkout?)" if v == UNKNOWN_VERSION else "")
+                         for v, n in counts.items())
     return ["# Sweep report\n",
             f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
             f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, "
             f"erasers {erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'} (config keys that vary within an "
             f"architecture x eraser pair: runs that differ in them are never averaged together; pass `--ignore KEY` "
-            f"for a key that should not split cells); seeds grouped by {sweep.replicate_keys or ['seed']}.",
-            f"Code version{'s' if len(shas) > 1 else ''}: {', '.join(f'`{s}`' for s in shas)}"
-            + (" — **runs come from different code versions**." if len(shas) > 1 else "."), ""]
+            f"for a key that should not split cells"
+            + ("; `code_version` is the code version that computed a run, not a config key"
+               if sweep.mixed_versions and sweep.split_code_versions else "")
+            + f"); seeds grouped by {sweep.replicate_keys or ['seed']}.",
+            f"Code version{'s' if len(counts) > 1 else ''} (results.json `code_version`, else `git_sha`): {versions}"
+            + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."), ""]
 
 
 def _tables(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
@@ -216,6 +235,12 @@ def _coverage(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
     for kept, dropped in sweep.duplicates:
         md.append(f"- duplicate seed with different numbers: `{dropped.path}` has the same config and seed as the "
                   f"newer `{kept.path}`; only the newer one is used")
+    if sweep.mixed_versions and not sweep.split_code_versions:
+        for c in cells:
+            versions = sorted({r.code_version for r in c.runs})
+            if len(versions) > 1:
+                md.append(f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: averages runs of code versions "
+                          + ", ".join(f"`{v}`" for v in versions))
     if sweep.copies:
         md.append(f"- {sweep.copies} results.json file(s) were copies of a run already read (same config, seed and "
                   "numbers: the run store or a re-launch's skipped jobs); each run counted once")
@@ -267,10 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--early-fraction", type=float, default=0.25, help="backfiring: early window, fraction of epochs")
     parser.add_argument("--late-fraction", type=float, default=0.25, help="backfiring: late window, fraction of epochs")
     parser.add_argument("--images", type=int, default=4, help="Figure 1: number of images (rows)")
+    parser.add_argument("--merge-code-versions", action="store_true",
+                        help="average runs of different code versions in one cell (default: a cell per version)")
     args = parser.parse_args(argv)
     try:
         path = build_report(args.sweep_dirs, args.out, ignore=args.ignore, early_fraction=args.early_fraction,
-                            late_fraction=args.late_fraction, n_images=args.images)
+                            late_fraction=args.late_fraction, n_images=args.images,
+                            merge_code_versions=args.merge_code_versions)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,6 +12,11 @@ Within a condition's config three kinds of keys matter for display:
   (e.g. ``alf_qleace (max_rank=15)``), so option sweeps stay apart and still share a control;
 - the row keys: every other key that varies within some (architecture, eraser) pair, e.g.
   ``width``, ``depth``, ``data.source``. Rows are (architecture, row-key values).
+
+The code version that computed a run (``code_version`` in results.json, else ``git_sha``, else
+``unknown``) is part of a condition by default: when a sweep holds more than one version, runs of
+different versions are never averaged together and the version becomes the last row key
+(``code_version``). ``merge_code_versions=True`` averages them as before; the report says which.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ CONTROL = "none"
 AXIS_ORDER = ("width", "depth")
 COMPARED_METRICS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve")
 ERASER_ORDER = ("none", "leace", "alf_qleace", "gradient", "qleace", "random")
+CODE_VERSION_KEY = "code_version"  # the pseudo row key holding the code version when cells are split
+UNKNOWN_VERSION = "unknown"
 
 
 @dataclass
@@ -45,6 +52,11 @@ class Run:
     arch: str = ""
     eraser: str = ""
     row: tuple[Any, ...] = ()                 # values of the row keys, in Sweep.row_keys order
+
+    @property
+    def code_version(self) -> str:
+        """What computed this run: results' code_version, else its git_sha, else 'unknown'."""
+        return str(self.results.get("code_version") or self.results.get("git_sha") or UNKNOWN_VERSION)
 
     def metric(self, name: str) -> float | None:
         value = self.results.get(name)
@@ -65,6 +77,22 @@ class Sweep:
     problems: list[Problem] = field(default_factory=list)
     duplicates: list[tuple[Run, Run]] = field(default_factory=list)  # (kept, dropped) with different numbers
     copies: int = 0  # results.json files identical in numbers to one kept (store/, skipped re-launches)
+    code_versions: list[str] = field(default_factory=list)  # distinct versions of the kept runs, sorted
+    split_code_versions: bool = True  # False: --merge-code-versions, runs of all versions share cells
+
+    @property
+    def mixed_versions(self) -> bool:
+        return len(self.code_versions) > 1
+
+    def code_version_line(self) -> str:
+        """One line on how many code versions the runs come from and whether cells were split;
+        empty when all runs come from one version."""
+        if not self.mixed_versions:
+            return ""
+        how = ("cells were split by code version (a `code_version` column tells them apart; pass "
+               "--merge-code-versions to average them together)" if self.split_code_versions else
+               "cells were merged across code versions (--merge-code-versions): a cell's mean may mix versions")
+        return f"runs come from {len(self.code_versions)} code versions ({', '.join(self.code_versions)}); {how}."
 
     def row_names(self) -> list[str]:
         names = display_names(self.row_keys)
@@ -183,11 +211,28 @@ def eraser_sort_key(label: str) -> tuple[int, str]:
     return (ERASER_ORDER.index(name) if name in ERASER_ORDER else len(ERASER_ORDER), label)
 
 
-def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = ()) -> Sweep:
+def short_versions(versions: Iterable[str]) -> dict[str, str]:
+    """Table labels of code versions: 12 characters (git shas keep a '-dirty' suffix), the full
+    text wherever two versions would share a label."""
+    versions = sorted(set(versions))
+
+    def short(v: str) -> str:
+        base, dirty = (v[:-6], "-dirty") if v.endswith("-dirty") else (v, "")
+        return base[:12] + dirty
+
+    labels = [short(v) for v in versions]
+    return {v: (lab if labels.count(lab) == 1 else v) for v, lab in zip(versions, labels)}
+
+
+def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
+               merge_code_versions: bool = False) -> Sweep:
     """Load every results.json below ``dirs``, label runs, and keep one run per (condition, seed).
 
-    Copies with the same numbers (the run store, a re-launch's skipped jobs) are counted once;
-    real re-runs with different numbers keep the newest non-skipped file and are listed.
+    Copies with the same numbers (the run store, a re-launch's skipped jobs: they carry the
+    original's code version) are counted once; real re-runs with different numbers keep the newest
+    non-skipped file and are listed. With more than one code version among the runs, the version is
+    part of the condition (runs of two versions are two runs, in two cells, under a ``code_version``
+    row key) unless ``merge_code_versions``.
     """
     runs: list[Run] = []
     problems: list[Problem] = []
@@ -212,12 +257,17 @@ def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] =
                               lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
     row_keys = sorted(set().union(*varying.values()),
                       key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    split = not merge_code_versions and len({r.code_version for r in runs}) > 1
+    labels = short_versions(r.code_version for r in runs)
     for run in runs:
-        run.row = tuple(_value(run, k) for k in row_keys)
+        run.row = tuple(_value(run, k) for k in row_keys) + ((labels[run.code_version],) if split else ())
+    if split:
+        row_keys.append(CODE_VERSION_KEY)
 
     by_seed: dict[tuple, list[Run]] = {}
     for run in runs:
-        by_seed.setdefault((tuple(sorted(run.flat.items())), run.replicate), []).append(run)
+        version = run.code_version if split else None
+        by_seed.setdefault((tuple(sorted(run.flat.items())), run.replicate, version), []).append(run)
     kept: dict[tuple, Run] = {}
     duplicates: list[tuple[Run, Run]] = []
     copies = 0
@@ -234,7 +284,8 @@ def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] =
                              if len({dict(r).get(k) for r in all_replicates}) > 1})
     ordered = sorted(kept.values(), key=lambda r: (r.arch, sortable(r.row), eraser_sort_key(r.eraser), str(r.replicate)))
     return Sweep(runs=ordered, row_keys=row_keys, replicate_keys=replicate_keys, problems=problems,
-                 duplicates=duplicates, copies=copies)
+                 duplicates=duplicates, copies=copies, code_versions=sorted({r.code_version for r in ordered}),
+                 split_code_versions=not merge_code_versions)
 
 
 def sortable(values: tuple[Any, ...]) -> tuple:

@@ -54,7 +54,8 @@ def curve(arch: str, eraser: str, width: int, depth: int, seed: int) -> list[flo
 
 
 def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: int, seed: int,
-              eraser_path: str | None = None, activation: str = "relu", eraser_options: dict | None = None) -> Path:
+              eraser_path: str | None = None, activation: str = "relu", eraser_options: dict | None = None,
+              code_version: str | None = None) -> Path:
     run_dir = root / f"{job}_eraser={eraser},model={arch},seed={seed},width={width}"
     run_dir.mkdir(parents=True)
     online = paper_mdl(arch, eraser, width, depth, seed) / 2
@@ -80,6 +81,8 @@ def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: i
         "val_loss_curve": curve(arch, eraser, width, depth, seed),
         "eraser_path": eraser_path,
     }
+    if code_version is not None:
+        results["code_version"] = code_version
     (run_dir / "results.json").write_text(json.dumps(results))
     return run_dir
 
@@ -337,3 +340,95 @@ def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
 def test_cli_clear_error_on_empty_dir(tmp_path: Path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no readable results.json" in capsys.readouterr().err
+
+
+def test_code_versions_split_cells_by_default_merge_on_request(tmp_path: Path, capsys):
+    """Two seeds of one config computed by different code versions: two cells (n=1 each, a
+    code_version column) by default, one cell of n=2 with --merge-code-versions; a console line
+    and report.md say how many versions and which way."""
+    sweep = tmp_path / "multirun"
+    for job, (seed, version) in enumerate(((0, "c0de0000aaaa"), (1, "c0de1111bbbb"))):
+        write_run(sweep, job, "mlp", "none", 128, 2, seed, code_version=version)
+
+    split = load_sweep([sweep])
+    assert split.row_keys == ["code_version"] and split.code_versions == ["c0de0000aaaa", "c0de1111bbbb"]
+    assert sorted((c.row, c.n) for c in build_cells(split)) == [(("c0de0000aaaa",), 1), (("c0de1111bbbb",), 1)]
+    merged = load_sweep([sweep], merge_code_versions=True)
+    assert merged.row_keys == [] and [(c.row, c.n) for c in build_cells(merged)] == [((), 2)]
+
+    out = tmp_path / "split"
+    assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
+    console = capsys.readouterr().out
+    lines = [line for line in console.splitlines() if "code versions" in line]
+    assert len(lines) == 1 and "2 code versions" in lines[0] and "split" in lines[0]
+    assert "--merge-code-versions" in lines[0]
+    rows = read_csv(out / "table.csv")
+    assert sorted((r["code_version"], r["n_seeds"]) for r in rows) == [("c0de0000aaaa", "1"), ("c0de1111bbbb", "1")]
+    text = (out / "report.md").read_text()
+    assert "2 code versions" in text and "cells were split by code version" in text
+    assert "| architecture | code_version | none |" in text and "7.00 ± n/a (n=1)" in text
+
+    out = tmp_path / "merged"
+    assert main([str(sweep), "--out", str(out), "--images", "0", "--merge-code-versions"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "code versions" in line]
+    assert len(lines) == 1 and "2 code versions" in lines[0] and "merged" in lines[0]
+    [row] = read_csv(out / "table.csv")
+    assert row["n_seeds"] == "2" and "code_version" not in row
+    text = (out / "report.md").read_text()
+    assert "7.25 ± 0.35 (n=2)" in text and "cells were merged across code versions" in text
+    assert "averages runs of code versions `c0de0000aaaa`, `c0de1111bbbb`" in text
+
+
+def test_code_version_cli_line_in_subprocess(tmp_path: Path):
+    sweep = tmp_path / "multirun"
+    for job, (seed, version) in enumerate(((0, "c0de0000aaaa"), (1, "c0de1111bbbb"), (2, None))):
+        write_run(sweep, job, "mlp", "none", 128, 2, seed, code_version=version)
+    proc = subprocess.run([sys.executable, "-m", "mdl.report", str(sweep), "--out", str(tmp_path / "r"), "--images", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # the run without code_version falls back to its git_sha
+    assert "runs come from 3 code versions (abc123, c0de0000aaaa, c0de1111bbbb); cells were split" in proc.stdout
+
+
+def test_copies_counted_once_with_several_code_versions(tmp_path: Path):
+    """A store copy of a run (same config, seed, version and numbers) still counts once when the
+    sweep holds several code versions, split or merged; a version-less, git-less run is 'unknown'."""
+    old = write_run(tmp_path / "sweep", 0, "mlp", "none", 128, 2, 0, code_version="0ld0ld0ld0ld") / "results.json"
+    store = tmp_path / "store" / "abc"
+    store.mkdir(parents=True)
+    (store / "results.json").write_text(old.read_text())
+    skipped = json.loads(old.read_text())
+    skipped.update(skipped=True, reused_from=str(store / "results.json"))
+    relaunch = write_run(tmp_path / "relaunch", 0, "mlp", "none", 128, 2, 0) / "results.json"
+    relaunch.write_text(json.dumps(skipped))  # a re-launch's skipped job: the original's numbers and version
+    new = write_run(tmp_path / "sweep", 1, "mlp", "none", 128, 2, 0, code_version="new0new0new0") / "results.json"
+    changed = json.loads(new.read_text())
+    changed["paper_mdl"] = 9.0
+    new.write_text(json.dumps(changed))
+    nogit = write_run(tmp_path / "sweep", 2, "mlp", "none", 128, 2, 1) / "results.json"
+    results = json.loads(nogit.read_text())
+    results["git_sha"] = None
+    nogit.write_text(json.dumps(results))
+
+    split = load_sweep([tmp_path])
+    assert split.copies == 2 and split.duplicates == []
+    assert split.code_versions == ["0ld0ld0ld0ld", "new0new0new0", "unknown"]
+    assert sorted((c.row, c.n, c.runs[0].metric("paper_mdl")) for c in build_cells(split)) == [
+        (("0ld0ld0ld0ld",), 1, CONTROL_MDL[0]), (("new0new0new0",), 1, 9.0), (("unknown",), 1, CONTROL_MDL[1])]
+    assert not split.runs[0].results.get("skipped")
+
+    os.utime(new, (old.stat().st_mtime + 10,) * 2)
+    merged = load_sweep([tmp_path], merge_code_versions=True)
+    assert merged.copies == 2 and len(merged.duplicates) == 1  # seed 0: the newer re-run with other numbers kept
+    assert sorted(r.metric("paper_mdl") for r in merged.runs) == [CONTROL_MDL[1], 9.0]
+
+
+def test_one_code_version_no_column_no_console_line(tmp_path: Path, capsys):
+    sweep = tmp_path / "multirun"
+    for seed in (0, 1):
+        write_run(sweep, seed, "mlp", "none", 128, 2, seed, code_version="c0de0000aaaa")
+    assert main([str(sweep), "--out", str(tmp_path / "r"), "--images", "0"]) == 0
+    assert "code version" not in capsys.readouterr().out
+    [row] = read_csv(tmp_path / "r" / "table.csv")
+    assert row["n_seeds"] == "2" and "code_version" not in row
+    assert "Code version (results.json `code_version`, else `git_sha`): `c0de0000aaaa`." in (tmp_path / "r" / "report.md").read_text()

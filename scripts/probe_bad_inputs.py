@@ -1,0 +1,227 @@
+"""Run every known bad input through `python launch.py` and check how it ends.
+
+Each case is a real subprocess in a temporary output, cache and data folder, with the fast
+settings of tests/conftest.py. A bad input must end in one paragraph: exit code 2, `error: ...`
+on stderr naming the setting or the file, and no traceback. Inputs that a run survives (a probe
+that cannot be fitted, an eraser that did not erase) must exit 0 with a warning that says so.
+
+    python scripts/probe_bad_inputs.py            # all cases, two at a time
+    python scripts/probe_bad_inputs.py -k cifar   # the cases whose name contains "cifar"
+
+Exits 1 when any case ends otherwise, printing what it got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = [
+    "trainer.kwargs.max_epochs=3",
+    "trainer.patience=2",
+    "mdl.num_blocks=3",
+    "data.first_block=100",
+    "width=32",
+    "model.base_width=32",
+]
+ERROR_EXIT = 2
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+# --- CIFAR-10 files in the real format, damaged on purpose ----------------------------------
+
+
+def write_cifar10(root: Path, per_batch: int = 40, n_test: int = 40, seed: int = 0) -> Path:
+    """data_batch_1..5, test_batch and batches.meta as in cifar-10-python.tar.gz; returns the folder."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    names = [(f"data_batch_{b}", per_batch) for b in range(1, 6)] + [("test_batch", n_test)]
+    for name, n in names:
+        entry = {"batch_label": name, "labels": rng.integers(0, 10, n).tolist(),
+                 "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "filenames": [f"{name}_{i}.png" for i in range(n)]}
+        write_pickle(folder / name, entry)
+    write_pickle(folder / "batches.meta", {"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072})
+    return folder
+
+
+def write_pickle(path: Path, payload: object) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(payload, f)
+
+
+def read_pickle(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return pickle.load(f, encoding="latin1")
+
+
+def truncate(path: Path) -> None:
+    """Keep the first half of a file, as an interrupted copy would."""
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+def reshape_batch(path: Path) -> None:
+    """Rows of 1024 pixels (a greyscale re-pack) instead of 3072."""
+    entry = read_pickle(path)
+    n = len(entry["labels"])
+    entry["data"] = np.zeros((n, 1024), dtype=np.uint8)
+    write_pickle(path, entry)
+
+
+def bad_label(path: Path, label: int = 10) -> None:
+    """One label outside 0..9 (in the test batch it would never meet an eraser's checks)."""
+    entry = read_pickle(path)
+    entry["labels"][0] = label
+    write_pickle(path, entry)
+
+
+def directory_instead_of_file(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+# --- the cases -------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    overrides: list[str]
+    must_name: list[str]  # substrings of the message (the setting or the file, and the fix)
+    expect_error: bool = True
+    prepare: Callable[[Path], list[str]] | None = None  # builds files in the case's folder, returns more overrides
+    extra: list[str] = field(default_factory=list)
+
+
+def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
+    """A small CIFAR-10 copy under the case folder, damaged by ``damage(folder)``."""
+
+    def prepare(tmp: Path) -> list[str]:
+        folder = write_cifar10(tmp / "data")
+        if damage is not None:
+            damage(folder)
+        return ["data=cifar10", f"paths.data_root={tmp / 'data'}", "data.options.verify_checksums=false",
+                "data.val_size=20", "data.first_block=40", "data.augment=false"]
+
+    return prepare
+
+
+def read_only_cache(tmp: Path) -> list[str]:
+    """A cache folder that cannot be created (a file is in the way: root ignores chmod)."""
+    (tmp / "not-a-folder").write_text("")
+    return [f"data.cache_dir={tmp / 'not-a-folder' / 'erased'}"]
+
+
+CASES = [
+    Case("val_size=0", ["data.val_size=0"], ["data.val_size"]),
+    Case("batch_size=0", ["data.batch_size=0"], ["data.batch_size"]),
+    Case("eval_batch_size=0", ["data.eval_batch_size=0"], ["data.eval_batch_size"]),
+    Case("width=0", ["width=0"], ["width=0"]),
+    Case("depth=0", ["depth=0"], ["depth=0"]),
+    Case("num_blocks=0", ["mdl.num_blocks=0"], ["mdl.num_blocks"]),
+    Case("val_size too large", ["data.val_size=5000"], ["data.val_size", "data.test_size"]),
+    Case("unknown source", ["data.source=nope"], ["data.source", "digits"]),
+    Case("missing data set", ["data=cifar10", "paths.data_root={tmp}/empty"], ["cifar-10-batches-py", "data.options.download=true"]),
+    Case("folder where a batch file should be", [], ["data_batch_1", "folder"],
+         prepare=cifar(lambda f: directory_instead_of_file(f / "data_batch_1"))),
+    Case("truncated batch", [], ["data_batch_2", "truncated", "download=true"], prepare=cifar(lambda f: truncate(f / "data_batch_2"))),
+    Case("wrong batch shape", [], ["data_batch_3", "3072"], prepare=cifar(lambda f: reshape_batch(f / "data_batch_3"))),
+    Case("label out of range in the test split", [], ["test_batch", "outside 0..9"], prepare=cifar(lambda f: bad_label(f / "test_batch"))),
+    Case("intact cifar10 copy", [], [], expect_error=False, prepare=cifar(None)),
+    Case("cifar10 copy that is not the official one", ["data.options.verify_checksums=true"],
+         ["MD5", "data.options.verify_checksums=false"], prepare=cifar(None)),
+    Case("NaN pixels (synthetic center=nan)", ["data=synthetic", "data.options.center=nan"], ["data.options.center"]),
+    Case("infinite pixels (synthetic cov_shift=1e4)", ["data=synthetic", "data.options.cov_shift=1e4"], ["NaN or infinite", "synthetic"]),
+    Case("synthetic std=1e-30", ["data=synthetic", "data.options.std=1e-30"], ["data.options.std"]),
+    Case("cache folder not writable", [], ["data.cache_dir=null", "not-a-folder"], prepare=read_only_cache),
+    Case("two classes of five", ["data=synthetic", "data.options.num_classes=2", "data.options.n_train=22",
+                                 "data.options.n_test=10", "data.val_size=12", "mdl.num_blocks=2", "data.first_block=4"],
+         ["skipped"], expect_error=False),
+    Case("gradient eraser, one step", ["eraser=gradient", "eraser.options.steps=1"],
+         ["did not erase", "eraser.options.steps"], expect_error=False),
+]
+
+
+@dataclass
+class Outcome:
+    case: Case
+    returncode: int
+    stdout: str
+    stderr: str
+    problems: list[str]
+
+
+def run_case(case: Case, timeout: float = 600) -> Outcome:
+    """Run launch.py for one case in its own temporary folders and judge how it ended."""
+    with tempfile.TemporaryDirectory(prefix="probe-") as name:
+        tmp = Path(name)
+        overrides = [o.replace("{tmp}", str(tmp)) for o in case.overrides]
+        overrides = (case.prepare(tmp) if case.prepare else []) + overrides
+        env = {**os.environ, "PYTHONPATH": str(REPO), "SLOWING_OUTPUT_ROOT": str(tmp / "outputs"),
+               "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline"}
+        cmd = [sys.executable, str(REPO / "launch.py"), *FAST, *overrides]
+        done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+    return Outcome(case, done.returncode, done.stdout, done.stderr, judge(case, done))
+
+
+def judge(case: Case, done: subprocess.CompletedProcess) -> list[str]:
+    """What is wrong with how the run ended (empty: as it should)."""
+    problems = []
+    text = done.stderr + done.stdout
+    if "Traceback" in done.stderr:
+        problems.append("a traceback on stderr")
+    if case.expect_error:
+        if done.returncode != ERROR_EXIT:
+            problems.append(f"exit code {done.returncode}, expected {ERROR_EXIT}")
+        if "error: " not in done.stderr:
+            problems.append("no `error: ...` line on stderr")
+        text = done.stderr
+    elif done.returncode != 0:
+        problems.append(f"exit code {done.returncode}, expected 0 (the run should survive this input)")
+    problems += [f"message does not mention {s!r}" for s in case.must_name if s not in text]
+    return problems
+
+
+def report(outcome: Outcome) -> str:
+    status = "ok  " if not outcome.problems else "FAIL"
+    lines = [f"{status} {outcome.case.name} (exit {outcome.returncode})"]
+    if outcome.problems:
+        lines += [f"     - {p}" for p in outcome.problems]
+        tail = "\n".join(outcome.stderr.strip().splitlines()[-8:])
+        lines += ["     stderr (last lines):"] + [f"       {line}" for line in tail.splitlines()]
+    else:
+        message = next((line for line in outcome.stderr.splitlines() if line.startswith("error: ")), "")
+        if message:
+            lines.append(f"     {message[:300]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="run only the cases whose name contains this")
+    parser.add_argument("-j", type=int, default=2, help="cases run at once")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if args.k in c.name]
+    with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:
+        outcomes = list(pool.map(run_case, cases))
+    for outcome in outcomes:
+        print(report(outcome), flush=True)
+    failed = [o for o in outcomes if o.problems]
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cases end as they should")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
