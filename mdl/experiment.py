@@ -87,7 +87,7 @@ def validate_config(cfg: DictConfig) -> None:
             f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
         )
     for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
-                            ("mdl.num_blocks", 1, "10"), ("mdl.first_block", 1, "1024"),
+                            ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
                             ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2")):
         require_int(key, low, usual)
     require_int("model.base_width", 1, "128", allowed=(None,))
