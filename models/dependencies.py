@@ -22,7 +22,7 @@ MINIMUM_VERSIONS = {
     "mup": "1.0",
     "schedulefree": "1.4",
 }
-ALTERNATIVE_DISTRIBUTIONS = {"lightning": ("pytorch-lightning",)}  # same code, other package name
+ALTERNATIVE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {}  # the code imports `lightning`, so pytorch-lightning alone is not enough
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
