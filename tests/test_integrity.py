@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,10 +108,7 @@ def test_undefined_test_score_is_null_not_zero(tmp_path) -> None:
 
 def test_two_identical_runs_started_together_never_share_a_fit(tmp_path) -> None:
     args = [sys.executable, str(REPO / "launch.py"), *SETTINGS, f"paths.output_root={tmp_path}"]
-    env = {"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    import os
-
-    env = {**os.environ, **env}
+    env = {**os.environ, "PYTHONPATH": python_path()}
     procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
