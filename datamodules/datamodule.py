@@ -627,12 +627,14 @@ class ErasedDataModule(L.LightningDataModule):
             padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
         )
 
-    def stacked_train_loader(self, prefixes: list[int]) -> StackedBatches:
-        """Batches for a stack of models, member m training on the first prefixes[m] examples."""
+    def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1) -> StackedBatches:
+        """Batches for a stack of models, member m training on the first prefixes[m] examples, in
+        groups of up to ``steps_per_group`` steps."""
         assert self.train_set is not None, "call setup() first"
         return StackedBatches(
             self.train_set.x, self.train_set.y, prefixes, self.batch_size, seed=self.seed, augment=self.augment,
             flip=self.flip, padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
+            steps_per_group=steps_per_group,
         )
 
     def val_dataloader(self) -> DeviceBatches:

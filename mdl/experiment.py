@@ -47,7 +47,7 @@ NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
 # How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
-NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine"), "trainer": ("torch_threads", "threads_by_engine")}
+NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group"), "trainer": ("torch_threads", "threads_by_engine")}
 NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
 
@@ -315,7 +315,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         outcome = run_prequential_stacked(
             dm, boundaries, make_model_factory(cfg, dm.num_classes, dm.input_shape), make_optimizer(cfg), run_lr(cfg),
             t.precision, trainer_kwargs, t.patience, cfg.seed, store, on_block=on_block,
-            checkpoint_every_s=cfg.mdl.checkpoint_every_s, loss=make_loss(cfg, dm.num_classes),
+            checkpoint_every_s=cfg.mdl.checkpoint_every_s, steps_per_group=cfg.mdl.steps_per_group,
+            loss=make_loss(cfg, dm.num_classes),
             final_curves=final_curves, callbacks=precondition,
         )
     else:

@@ -86,21 +86,6 @@ class PrequentialCallback(L.Callback):
         return [m for m in self.members if m not in self.outcomes]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.gradient_clip_val:
-            raise ValueError(
-                f"trainer.kwargs.gradient_clip_val={trainer.gradient_clip_val}: Lightning would clip the norm of the "
-                f"whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
-            )
-        for key, value, default in (("max_steps", trainer.max_steps, -1), ("min_epochs", trainer.fit_loop.min_epochs, None),
-                                    ("accumulate_grad_batches", trainer.accumulate_grad_batches, 1),
-                                    ("check_val_every_n_epoch", trainer.check_val_every_n_epoch, 1),
-                                    ("limit_train_batches", trainer.limit_train_batches, 1.0)):
-            if value not in (default, 0 if key == "min_epochs" else default):
-                raise ValueError(
-                    f"trainer.kwargs.{key}={value}: the stacked engine's members follow the prequential protocol "
-                    f"(one step per member per global step, validation every member epoch, early stopping); "
-                    f"remove it, or use mdl.engine=sequential"
-                )
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
 
@@ -108,7 +93,7 @@ class PrequentialCallback(L.Callback):
         ended = []
         for m in module.members:
             state = self.members[m]
-            state.step += 1
+            state.step += batch.steps  # a group never runs past a member's epoch end (StackedBatches)
             if state.step == state.steps_per_epoch:
                 state.step, state.epoch = 0, state.epoch + 1
                 ended.append(m)
@@ -141,7 +126,8 @@ class PrequentialCallback(L.Callback):
             out_of_patience = False
             if score < state.best_score:
                 state.best_score, state.best_epoch, state.wait = score, state.epoch - 1, 0
-                self.best[m] = {n: t[j].clone() for n, t in (weights[0] | weights[1]).items()}
+                # eval_weights made fresh tensors: one member's row is kept as is, shared rows are copied
+                self.best[m] = {n: t[j] if len(ended) == 1 else t[j].clone() for n, t in (weights[0] | weights[1]).items()}
             else:  # as Lightning's EarlyStopping: only an epoch without improvement can run out of patience
                 state.wait += 1
                 out_of_patience = state.wait >= self.patience
@@ -198,6 +184,25 @@ class PrequentialCallback(L.Callback):
         self.best = {int(m): {n: t.to(device) for n, t in w.items()} for m, w in state["best"].items()}
         self.outcomes = {int(m): MemberOutcome(**o) for m, o in state["outcomes"].items()}
         self.loader.load_state_dict(state["loader"])
+
+
+def refuse_protocol_changing_settings(trainer_kwargs: dict[str, Any]) -> None:
+    """Trainer settings that would silently change the stacked protocol (or that Lightning's manual
+    optimization rejects with a less helpful message) are refused before the fit, with the way out."""
+    if trainer_kwargs.get("gradient_clip_val"):
+        raise ValueError(
+            f"trainer.kwargs.gradient_clip_val={trainer_kwargs['gradient_clip_val']}: Lightning would clip the norm of "
+            f"the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
+        )
+    for key, default in (("max_steps", -1), ("min_epochs", None), ("accumulate_grad_batches", 1),
+                         ("check_val_every_n_epoch", 1), ("limit_train_batches", 1.0)):
+        value = trainer_kwargs.get(key, default)
+        if value not in (default, 0 if key == "min_epochs" else default):
+            raise ValueError(
+                f"trainer.kwargs.{key}={value}: the stacked engine's members follow the prequential protocol "
+                f"(one step per member per global step, validation every member epoch, early stopping); "
+                f"remove it, or use mdl.engine=sequential"
+            )
 
 
 def _plain(record: Any) -> dict[str, Any]:

@@ -50,8 +50,9 @@ class MemberProgress(L.Callback):
             self.live = Live(self._table(), refresh_per_second=2, transient=False)
             self.live.start()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        self.steps += 1
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any = None,
+                           batch: Any = None, batch_idx: int = 0) -> None:
+        self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
         now = time.monotonic()
         if self.live is not None and now - self.last > 0.5:
             self.live.update(self._table())

@@ -24,7 +24,7 @@ from datamodules.stacked_batches import StackedBatches
 from mdl.callbacks import SaveLastCheckpoint
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, prequential_results, resumable
-from mdl.prequential_callback import MemberOutcome, PrequentialCallback
+from mdl.prequential_callback import MemberOutcome, PrequentialCallback, refuse_protocol_changing_settings
 from mdl.progress_display import MemberProgress
 from mdl.results import BlockResult, code_version, write_checked_json
 from models.losses import SpectralDecoupling
@@ -62,6 +62,7 @@ def run_prequential_stacked(
     run_dir: str | Path,
     on_block: Callable[[int, BlockResult], None] | None = None,
     checkpoint_every_s: float = 0.0,
+    steps_per_group: int = 1,
     loss: SpectralDecoupling | None = None,
     final_curves: FinalFitCurves | None = None,
     callbacks: Sequence[L.Callback] = (),
@@ -73,7 +74,9 @@ def run_prequential_stacked(
 
     The stacked state is checkpointed at the end of a pass over the full training set, at most
     once every ``checkpoint_every_s`` seconds (0: every pass): a kill loses at most that much work.
+    One Lightning step trains up to ``steps_per_group`` consecutive steps (datamodules/stacked_batches.py).
     """
+    refuse_protocol_changing_settings(trainer_kwargs)
     run_dir = Path(run_dir)
     n_total, k, num_blocks = dm.num_train, dm.num_classes, len(boundaries) - 1
     if boundaries[-1] != n_total:
@@ -84,7 +87,7 @@ def run_prequential_stacked(
         write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
                                            "engine": "stacked", "blocks": [], "block_index": []})
     prefixes = list(boundaries[:-1]) + [n_total]
-    loader = dm.stacked_train_loader(prefixes)
+    loader = dm.stacked_train_loader(prefixes, steps_per_group)
     module = StackedClassifier(
         build_members(make_model, member_seeds(seed, len(boundaries)), dm.device), optimizer, lr, precision, loss=loss,
     )

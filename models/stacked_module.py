@@ -1,8 +1,14 @@
 """The LightningModule of the stacked engine: every member of a prequential run trained at once.
 
-One training step takes each member's own batch (rows of a ``StackedBatch``), and the loss is
+One optimizer step takes each member's own batch (rows of a ``StackedBatch``), and the loss is
 the sum over members of each member's mean cross-entropy, so each member's gradient is exactly
-the gradient of its own loss. Adam-like optimizers act elementwise, so one optimizer over the
+the gradient of its own loss. One Lightning training step runs a whole group of such steps
+(manual optimization), so the half millisecond of host work Lightning spends per training step
+is paid once per group. Within the group the optimizer is stepped directly and the per-step
+hooks (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``) are called
+only on the callbacks that define them (``StepHooks``), e.g. models/preconditioning.py;
+``trainer.global_step`` therefore does not count these steps (the protocol counts each
+member's steps itself). Adam-like optimizers act elementwise, so one optimizer over the
 stacked parameters is M independent optimizers (schedule-free's step count, warm-up and
 averaging weights are per group and equal for members that all step together).
 
@@ -28,6 +34,26 @@ from models.precision import autocast_context, check_precision
 from models.stacking import StackedModel
 
 
+STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
+
+
+class StepHooks:
+    """Lightning's per-step callback hooks, called on the callbacks that override them: Lightning's
+    own dispatch (every callback, profiler contexts) costs more per step than a small model's step."""
+
+    def __init__(self, trainer: L.Trainer | None = None, module: L.LightningModule | None = None) -> None:
+        self.trainer, self.module = trainer, module
+        callbacks = trainer.callbacks if trainer is not None else []
+        self.hooks = {
+            name: [getattr(cb, name) for cb in callbacks if getattr(type(cb), name) is not getattr(L.Callback, name)]
+            for name in STEP_HOOKS
+        }
+
+    def __call__(self, name: str, *args: Any) -> None:
+        for hook in self.hooks[name]:
+            hook(self.trainer, self.module, *args)
+
+
 class StackedClassifier(L.LightningModule):
     def __init__(
         self, stack: StackedModel, optimizer: OptimizerFactory, lr: float, precision: str = "fp32",
@@ -41,6 +67,8 @@ class StackedClassifier(L.LightningModule):
         self.precision = check_precision(precision)
         self.members: list[int] = list(range(stack.num_members))  # member id of each stack row
         self.train_sums = torch.zeros(stack.num_members, dtype=torch.float64)  # this epoch's loss sums per row
+        self.automatic_optimization = False  # training_step steps the optimizer once per step of its group
+        self.step_hooks = StepHooks()  # the trainer's, from on_train_start
 
     # --- training -----------------------------------------------------------------------------
 
@@ -48,12 +76,36 @@ class StackedClassifier(L.LightningModule):
         return self.optimizer_factory(self.stack.param_groups(self.lr))
 
     def on_train_start(self) -> None:
+        self.step_hooks = StepHooks(self.trainer, self)
         self.train_sums = self.train_sums.to(self.device)
         for opt in self.trainer.optimizers:
             set_optimizer_mode(opt, train=True)
 
-    def training_step(self, batch: StackedBatch, batch_idx: int) -> Tensor:
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches are built on the training device (device-resident data); Lightning's generic
+        transfer would walk and deep-copy the dataclass at every step."""
+        if isinstance(batch, StackedBatch):
+            return StackedBatch(batch.x.to(device), batch.y.to(device), batch.weight.to(device), batch.members)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def training_step(self, batch: StackedBatch, batch_idx: int) -> None:
+        self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
+
+    def train_group(self, batch: StackedBatch, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
+        """One optimizer step per step of the group, each on every active member's own batch."""
+        hooks = hooks or StepHooks()
         x, y, w = self._rows_of_active(batch)
+        for i in range(batch.steps):
+            loss = self.step_loss(x[i], y[i], w[i])
+            hooks("on_before_backward", loss)
+            loss.backward()
+            hooks("on_after_backward")
+            hooks("on_before_optimizer_step", optimizer)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    def step_loss(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """The sum over members of each one's mean loss on its batch: x (M, B, ...), y and w (M, B)."""
         with autocast_context(self.precision, x.device.type):
             logits = self.stack(x).float()
         nats = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(w) * w
@@ -70,7 +122,7 @@ class StackedClassifier(L.LightningModule):
         if batch.members == self.members:
             return batch.x, batch.y, batch.weight
         rows = torch.tensor([batch.members.index(m) for m in self.members], dtype=torch.long, device=batch.x.device)
-        return batch.x[rows], batch.y[rows], batch.weight[rows]
+        return batch.x[:, rows], batch.y[:, rows], batch.weight[:, rows]
 
     def take_train_mean(self, rows: list[int], counts: list[int]) -> list[float]:
         """The finished epoch's mean training loss of these rows (one read), and reset their sums."""

@@ -70,18 +70,14 @@ def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
     optimizer = module.configure_optimizers()
     optimizer.train()
     x, y = torch.rand(200, 3, 16, 16, device="cuda"), torch.randint(0, 10, (200,), device="cuda")
-    loader = StackedBatches(x, y, [50, 120, 200], 32, augment=True)
-    for warm in range(2):
-        module.training_step(loader.next(), warm).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    loader = StackedBatches(x, y, [50, 120, 200], 32, augment=True, steps_per_group=4)
+    module.train_group(loader.next(2), optimizer)  # warm-up: first kernels, optimizer state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for i in range(8):  # across member epoch ends (2 steps/epoch for the first member)
-            module.training_step(loader.next(), i).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        for _ in range(2):  # two passes in groups, across member epoch ends (2 steps/epoch for the first member)
+            for group in loader:
+                module.train_group(group, optimizer)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert module.train_sums.device.type == "cuda" and float(module.train_sums.sum()) > 0

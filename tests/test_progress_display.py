@@ -49,3 +49,12 @@ def test_live_table_shows_members_epochs_and_best_losses() -> None:
     Console(file=out, width=120).print(display._table())
     text = out.getvalue()
     assert "0.4321" in text and "2/5" in text and "3 of 3 training" in text
+
+
+def test_speed_counts_every_optimizer_step_of_a_group() -> None:
+    loader = StackedBatches(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long), [20, 50, 100], batch_size=10, steps_per_group=4)
+    display = MemberProgress(_protocol(), interval=1e9, live=False)
+    display.on_train_start(None, None)
+    for group in loader:  # one pass: 10 steps, in groups cut short at the 2- and 5-step epoch ends
+        display.on_train_batch_end(None, None, None, group, 0)
+    assert display.steps == 10 and display.steps > len(list(loader)) > 0

@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from conftest import FAST, RecordOps, compose_config, host_reads, run_launch
 from datamodules.datamodule import ErasedDataModule
-from datamodules.stacked_batches import StackedBatch
 from mdl.experiment import make_loss, make_model_factory, make_optimizer, run_experiment
 from models import Classifier, create_model
 from models.losses import SpectralDecoupling, loss_from_options, spectral_penalty
@@ -167,7 +166,7 @@ def test_lambda_zero_trains_bit_identically_stacked(float64, zero: SpectralDecou
         opt = module.configure_optimizers()
         opt.train()
         for i, (x, y) in enumerate(_batches(6, 3)):
-            module.training_step(StackedBatch(x, y, _weights(), [0, 1, 2]), i).backward()
+            module.step_loss(x, y, _weights()).backward()
             opt.step()
             opt.zero_grad()
         params.append([p.detach().clone() for p in module.stack.stacked])
@@ -184,7 +183,7 @@ def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64
         o.train()
     w = _weights()
     for i, (x, y) in enumerate(_batches(5, 3)):
-        stack.training_step(StackedBatch(x, y, w, [0, 1, 2]), i).backward()
+        stack.step_loss(x, y, w).backward()
         for m, single in enumerate(singles):
             keep = w[m] > 0
             single.training_step((x[m][keep], y[m][keep]), i).backward()
@@ -202,7 +201,7 @@ def test_training_steps_with_the_penalty_read_nothing_back_to_the_host() -> None
     (x, y), = _batches(1, 3)
     with RecordOps() as record:
         for i in range(3):
-            stack.training_step(StackedBatch(x, y, _weights(), [0, 1, 2]), i)
+            stack.step_loss(x, y, _weights())
             single.training_step((x[0], y[0]), i)
     assert not host_reads(record), host_reads(record)
 

@@ -43,10 +43,12 @@ def test_each_member_starts_from_the_sequential_engines_initial_weights() -> Non
 
 @pytest.mark.parametrize("augment", [False, True])
 def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
+    """Step by step, in groups of up to 4 steps, each ending at the latest at a member's epoch end."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
-    stacked = StackedBatches(x, y, prefixes, batch, seed=7, augment=augment)
+    stacked = StackedBatches(x, y, prefixes, batch, seed=7, augment=augment, steps_per_group=4)
+    steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
         loader = DeviceBatches(x[:n], y[:n], batch, shuffle=True, augment=augment, seed=7)
@@ -55,11 +57,20 @@ def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
             loader.set_epoch(epoch)
             expected[m] += list(loader)
     seen: dict[int, list] = {m: [] for m in range(3)}
-    while any(len(seen[m]) < len(expected[m]) for m in range(3)):
-        step = stacked.next()
-        for row, m in enumerate(step.members):
-            keep = step.weight[row] > 0
-            seen[m].append((step.x[row][keep], step.y[row][keep]))
+    sizes = set()
+    while stacked.active:
+        for group in stacked:
+            sizes.add(group.steps)
+            for i in range(group.steps):
+                for row, m in enumerate(group.members):
+                    keep = group.weight[i, row] > 0
+                    seen[m].append((group.x[i, row][keep], group.y[i, row][keep]))
+                    epoch_ends = len(seen[m]) % steps_per_epoch[m] == 0
+                    assert not epoch_ends or i == group.steps - 1, "a group ran past a member's epoch end"
+            for m in group.members:  # a member leaves after its 3 epochs, as a stopping member does
+                if len(seen[m]) == len(expected[m]):
+                    stacked.remove(m)
+    assert sizes == {1, 2, 4}  # capped at 4, cut short at epoch ends (the first member's epoch is 2 steps)
     for m in range(3):
         for (xs, ys), (xe, ye) in zip(seen[m], expected[m]):
             assert torch.equal(ys, ye) and torch.equal(xs, xe)
@@ -97,9 +108,7 @@ def test_stacked_steps_equal_independent_optimizers_per_member(float64) -> None:
         x, y = torch.rand(3, 16, 1, 8, 8, generator=gen), torch.randint(0, 10, (3, 16), generator=gen)
         w = torch.ones(3, 16)
         w[1, 10:] = 0  # member 1's batch is short: padding must not count
-        stack.training_step(StackedBatch(x, y, w, [0, 1, 2]), step).backward()
-        opt_stack.step()
-        opt_stack.zero_grad()
+        stack.train_group(StackedBatch(x[None], y[None], w[None], [0, 1, 2]), opt_stack)
         for m, (single, o) in enumerate(zip(singles, opts)):
             keep = w[m] > 0
             single.training_step((x[m][keep], y[m][keep]), step).backward()
@@ -111,11 +120,13 @@ def test_stacked_steps_equal_independent_optimizers_per_member(float64) -> None:
 
 
 def test_training_step_reads_nothing_back_to_the_host() -> None:
+    """A group of steps, optimizer steps included (schedule-free, past its warm-up)."""
     stack, _ = _stacked_and_single()
-    batch = StackedBatch(torch.rand(3, 16, 1, 8, 8), torch.randint(0, 10, (3, 16)), torch.ones(3, 16), [0, 1, 2])
+    optimizer = stack.configure_optimizers()
+    optimizer.train()
+    group = StackedBatch(torch.rand(4, 3, 16, 1, 8, 8), torch.randint(0, 10, (4, 3, 16)), torch.ones(4, 3, 16), [0, 1, 2])
     with RecordOps() as record:
-        for i in range(3):
-            stack.training_step(batch, i)
+        stack.train_group(group, optimizer)
     assert not host_reads(record), host_reads(record)
 
 
@@ -228,11 +239,11 @@ def test_a_diverging_member_stops_the_run_with_the_learning_rate_in_the_message(
         run_experiment(cfg, tmp_path / "run")
 
 
-def test_run_identity_is_the_engine_not_how_often_it_checkpoints_or_how_many_threads_it_uses() -> None:
+def test_run_identity_is_the_engine_not_how_often_it_checkpoints_how_it_groups_steps_or_how_many_threads_it_uses() -> None:
     from mdl.experiment import config_hash
 
     base = config_hash(compose_config(FAST))
-    assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "trainer.torch_threads=2"]))
+    assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "trainer.torch_threads=2", "mdl.steps_per_group=1"]))
     assert base == config_hash(compose_config([*FAST, "data.balance=null", "data.transform=null"]))
     assert base != config_hash(compose_config([*FAST, "mdl.engine=sequential"]))
     assert base != config_hash(compose_config([*FAST, "data.balance=suby"]))
@@ -278,3 +289,46 @@ def test_a_stacked_checkpoint_made_by_other_code_is_not_resumed(tmp_path: Path, 
     assert "discarding the earlier progress" in caplog.text and "resuming fit" not in caplog.text
     for key in EXACT:
         assert resumed[key] == reference[key], key
+
+
+def test_callbacks_see_every_optimizer_step_of_a_group(tmp_path: Path, monkeypatch) -> None:
+    """Steps run in groups inside one Lightning step; a callback's per-step hooks still run once per
+    optimizer step: max over members of epochs x steps per epoch (they all start at step 0)."""
+    import mdl.experiment
+
+    calls = {"on_before_backward": 0, "on_after_backward": 0, "on_before_optimizer_step": 0}
+
+    class CountSteps(L.Callback):
+        def on_before_backward(self, trainer, pl_module, loss) -> None:
+            assert loss.requires_grad
+            calls["on_before_backward"] += 1
+
+        def on_after_backward(self, trainer, pl_module) -> None:
+            calls["on_after_backward"] += 1
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            assert any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+            calls["on_before_optimizer_step"] += 1
+
+    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([CountSteps()], None))
+    cfg = compose_config([*STACKED, "trainer.kwargs.max_epochs=6", "trainer.patience=2", "mdl.steps_per_group=4"], tmp_path)
+    results = run_experiment(cfg, tmp_path / "run")
+    batch = cfg.data.batch_size
+    members = [(b["n_train"], b["epochs"]) for b in results["blocks"]] + [(results["n_train"], results["final_epochs"])]
+    steps = max(epochs * math.ceil(n / batch) for n, epochs in members)
+    assert calls == {name: steps for name in calls}
+
+
+def test_grouping_steps_changes_no_result(tmp_path: Path) -> None:
+    """mdl.steps_per_group only changes how many optimizer steps one Lightning step runs: the same
+    batches, steps and protocol (on this CPU the numbers are identical to the bit)."""
+    results = [
+        run_experiment(compose_config([*STACKED, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"], tmp_path / str(g)),
+                       tmp_path / str(g) / "run")
+        for g in (1, 5)
+    ]
+    ungrouped, grouped = ([(b["epochs"], b["eval_bits"], b["val_loss_curve"]) for b in r["blocks"]] for r in results)
+    assert [e for e, _, _ in grouped] == [e for e, _, _ in ungrouped]
+    for (_, bits_g, curve_g), (_, bits_u, curve_u) in zip(grouped, ungrouped):
+        assert bits_g == pytest.approx(bits_u, rel=1e-6) and curve_g == pytest.approx(curve_u, rel=1e-6)
+    assert results[1]["paper_mdl"] == pytest.approx(results[0]["paper_mdl"], rel=1e-6)
