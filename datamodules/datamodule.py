@@ -618,6 +618,13 @@ class ErasedDataModule(L.LightningDataModule):
             raise ValueError(f"prefix {n} outside 1..{self.num_train}")
         self.prefix = n
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """An (x, y) batch moves tensor by tensor (a no-op: the splits live on the training device),
+        without Lightning's generic walk of the batch at every step."""
+        if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
+            return batch[0].to(device), batch[1].to(device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def train_dataloader(self) -> DeviceBatches:
         assert self.train_set is not None, "call setup() first"
         n = self.prefix or self.num_train

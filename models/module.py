@@ -72,13 +72,6 @@ class Classifier(L.LightningModule):
             out = self.model(x)
         return out.float()
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """An (x, y) batch moves tensor by tensor (a no-op for device-resident data), without
-        Lightning's generic walk of the batch at every step."""
-        if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
-            return batch[0].to(device), batch[1].to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = list(self.model.parameters())
         groups = mup_param_groups(self.model, self.lr) if self.mup else [{"params": params, "lr": self.lr}]

@@ -136,3 +136,21 @@ def test_checkpoints_are_checksummed_and_load_onto_the_training_device(tmp_path:
         io_plugin.load_checkpoint(path)
     path.write_bytes(path.read_bytes()[:20])  # truncated
     assert not is_intact(path)
+
+
+def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() -> None:
+    """Both engines replace Lightning's generic batch transfer with a direct one; it must still move
+    a batch that is elsewhere (here to ``meta``, which a batch returned unchanged would not be on)."""
+    from datamodules.datamodule import ErasedDataModule
+    from datamodules.stacked_batches import StackedBatch
+    from models.stacked_module import StackedClassifier
+    from models.stacking import StackedModel
+
+    meta = torch.device("meta")
+    x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    moved = ErasedDataModule("digits", {"name": "none"}).transfer_batch_to_device((x, y), meta, 0)
+    assert all(t.device == meta for t in moved)
+    stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
+    group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), meta, 0)
+    assert isinstance(group, StackedBatch) and group.members == [0]
+    assert all(t.device == meta for t in (group.x, group.y, group.weight))

@@ -190,3 +190,18 @@ def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": python_path()}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
+    from datamodules.datamodule import ErasedDataModule
+    from datamodules.stacked_batches import StackedBatch
+    from models.stacked_module import StackedClassifier
+    from models.stacking import StackedModel
+
+    cuda = torch.device("cuda")
+    x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    moved = ErasedDataModule("digits", {"name": "none"}).transfer_batch_to_device((x, y), cuda, 0)
+    assert all(t.is_cuda for t in moved) and torch.equal(moved[1].cpu(), y)
+    stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
+    group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0)
+    assert all(t.is_cuda for t in (group.x, group.y, group.weight)) and torch.equal(group.x.cpu(), x[None, None])
