@@ -146,8 +146,9 @@ class StackedBatches:
         """The next ``steps`` global steps of every active member, as one gathered, augmented, erased group."""
         members = self.active
         draws = [[self.streams[m].next() for m in members] for _ in range(steps)]  # [step][member]
-        index = torch.stack([torch.stack([rows for rows, _, _ in step]) for step in draws])  # (G, M, B)
-        weight = torch.stack([torch.stack([valid for _, valid, _ in step]) for step in draws])
+        shape = (steps, len(members), self.batch_size)
+        index = torch.stack([rows for step in draws for rows, _, _ in step]).view(shape)
+        weight = torch.stack([valid for step in draws for _, valid, _ in step]).view(shape)
         flat = index.flatten()
         xb, yb = self.x[flat], self.y[flat]
         if draws[0][0][2] is not None:

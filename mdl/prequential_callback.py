@@ -186,25 +186,6 @@ class PrequentialCallback(L.Callback):
         self.loader.load_state_dict(state["loader"])
 
 
-def refuse_protocol_changing_settings(trainer_kwargs: dict[str, Any]) -> None:
-    """Trainer settings that would silently change the stacked protocol (or that Lightning's manual
-    optimization rejects with a less helpful message) are refused before the fit, with the way out."""
-    if trainer_kwargs.get("gradient_clip_val"):
-        raise ValueError(
-            f"trainer.kwargs.gradient_clip_val={trainer_kwargs['gradient_clip_val']}: Lightning would clip the norm of "
-            f"the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
-        )
-    for key, default in (("max_steps", -1), ("min_epochs", None), ("accumulate_grad_batches", 1),
-                         ("check_val_every_n_epoch", 1), ("limit_train_batches", 1.0)):
-        value = trainer_kwargs.get(key, default)
-        if value not in (default, 0 if key == "min_epochs" else default):
-            raise ValueError(
-                f"trainer.kwargs.{key}={value}: the stacked engine's members follow the prequential protocol "
-                f"(one step per member per global step, validation every member epoch, early stopping); "
-                f"remove it, or use mdl.engine=sequential"
-            )
-
-
 def _plain(record: Any) -> dict[str, Any]:
     """A record's fields as a dict of plain values (lists copied; cheaper than ``asdict``'s deep copy)."""
     return {k: list(v) if isinstance(v, list) else v for k, v in vars(record).items()}

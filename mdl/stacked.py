@@ -24,7 +24,7 @@ from datamodules.stacked_batches import StackedBatches
 from mdl.callbacks import SaveLastCheckpoint
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, prequential_results, resumable
-from mdl.prequential_callback import MemberOutcome, PrequentialCallback, refuse_protocol_changing_settings
+from mdl.prequential_callback import MemberOutcome, PrequentialCallback
 from mdl.progress_display import MemberProgress
 from mdl.results import BlockResult, code_version, write_checked_json
 from models.losses import SpectralDecoupling
@@ -133,6 +133,25 @@ def run_prequential_stacked(
         final.scored_bits / final.scored_count if final.scored_count else None,
         final.val_loss_curve, final.train_loss_curve,
     )
+
+
+def refuse_protocol_changing_settings(trainer_kwargs: dict[str, Any]) -> None:
+    """Trainer settings that would silently change the stacked protocol (or that Lightning's manual
+    optimization rejects with a less helpful message) are refused before the fit, with the way out."""
+    if trainer_kwargs.get("gradient_clip_val"):
+        raise ValueError(
+            f"trainer.kwargs.gradient_clip_val={trainer_kwargs['gradient_clip_val']}: Lightning would clip the norm of "
+            f"the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
+        )
+    for key, default in (("max_steps", -1), ("min_epochs", None), ("accumulate_grad_batches", 1),
+                         ("check_val_every_n_epoch", 1), ("limit_train_batches", 1.0)):
+        value = trainer_kwargs.get(key, default)
+        if value not in (default, 0 if key == "min_epochs" else default):
+            raise ValueError(
+                f"trainer.kwargs.{key}={value}: the stacked engine's members follow the prequential protocol "
+                f"(one step per member per global step, validation every member epoch, early stopping); "
+                f"remove it, or use mdl.engine=sequential"
+            )
 
 
 def _block(outcome: MemberOutcome, boundaries: Sequence[int]) -> BlockResult:

@@ -101,3 +101,12 @@ def cuda_only(reason: str = "needs a CUDA GPU"):
     import torch
 
     return [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=reason)]
+
+
+def assert_members_equal_singles(stack, singles, atol: float = 1e-12) -> None:
+    """Every member of a StackedClassifier holds the weights of its independently trained Classifier."""
+    import torch
+
+    for m, single in enumerate(singles):
+        for name, p in single.model.named_parameters():
+            assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=atol), (m, name)

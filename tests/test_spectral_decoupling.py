@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from conftest import FAST, RecordOps, compose_config, host_reads, run_launch
+from conftest import FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
 from datamodules.datamodule import ErasedDataModule
 from mdl.experiment import make_loss, make_model_factory, make_optimizer, run_experiment
 from models import Classifier, create_model
@@ -190,9 +190,7 @@ def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64
         for o in opts:
             o.step()
             o.zero_grad()
-    for m, single in enumerate(singles):
-        for name, p in single.model.named_parameters():
-            assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=1e-12), (m, name)
+    assert_members_equal_singles(stack, singles)
 
 
 def test_training_steps_with_the_penalty_read_nothing_back_to_the_host() -> None:

@@ -13,7 +13,7 @@ import schedulefree
 import torch
 from mup import MuReadout
 
-from conftest import FAST, RecordOps, compose_config, host_reads
+from conftest import FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.loader import DeviceBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches
 from mdl.experiment import make_model_factory, make_module_factory, run_experiment
@@ -114,9 +114,7 @@ def test_stacked_steps_equal_independent_optimizers_per_member(float64) -> None:
             single.training_step((x[m][keep], y[m][keep]), step).backward()
             o.step()
             o.zero_grad()
-    for m, single in enumerate(singles):
-        for name, p in single.model.named_parameters():
-            assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=1e-12), (m, name)
+    assert_members_equal_singles(stack, singles)
 
 
 def test_training_step_reads_nothing_back_to_the_host() -> None:
