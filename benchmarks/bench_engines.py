@@ -8,7 +8,7 @@ set-up (so neither pays for fitting the eraser), and prints each wall time, the 
 MDL numbers; and the sequential engine as it was before time-based checkpoints (one every epoch). Part 2 trains one model on the full training set for ``--epochs`` epochs (no early
 stopping) through a hand-written loop (the same batches, steps, schedule-free modes and
 per-epoch validation), through the sequential engine (``fit_prefix``: Lightning, the Classifier,
-its validation loop, best-weight snapshots) and through the stacked engine's path with that one
+``mdl.steps_per_group`` steps per Lightning step, its validation loop, best-weight snapshots) and through the stacked engine's path with that one
 member (one fit, the PrequentialCallback validating in place, ``mdl.steps_per_group`` steps per
 Lightning step), and prints the ratios. The stacked engine is also timed against a hand loop
 doing its identical work (the stacked model's batched kernels, the padded-batch loss), which
@@ -72,6 +72,7 @@ def hand_loop(make_module, dm, epochs: int) -> float:
     start = time.perf_counter()
     module = make_module().to(dm.device)
     optimizer = module.configure_optimizers()
+    dm.use_prefix(None)  # ungrouped batches
     train, val = dm.train_dataloader(), dm.val_dataloader()
     for epoch in range(epochs):
         optimizer.train()
@@ -127,7 +128,7 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
         timings["hand"].append(hand_loop(make, dm, epochs))
         L.seed_everything(0, verbose=False)
         start = time.perf_counter()
-        fit_prefix(dm, None, make, kwargs, patience=10**6)
+        fit_prefix(dm, None, make, kwargs, patience=10**6, steps_per_group=cfg.mdl.steps_per_group)
         sync(dm.device)
         timings["sequential"].append(time.perf_counter() - start)
         start = time.perf_counter()

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from datamodules.cache import ErasureCache, cache_key
-from datamodules.loader import BatchTransform, DeviceBatches
+from datamodules.loader import BatchGroup, BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.qda import QuadraticDiscriminant
 from datamodules.stacked_batches import StackedBatches
 from datamodules.sources import ImageSet, ImageSource, load_source
@@ -350,6 +350,7 @@ class ErasedDataModule(L.LightningDataModule):
         self.device = resolve_device(device)
         self.cache = ErasureCache(cache_dir)
         self.prefix: int | None = None
+        self.steps_per_group = 1  # training batches per Lightning step (use_prefix)
         self.eraser: Eraser | None = None
         self.train_set: ImageSet | None = None
         self.diagnostics: dict[str, Any] = {}
@@ -612,27 +613,33 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         return len(self.train_set)
 
-    def use_prefix(self, n: int | None) -> None:
-        """Serve only the first n training examples (the prequential prefix); None = all."""
+    def use_prefix(self, n: int | None, steps_per_group: int = 1) -> None:
+        """Serve only the first n training examples (the prequential prefix; None = all), in groups
+        of ``steps_per_group`` batches per Lightning step when that is more than 1."""
         if n is not None and not 0 < n <= self.num_train:
             raise ValueError(f"prefix {n} outside 1..{self.num_train}")
-        self.prefix = n
+        if steps_per_group < 1:
+            raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
+        self.prefix, self.steps_per_group = n, steps_per_group
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """An (x, y) batch moves tensor by tensor (a no-op: the splits live on the training device),
         without Lightning's generic walk of the batch at every step."""
+        if isinstance(batch, BatchGroup):
+            return BatchGroup([(x.to(device), y.to(device)) for x, y in batch.batches])
         if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
             return batch[0].to(device), batch[1].to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def train_dataloader(self) -> DeviceBatches:
+    def train_dataloader(self) -> DeviceBatches | GroupedBatches:
         assert self.train_set is not None, "call setup() first"
         n = self.prefix or self.num_train
-        return DeviceBatches(
+        batches = DeviceBatches(
             self.train_set.x[:n], self.train_set.y[:n], self.batch_size, shuffle=True,
             augment=self.augment, flip=self.flip, seed=self.seed,
             padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
         )
+        return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
 
     def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in

@@ -10,6 +10,7 @@ kind of device: CPU and CUDA generators give different streams).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -98,3 +99,43 @@ class DeviceBatches:
             if self.transform is not None:
                 xb = self.transform(xb, yb)
             yield xb, yb
+
+
+@dataclass
+class BatchGroup:
+    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models/manual_steps.py)."""
+
+    batches: list[tuple[Tensor, Tensor]]
+
+    @property
+    def steps(self) -> int:
+        return len(self.batches)
+
+
+class GroupedBatches:
+    """A ``DeviceBatches`` handed out in groups of at most ``steps_per_group`` consecutive batches.
+
+    The batches are exactly the inner loader's (same shuffle, augmentation and erasure, drawn one
+    by one); only the number of Lightning steps per epoch shrinks. A group never spans two epochs.
+    """
+
+    def __init__(self, batches: DeviceBatches, steps_per_group: int) -> None:
+        if steps_per_group < 1:
+            raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
+        self.batches, self.steps_per_group = batches, steps_per_group
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.batches) // self.steps_per_group)
+
+    def __iter__(self) -> Iterator[BatchGroup]:
+        group: list[tuple[Tensor, Tensor]] = []
+        for batch in self.batches:
+            group.append(batch)
+            if len(group) == self.steps_per_group:
+                yield BatchGroup(group)
+                group = []
+        if group:
+            yield BatchGroup(group)

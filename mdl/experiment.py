@@ -323,7 +323,7 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         outcome = run_prequential(
             dm, boundaries, make_module_factory(cfg, dm.num_classes, dm.input_shape), trainer_kwargs, t.patience,
             cfg.seed, store, on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
-            final_curves=final_curves, callbacks=precondition,
+            final_curves=final_curves, callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group,
         )
     results = {
         **({"preconditioning": preconditioning} if preconditioning is not None else {}),

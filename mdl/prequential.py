@@ -49,6 +49,7 @@ def fit_prefix(
     checkpoint: Path | None = None,
     checkpoint_every_s: float = 0.0,
     extra_callbacks: Sequence[L.Callback] = (),
+    steps_per_group: int = 1,
 ) -> FitOutcome:
     """Train a fresh model on the first n_train examples (None = all) with early stopping.
 
@@ -58,12 +59,15 @@ def fit_prefix(
     one is discarded with a warning and the fit starts over. ``checkpoint_every_s`` > 0 skips the
     saves of epochs that end less than that long after the last one (the first epoch and the
     stopping one are always saved). ``extra_callbacks`` join the fit (and its checkpoints), e.g. the
-    final fit's max-ent probe curves.
+    final fit's max-ent probe curves. One Lightning step trains ``steps_per_group`` consecutive
+    batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     """
     start = time.perf_counter()
     device = dm.device
-    dm.use_prefix(n_train)
+    steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
+    dm.use_prefix(n_train, steps)
     module = make_module()
+    module.automatic_optimization = steps == 1
     best = KeepBestWeights(device, "val_loss")
     callbacks: list[L.Callback] = [best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)]
     callbacks += list(extra_callbacks)
@@ -75,6 +79,28 @@ def fit_prefix(
     best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
     best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the monitored float32 metric
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
+
+
+# Trainer settings that act on Lightning's training steps or automatic optimization, with the value
+# (besides None) that leaves them alone: with any other value the sequential engine takes one
+# optimizer step per Lightning step, as Lightning's automatic optimization does.
+SINGLE_STEP_SETTINGS: dict[str, float] = {
+    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "min_steps": 0,
+    "limit_train_batches": 1.0, "val_check_interval": 1.0,  # floats: an int 1 would mean one batch
+}
+
+
+def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
+    """The trainer settings among ``SINGLE_STEP_SETTINGS`` that are set to act on training steps."""
+    def inert(key: str, value: Any) -> bool:
+        neutral = SINGLE_STEP_SETTINGS[key]
+        if value is None:
+            return True
+        if isinstance(neutral, float):  # a fraction of the epoch; an int counts batches
+            return isinstance(value, float) and value == neutral
+        return value == neutral
+
+    return [k for k in SINGLE_STEP_SETTINGS if not inert(k, trainer_kwargs.get(k))]
 
 
 def make_trainer(
@@ -148,10 +174,16 @@ def run_prequential(
     checkpoint_every_s: float = 0.0,
     final_curves: L.Callback | None = None,
     callbacks: Sequence[L.Callback] = (),
+    steps_per_group: int = 1,
 ) -> dict[str, Any]:
     """Run every block (resuming finished ones from ``run_dir/progress.json``) and the final fit;
     ``final_curves`` (e.g. the max-ent probes, mdl/final_fit_curves.py) is a callback of the final fit only;
-    ``callbacks`` join every fit (e.g. models/preconditioning.py)."""
+    ``callbacks`` join every fit (e.g. models/preconditioning.py). Each Lightning step trains up to
+    ``steps_per_group`` batches (``fit_prefix``)."""
+    single_steps = settings_needing_single_steps(trainer_kwargs)
+    if single_steps and steps_per_group > 1:
+        log.info("trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
+                 single_steps[0], steps_per_group)
     run_dir = Path(run_dir)
     progress_path = run_dir / PROGRESS_FILE
     n_total, k = dm.num_train, dm.num_classes
@@ -164,7 +196,7 @@ def run_prequential(
         n_train, n_next = boundaries[i], boundaries[i + 1]
         L.seed_everything(seed * 1000 + i, verbose=False)
         ckpt = run_dir / "checkpoints" / f"block{i:02d}.ckpt"
-        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks)
+        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks, steps_per_group)
         eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
         block = BlockResult(
             n_train=n_train, n_eval=n_eval, eval_bits=eval_bits,
@@ -186,7 +218,7 @@ def run_prequential(
     L.seed_everything(seed * 1000 + len(boundaries), verbose=False)
     final = fit_prefix(
         dm, None, make_module, trainer_kwargs, patience, run_dir / "checkpoints" / "final.ckpt", checkpoint_every_s,
-        extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else [])],
+        extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else [])], steps_per_group=steps_per_group,
     )
     test_bits, n_test = total_bits(final.module, dm.test_dataloader())
     log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, final.epochs, final.best_val_loss)

@@ -6,7 +6,10 @@ optimizer is put in eval mode for validation and testing, back in train mode for
 every checkpoint is written with eval-mode weights whatever the mode was when it was asked for.
 
 Losses are accumulated on the model's device and read once per epoch: a ``float(loss)`` per step
-would make the host wait for the GPU's queue to drain at every step.
+would make the host wait for the GPU's queue to drain at every step. A training batch is either
+one (x, y) batch (Lightning's automatic optimization) or a ``BatchGroup`` of consecutive batches,
+each stepped here (manual optimization, models/manual_steps.py); the driver chooses
+(mdl/prequential.py) and sets ``automatic_optimization`` to match.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from datamodules.loader import BatchGroup
 from models.losses import SpectralDecoupling, spectral_penalty
+from models.manual_steps import StepHooks, optimizer_step
 from models.mup_setup import mup_param_groups
 from models.precision import as_channels_last, autocast_context, check_precision
 
@@ -63,6 +68,7 @@ class Classifier(L.LightningModule):
         self.train_loss_curve: list[float] = []
         self.val_loss_curve: list[float] = []
         self._sums: dict[str, list[Any]] = {}  # key -> [loss sum (tensor on the device), count]
+        self.step_hooks = StepHooks()  # the trainer's, from on_train_start (grouped steps)
 
     def forward(self, x: Tensor) -> Tensor:
         """Float32 logits, the forward pass under the run's precision (models/precision.py)."""
@@ -84,6 +90,9 @@ class Classifier(L.LightningModule):
             return
         for opt in self.trainer.optimizers:
             set_optimizer_mode(opt, train)
+
+    def on_train_start(self) -> None:
+        self.step_hooks = StepHooks(self.trainer, self)
 
     def on_train_epoch_start(self) -> None:
         self._set_mode(train=True)
@@ -139,8 +148,22 @@ class Classifier(L.LightningModule):
         total, n = self._sums.pop(key, [0.0, 0])
         return float(total) / max(n, 1)
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
+    def training_step(self, batch: tuple[Tensor, Tensor] | BatchGroup, batch_idx: int) -> Tensor | None:
+        if not isinstance(batch, BatchGroup):
+            return self.step_loss(*batch)
+        if self.automatic_optimization:
+            raise RuntimeError("a BatchGroup is trained step by step: set automatic_optimization = False (mdl/prequential.py)")
+        self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
+        return None
+
+    def train_group(self, group: BatchGroup, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
+        """One optimizer step per batch of the group."""
+        hooks = hooks or StepHooks()
+        for x, y in group.batches:
+            optimizer_step(self.step_loss(x, y), optimizer, hooks)
+
+    def step_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """One batch's training objective; its plain cross-entropy joins the epoch's curve."""
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         self._accumulate("train", loss.detach() * y.shape[0], y.shape[0])  # the curve stays plain cross-entropy

@@ -4,11 +4,8 @@ One optimizer step takes each member's own batch (rows of a ``StackedBatch``), a
 the sum over members of each member's mean cross-entropy, so each member's gradient is exactly
 the gradient of its own loss. One Lightning training step runs a whole group of such steps
 (manual optimization), so the half millisecond of host work Lightning spends per training step
-is paid once per group. Within the group the optimizer is stepped directly and the per-step
-hooks (``on_before_backward``, ``on_after_backward``, ``on_before_optimizer_step``) are called
-only on the callbacks that define them (``StepHooks``), e.g. models/preconditioning.py;
-``trainer.global_step`` therefore does not count these steps (the protocol counts each
-member's steps itself). Adam-like optimizers act elementwise, so one optimizer over the
+is paid once per group (models/manual_steps.py); ``trainer.global_step`` does not count these
+steps (the protocol counts each member's steps itself). Adam-like optimizers act elementwise, so one optimizer over the
 stacked parameters is M independent optimizers (schedule-free's step count, warm-up and
 averaging weights are per group and equal for members that all step together).
 
@@ -29,29 +26,10 @@ from torch import Tensor, nn
 
 from datamodules.stacked_batches import StackedBatch
 from models.losses import SpectralDecoupling, spectral_penalty
+from models.manual_steps import StepHooks, optimizer_step
 from models.module import OptimizerFactory, optimizer_train_mode, set_optimizer_mode
 from models.precision import autocast_context, check_precision
 from models.stacking import StackedModel
-
-
-STEP_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
-
-
-class StepHooks:
-    """Lightning's per-step callback hooks, called on the callbacks that override them: Lightning's
-    own dispatch (every callback, profiler contexts) costs more per step than a small model's step."""
-
-    def __init__(self, trainer: L.Trainer | None = None, module: L.LightningModule | None = None) -> None:
-        self.trainer, self.module = trainer, module
-        callbacks = trainer.callbacks if trainer is not None else []
-        self.hooks = {
-            name: [getattr(cb, name) for cb in callbacks if getattr(type(cb), name) is not getattr(L.Callback, name)]
-            for name in STEP_HOOKS
-        }
-
-    def __call__(self, name: str, *args: Any) -> None:
-        for hook in self.hooks[name]:
-            hook(self.trainer, self.module, *args)
 
 
 class StackedClassifier(L.LightningModule):
@@ -96,13 +74,7 @@ class StackedClassifier(L.LightningModule):
         hooks = hooks or StepHooks()
         x, y, w = self._rows_of_active(batch)
         for i in range(batch.steps):
-            loss = self.step_loss(x[i], y[i], w[i])
-            hooks("on_before_backward", loss)
-            loss.backward()
-            hooks("on_after_backward")
-            hooks("on_before_optimizer_step", optimizer)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer_step(self.step_loss(x[i], y[i], w[i]), optimizer, hooks)
 
     def step_loss(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """The sum over members of each one's mean loss on its batch: x (M, B, ...), y and w (M, B)."""

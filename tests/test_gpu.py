@@ -154,6 +154,8 @@ def test_eraser_fitted_on_cuda_equals_cpu_fit(name: str) -> None:
 
 
 def test_training_step_makes_no_host_synchronisation() -> None:
+    from datamodules.loader import BatchGroup
+
     torch.manual_seed(0)
     model = create_model("mlp", 64, 2, 10, (1, 8, 8), base_width=64).cuda()
     module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
@@ -172,6 +174,7 @@ def test_training_step_makes_no_host_synchronisation() -> None:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        module.train_group(BatchGroup([(x, y)] * 4), optimizer)  # the sequential engine's grouped steps
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert module._epoch_mean("train") > 0
@@ -194,14 +197,18 @@ def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> 
 
 def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
     from datamodules.datamodule import ErasedDataModule
+    from datamodules.loader import BatchGroup
     from datamodules.stacked_batches import StackedBatch
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
     cuda = torch.device("cuda")
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    moved = ErasedDataModule("digits", {"name": "none"}).transfer_batch_to_device((x, y), cuda, 0)
+    dm = ErasedDataModule("digits", {"name": "none"})
+    moved = dm.transfer_batch_to_device((x, y), cuda, 0)
     assert all(t.is_cuda for t in moved) and torch.equal(moved[1].cpu(), y)
+    group = dm.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), cuda, 0)
+    assert all(t.is_cuda for batch in group.batches for t in batch) and torch.equal(group.batches[1][0].cpu(), x[:2])
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
     group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0)
     assert all(t.is_cuda for t in (group.x, group.y, group.weight)) and torch.equal(group.x.cpu(), x[None, None])

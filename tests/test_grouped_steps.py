@@ -1,0 +1,133 @@
+"""The sequential engine's grouped steps: ``mdl.steps_per_group`` batches per Lightning step change
+how often Lightning runs, never which batches, steps or hooks a model sees."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import schedulefree
+import torch
+
+import mdl.experiment
+from conftest import FAST, RecordOps, compose_config, host_reads
+from datamodules.loader import BatchGroup, DeviceBatches, GroupedBatches
+from mdl.experiment import run_experiment
+from mdl.prequential import settings_needing_single_steps
+from models import create_model
+from models.module import Classifier
+
+SEQUENTIAL = [*FAST, "mdl.engine=sequential", "mdl.checkpoint_every_s=0", "skip_if_done=false"]
+
+
+def test_groups_hold_the_loaders_batches_in_order() -> None:
+    x, y = torch.rand(150, 3, 8, 8), torch.arange(150)
+    inner = DeviceBatches(x, y, 16, shuffle=True, augment=True, seed=3)  # 10 batches, the last one short
+    grouped = GroupedBatches(DeviceBatches(x, y, 16, shuffle=True, augment=True, seed=3), steps_per_group=4)
+    for epoch in (0, 1):
+        inner.set_epoch(epoch)
+        grouped.set_epoch(epoch)
+        groups = list(grouped)
+        assert [g.steps for g in groups] == [4, 4, 2] and len(grouped) == 3
+        flat = [batch for g in groups for batch in g.batches]
+        for (xg, yg), (xi, yi) in zip(flat, inner, strict=True):
+            assert torch.equal(xg, xi) and torch.equal(yg, yi)
+    with pytest.raises(ValueError, match="steps_per_group must be >= 1"):
+        GroupedBatches(inner, 0)
+
+
+def test_grouping_changes_no_result(tmp_path: Path) -> None:
+    """steps_per_group 1 (Lightning's automatic optimization) and 5 (manual, 5 steps per Lightning
+    step) train the same batches with the same steps: on this CPU the same numbers to the bit."""
+    results = [
+        run_experiment(compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"],
+                                      tmp_path / str(g)), tmp_path / str(g) / "run")
+        for g in (1, 5)
+    ]
+    ungrouped, grouped = ([(b["epochs"], b["eval_bits"], b["val_loss_curve"], b["train_loss_curve"]) for b in r["blocks"]]
+                          for r in results)
+    assert grouped == ungrouped
+    assert results[1]["val_loss_curve"] == results[0]["val_loss_curve"]
+    assert results[1]["paper_mdl"] == results[0]["paper_mdl"]
+
+
+class CountSteps(L.Callback):
+    """Counts optimizer steps (through the per-step hooks) and Lightning's training steps."""
+
+    def __init__(self) -> None:
+        self.calls = dict.fromkeys(("on_before_backward", "on_after_backward", "on_before_optimizer_step",
+                                    "on_before_zero_grad", "on_train_batch_end"), 0)
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        assert loss.requires_grad
+        self.calls["on_before_backward"] += 1
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self.calls["on_after_backward"] += 1
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        assert any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
+        self.calls["on_before_optimizer_step"] += 1
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer) -> None:
+        self.calls["on_before_zero_grad"] += 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.calls["on_train_batch_end"] += 1
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_callbacks_see_every_optimizer_step(group: int, tmp_path: Path, monkeypatch) -> None:
+    """Each per-step hook runs once per optimizer step, grouped or not; Lightning's own training
+    steps number one per group."""
+    counter = CountSteps()
+    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([counter], None))
+    cfg = compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=5", f"mdl.steps_per_group={group}"], tmp_path)
+    results = run_experiment(cfg, tmp_path / "run")
+    batch = cfg.data.batch_size
+    fits = [(b["n_train"], b["epochs"]) for b in results["blocks"]] + [(results["n_train"], results["final_epochs"])]
+    steps = sum(epochs * math.ceil(n / batch) for n, epochs in fits)
+    lightning_steps = sum(epochs * math.ceil(math.ceil(n / batch) / group) for n, epochs in fits)
+    assert counter.calls == {**dict.fromkeys(counter.calls, steps), "on_train_batch_end": lightning_steps}
+    assert group == 1 or lightning_steps < steps
+
+
+def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) -> None:
+    """Lightning clips only under automatic optimization: a run that asks for clipping runs
+    ungrouped (and equals the run that asked for single steps itself)."""
+    runs = [
+        run_experiment(compose_config([*SEQUENTIAL, "+trainer.kwargs.gradient_clip_val=0.01", f"mdl.steps_per_group={g}"],
+                                      tmp_path / str(g)), tmp_path / str(g) / "run")
+        for g in (1, 4)
+    ]
+    assert runs[0]["blocks"] == runs[1]["blocks"]
+    unclipped = run_experiment(compose_config(SEQUENTIAL, tmp_path / "free"), tmp_path / "free" / "run")
+    assert unclipped["blocks"][0]["train_loss_curve"] != runs[0]["blocks"][0]["train_loss_curve"]  # clipping acted
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({}, []),
+    ({"gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "limit_train_batches": 1.0,
+      "val_check_interval": None, "max_epochs": 50}, []),
+    ({"gradient_clip_val": 1.0}, ["gradient_clip_val"]),
+    ({"accumulate_grad_batches": 2, "max_steps": 100}, ["accumulate_grad_batches", "max_steps"]),
+    ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
+    ({"val_check_interval": 0.5, "min_steps": 10}, ["min_steps", "val_check_interval"]),
+])
+def test_settings_that_act_on_lightning_steps_are_found(kwargs: dict, named: list[str]) -> None:
+    assert sorted(settings_needing_single_steps(kwargs)) == named
+
+
+def test_a_group_of_steps_reads_nothing_back_to_the_host() -> None:
+    torch.manual_seed(0)
+    model = create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32)
+    module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
+    optimizer = module.configure_optimizers()
+    optimizer.train()
+    group = BatchGroup([(torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))) for _ in range(4)])
+    with RecordOps() as record:
+        module.train_group(group, optimizer)
+    assert not host_reads(record), host_reads(record)
+    assert module._epoch_mean("train") > 0 and module._sums == {}
