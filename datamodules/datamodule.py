@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from datamodules.cache import ErasureCache, cache_key
-from datamodules.loader import BatchGroup, BatchTransform, DeviceBatches, GroupedBatches
+from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.qda import QuadraticDiscriminant
 from datamodules.stacked_batches import StackedBatches
 from datamodules.sources import ImageSet, ImageSource, load_source
@@ -621,15 +621,6 @@ class ErasedDataModule(L.LightningDataModule):
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.prefix, self.steps_per_group = n, steps_per_group
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """An (x, y) batch moves tensor by tensor (a no-op: the splits live on the training device),
-        without Lightning's generic walk of the batch at every step."""
-        if isinstance(batch, BatchGroup):
-            return BatchGroup([(x.to(device), y.to(device)) for x, y in batch.batches])
-        if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
-            return batch[0].to(device), batch[1].to(device)
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_dataloader(self) -> DeviceBatches | GroupedBatches:
         assert self.train_set is not None, "call setup() first"

@@ -17,11 +17,10 @@ from typing import Any, Callable, Sequence
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.callbacks import KeepBestWeights, SaveLastCheckpoint
+from mdl.callbacks import EpochProtocol, SaveLastCheckpoint
 from mdl.checkpoints import RunCheckpointIO, is_intact
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
@@ -63,21 +62,21 @@ def fit_prefix(
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     """
     start = time.perf_counter()
+    refuse_validation_settings(trainer_kwargs)
     device = dm.device
     steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
     dm.use_prefix(n_train, steps)
     module = make_module()
     module.automatic_optimization = steps == 1
-    best = KeepBestWeights(device, "val_loss")
-    callbacks: list[L.Callback] = [best, EarlyStopping("val_loss", patience=patience, mode="min", check_finite=True)]
-    callbacks += list(extra_callbacks)
+    best = EpochProtocol(dm.val_dataloader, patience, device)
+    callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
     resume_from = resumable(checkpoint)
     trainer = make_trainer(trainer_kwargs, device, callbacks, checkpointing=checkpoint is not None)
-    trainer.fit(module, datamodule=dm, ckpt_path=resume_from)
+    trainer.fit(module, train_dataloaders=dm.train_dataloader(), ckpt_path=resume_from)  # validation: EpochProtocol
     best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
-    best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the monitored float32 metric
+    best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the compared float32 one
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
 
 
@@ -86,21 +85,34 @@ def fit_prefix(
 # optimizer step per Lightning step, as Lightning's automatic optimization does.
 SINGLE_STEP_SETTINGS: dict[str, float] = {
     "gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "min_steps": 0,
-    "limit_train_batches": 1.0, "val_check_interval": 1.0,  # floats: an int 1 would mean one batch
+    "limit_train_batches": 1.0,  # a float: an int 1 would mean one batch
 }
+# Settings of Lightning's validation loop, which the sequential engine does not use (EpochProtocol
+# validates at every epoch's end, as the prequential protocol asks), with the value that leaves them alone.
+VALIDATION_SETTINGS: dict[str, float] = {"check_val_every_n_epoch": 1, "limit_val_batches": 1.0, "val_check_interval": 1.0}
 
 
 def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
     """The trainer settings among ``SINGLE_STEP_SETTINGS`` that are set to act on training steps."""
-    def inert(key: str, value: Any) -> bool:
-        neutral = SINGLE_STEP_SETTINGS[key]
-        if value is None:
-            return True
-        if isinstance(neutral, float):  # a fraction of the epoch; an int counts batches
-            return isinstance(value, float) and value == neutral
-        return value == neutral
+    return [k for k, neutral in SINGLE_STEP_SETTINGS.items() if not _inert(trainer_kwargs.get(k), neutral)]
 
-    return [k for k in SINGLE_STEP_SETTINGS if not inert(k, trainer_kwargs.get(k))]
+
+def refuse_validation_settings(trainer_kwargs: dict[str, Any]) -> None:
+    for key, neutral in VALIDATION_SETTINGS.items():
+        if not _inert(trainer_kwargs.get(key), neutral):
+            raise ValueError(
+                f"trainer.kwargs.{key}={trainer_kwargs[key]}: the prequential protocol validates every model at the end "
+                f"of each of its epochs on the whole validation split (mdl/callbacks.py, EpochProtocol); remove it"
+            )
+
+
+def _inert(value: Any, neutral: float) -> bool:
+    """Whether a trainer setting's value leaves Lightning's default behaviour alone."""
+    if value is None:
+        return True
+    if isinstance(neutral, float):  # a fraction of the epoch; an int counts batches
+        return isinstance(value, float) and value == neutral
+    return value == neutral
 
 
 def make_trainer(

@@ -15,7 +15,7 @@ each stepped here (manual optimization, models/manual_steps.py); the driver choo
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import lightning as L
 import torch
@@ -99,6 +99,15 @@ class Classifier(L.LightningModule):
         loader = self.trainer.train_dataloader
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(self.current_epoch)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Batches move tensor by tensor (a no-op: the splits live on the training device), without
+        Lightning's generic walk of the batch at every step."""
+        if isinstance(batch, BatchGroup):
+            return BatchGroup([(x.to(device), y.to(device)) for x, y in batch.batches])
+        if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
+            return batch[0].to(device), batch[1].to(device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_validation_epoch_start(self) -> None:
         self._set_mode(train=False)
@@ -193,9 +202,24 @@ class Classifier(L.LightningModule):
         if self.trainer.sanity_checking:
             self._sums.pop("val", None)
             return
+        self.log("val_loss", self._record_validation(), prog_bar=False, logger=False)
+
+    @torch.no_grad()
+    def validate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
+        """A validation pass outside Lightning's loop (the sequential engine validates in place,
+        mdl/callbacks.py): the same steps, modes and numbers; returns the mean loss (nats)."""
+        self._set_mode(train=False)
+        was_training = self.training
+        self.eval()
+        for i, batch in enumerate(batches):
+            self.validation_step(batch, i)
+        self.train(was_training)
+        return self._record_validation()
+
+    def _record_validation(self) -> float:
         mean = self._require_finite(self._epoch_mean("val"), "validation")
         self.val_loss_curve.append(mean)
-        self.log("val_loss", mean, prog_bar=False, logger=False)
+        return mean
 
 
 def module_device(module: nn.Module) -> torch.device | None:

@@ -110,11 +110,11 @@ def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) ->
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({}, []),
     ({"gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "limit_train_batches": 1.0,
-      "val_check_interval": None, "max_epochs": 50}, []),
+      "max_epochs": 50}, []),
     ({"gradient_clip_val": 1.0}, ["gradient_clip_val"]),
     ({"accumulate_grad_batches": 2, "max_steps": 100}, ["accumulate_grad_batches", "max_steps"]),
     ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
-    ({"val_check_interval": 0.5, "min_steps": 10}, ["min_steps", "val_check_interval"]),
+    ({"min_steps": 10}, ["min_steps"]),
 ])
 def test_settings_that_act_on_lightning_steps_are_found(kwargs: dict, named: list[str]) -> None:
     assert sorted(settings_needing_single_steps(kwargs)) == named
@@ -131,3 +131,11 @@ def test_a_group_of_steps_reads_nothing_back_to_the_host() -> None:
         module.train_group(group, optimizer)
     assert not host_reads(record), host_reads(record)
     assert module._epoch_mean("train") > 0 and module._sums == {}
+
+
+@pytest.mark.parametrize("setting", ["check_val_every_n_epoch=2", "limit_val_batches=0.5", "val_check_interval=0.25"])
+def test_validation_loop_settings_are_refused(setting: str, tmp_path: Path) -> None:
+    """The sequential engine validates in place at every epoch end: a setting of Lightning's
+    validation loop would be silently ignored, so it is refused, with the reason."""
+    with pytest.raises(ValueError, match=f"trainer.kwargs.{setting.split('=')[0]}=.*validates every model"):
+        run_experiment(compose_config([*SEQUENTIAL, f"+trainer.kwargs.{setting}"], tmp_path), tmp_path / "run")
