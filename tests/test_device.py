@@ -141,7 +141,6 @@ def test_checkpoints_are_checksummed_and_load_onto_the_training_device(tmp_path:
 def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() -> None:
     """Both engines replace Lightning's generic batch transfer with a direct one; it must still move
     a batch that is elsewhere (here to ``meta``, which a batch returned unchanged would not be on)."""
-    from datamodules.datamodule import ErasedDataModule
     from datamodules.loader import BatchGroup
     from datamodules.stacked_batches import StackedBatch
     from models.stacked_module import StackedClassifier
@@ -149,10 +148,10 @@ def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() ->
 
     meta = torch.device("meta")
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    dm = ErasedDataModule("digits", {"name": "none"})
-    moved = dm.transfer_batch_to_device((x, y), meta, 0)
+    module = Classifier(create_model("mlp", 16, 1, 10, (1, 8, 8)), torch.optim.SGD, lr=0.1)
+    moved = module.transfer_batch_to_device((x, y), meta, 0)
     assert all(t.device == meta for t in moved)
-    group = dm.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), meta, 0)  # the sequential engine's groups
+    group = module.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), meta, 0)  # the sequential engine's groups
     assert isinstance(group, BatchGroup) and [b[0].shape[0] for b in group.batches] == [4, 2]
     assert all(t.device == meta for batch in group.batches for t in batch)
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)

@@ -196,7 +196,6 @@ def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> 
 
 
 def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
-    from datamodules.datamodule import ErasedDataModule
     from datamodules.loader import BatchGroup
     from datamodules.stacked_batches import StackedBatch
     from models.stacked_module import StackedClassifier
@@ -204,10 +203,10 @@ def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
 
     cuda = torch.device("cuda")
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    dm = ErasedDataModule("digits", {"name": "none"})
-    moved = dm.transfer_batch_to_device((x, y), cuda, 0)
+    module = Classifier(create_model("mlp", 16, 1, 10, (1, 8, 8)), torch.optim.SGD, lr=0.1)
+    moved = module.transfer_batch_to_device((x, y), cuda, 0)
     assert all(t.is_cuda for t in moved) and torch.equal(moved[1].cpu(), y)
-    group = dm.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), cuda, 0)
+    group = module.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), cuda, 0)
     assert all(t.is_cuda for batch in group.batches for t in batch) and torch.equal(group.batches[1][0].cpu(), x[:2])
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
     group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0)

@@ -139,3 +139,39 @@ def test_validation_loop_settings_are_refused(setting: str, tmp_path: Path) -> N
     validation loop would be silently ignored, so it is refused, with the reason."""
     with pytest.raises(ValueError, match=f"trainer.kwargs.{setting.split('=')[0]}=.*validates every model"):
         run_experiment(compose_config([*SEQUENTIAL, f"+trainer.kwargs.{setting}"], tmp_path), tmp_path / "run")
+
+
+def test_in_place_early_stopping_follows_lightnings_rule() -> None:
+    """EpochProtocol stops where Lightning's EarlyStopping would on the same validation losses (float32
+    comparisons: a float64 improvement below float32 resolution is none) and keeps the best epoch's weights."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from mdl.callbacks import EpochProtocol
+
+    class Scripted(torch.nn.Module):
+        def __init__(self, losses: list[float]) -> None:
+            super().__init__()
+            self.weight, self.losses, self.val_loss_curve = torch.nn.Parameter(torch.zeros(1)), iter(losses), []
+
+        def validate(self, batches) -> float:
+            self.val_loss_curve.append(next(self.losses))
+            self.weight.data.fill_(len(self.val_loss_curve) - 1)  # the weights "of" each epoch
+            return self.val_loss_curve[-1]
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        losses = (1 + torch.randn(40, generator=gen, dtype=torch.float64).cumsum(0) * 0.01).tolist()
+        losses[4] = min(losses[:4]) - 0.01  # the best so far
+        losses[5] = losses[4] - 1e-12  # better in float64, equal in float32: no improvement
+        patience = 1 + trial % 4
+        ours, lightning = EpochProtocol(lambda: [], patience, "cpu"), EarlyStopping("val_loss", patience=patience)
+        module, trainer = Scripted(losses), SimpleNamespace(should_stop=False)
+        expected_stop = next(e for e in range(40) if lightning._evaluate_stopping_criteria(torch.tensor(losses[e], dtype=torch.float32))[0])
+        for epoch in range(expected_stop + 1):
+            assert not trainer.should_stop
+            ours.on_train_epoch_end(trainer, module)
+        assert trainer.should_stop and ours.best_epoch == min(range(expected_stop + 1), key=lambda e: (float(torch.tensor(losses[e], dtype=torch.float32)), e))
+        ours.restore(module)
+        assert module.weight.item() == ours.best_epoch
