@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -74,7 +75,9 @@ def fit_prefix(
         callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
     resume_from = resumable(checkpoint)
     trainer = make_trainer(trainer_kwargs, device, callbacks, checkpointing=checkpoint is not None)
-    trainer.fit(module, train_dataloaders=dm.train_dataloader(), ckpt_path=resume_from)  # validation: EpochProtocol
+    with warnings.catch_warnings():  # no val_dataloader on purpose: EpochProtocol validates
+        warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`")
+        trainer.fit(module, train_dataloaders=dm.train_dataloader(), ckpt_path=resume_from)
     best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
     best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the compared float32 one
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)

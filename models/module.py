@@ -148,8 +148,11 @@ class Classifier(L.LightningModule):
 
     def _accumulate(self, key: str, loss_sum: Tensor, n: int) -> None:
         """Add to the epoch's running sum on the device: no host synchronisation per step."""
-        total = self._sums.setdefault(key, [torch.zeros((), dtype=torch.float64, device=loss_sum.device), 0])
-        total[0] = total[0] + loss_sum.detach().double()
+        total = self._sums.get(key)
+        if total is None:  # the epoch's first batch (no zeros tensor to add to: one kernel fewer per step)
+            self._sums[key] = [loss_sum.detach().double(), n]
+            return
+        total[0] = total[0] + loss_sum.detach().double()  # out of place: a sum restored from a checkpoint is a float
         total[1] += n
 
     def _epoch_mean(self, key: str) -> float:
