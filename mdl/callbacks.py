@@ -41,9 +41,14 @@ class EpochProtocol(L.Callback):
                                  if type(cb).on_validation_end is not L.Callback.on_validation_end]
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.zero_grad(set_to_none=True)  # as Lightning before validating: no gradients held meanwhile
         mean = pl_module.validate(self.val_batches())
-        for hook in self.after_validation:
-            hook(trainer, pl_module)
+        if self.after_validation:  # as Lightning calls them: the model in eval mode, no autograd
+            with torch.no_grad():
+                pl_module.eval()
+                for hook in self.after_validation:
+                    hook(trainer, pl_module)
+                pl_module.train()
         score = float(torch.tensor(mean, dtype=torch.float32))
         if score < self.best_score:
             self.best_score, self.best_epoch, self.wait = score, len(pl_module.val_loss_curve) - 1, 0

@@ -63,7 +63,7 @@ def fit_prefix(
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     """
     start = time.perf_counter()
-    refuse_validation_settings(trainer_kwargs)
+    refuse_protocol_breaking_settings(trainer_kwargs)
     device = dm.device
     steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
     dm.use_prefix(n_train, steps)
@@ -87,12 +87,18 @@ def fit_prefix(
 # (besides None) that leaves them alone: with any other value the sequential engine takes one
 # optimizer step per Lightning step, as Lightning's automatic optimization does.
 SINGLE_STEP_SETTINGS: dict[str, float] = {
-    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "min_steps": 0,
+    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "fast_dev_run": 0, "overfit_batches": 0,
     "limit_train_batches": 1.0,  # a float: an int 1 would mean one batch
 }
-# Settings of Lightning's validation loop, which the sequential engine does not use (EpochProtocol
-# validates at every epoch's end, as the prequential protocol asks), with the value that leaves them alone.
-VALIDATION_SETTINGS: dict[str, float] = {"check_val_every_n_epoch": 1, "limit_val_batches": 1.0, "val_check_interval": 1.0}
+VALIDATES = ("the prequential protocol validates every model at the end of each of its epochs on the whole validation "
+             "split (mdl/callbacks.py, EpochProtocol); remove it")
+STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
+         "step-limited fit from an epoch-end checkpoint; use max_epochs / min_epochs")
+# Settings the sequential engine refuses, with the value that leaves them alone and the reason.
+REFUSED_SETTINGS: dict[str, tuple[float, str]] = {
+    "check_val_every_n_epoch": (1, VALIDATES), "limit_val_batches": (1.0, VALIDATES), "val_check_interval": (1.0, VALIDATES),
+    "max_steps": (-1, STOPS), "min_steps": (0, STOPS),
+}
 
 
 def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
@@ -100,13 +106,10 @@ def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
     return [k for k, neutral in SINGLE_STEP_SETTINGS.items() if not _inert(trainer_kwargs.get(k), neutral)]
 
 
-def refuse_validation_settings(trainer_kwargs: dict[str, Any]) -> None:
-    for key, neutral in VALIDATION_SETTINGS.items():
+def refuse_protocol_breaking_settings(trainer_kwargs: dict[str, Any]) -> None:
+    for key, (neutral, why) in REFUSED_SETTINGS.items():
         if not _inert(trainer_kwargs.get(key), neutral):
-            raise ValueError(
-                f"trainer.kwargs.{key}={trainer_kwargs[key]}: the prequential protocol validates every model at the end "
-                f"of each of its epochs on the whole validation split (mdl/callbacks.py, EpochProtocol); remove it"
-            )
+            raise ValueError(f"trainer.kwargs.{key}={trainer_kwargs[key]}: {why}")
 
 
 def _inert(value: Any, neutral: float) -> bool:

@@ -6,6 +6,8 @@ of host time per training step (its closure, about a dozen hook dispatches, a ge
 transfer), as much as a whole step of a small model. Inside a group the raw optimizer is
 stepped directly, and the per-step callback hooks Lightning would have called are called here,
 in Lightning's order, on the callbacks that override them (e.g. models/preconditioning.py).
+One difference: ``on_before_zero_grad`` runs right after the step it follows (Lightning's
+automatic optimization calls it after the next forward pass), so it sees that step's gradients.
 """
 
 from __future__ import annotations

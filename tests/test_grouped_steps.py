@@ -109,12 +109,12 @@ def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({}, []),
-    ({"gradient_clip_val": 0, "accumulate_grad_batches": 1, "max_steps": -1, "limit_train_batches": 1.0,
-      "max_epochs": 50}, []),
+    ({"gradient_clip_val": 0, "accumulate_grad_batches": 1, "limit_train_batches": 1.0, "fast_dev_run": False,
+      "overfit_batches": 0.0, "max_epochs": 50}, []),
     ({"gradient_clip_val": 1.0}, ["gradient_clip_val"]),
-    ({"accumulate_grad_batches": 2, "max_steps": 100}, ["accumulate_grad_batches", "max_steps"]),
+    ({"accumulate_grad_batches": 2, "fast_dev_run": True}, ["accumulate_grad_batches", "fast_dev_run"]),
     ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
-    ({"min_steps": 10}, ["min_steps"]),
+    ({"overfit_batches": 2}, ["overfit_batches"]),
 ])
 def test_settings_that_act_on_lightning_steps_are_found(kwargs: dict, named: list[str]) -> None:
     assert sorted(settings_needing_single_steps(kwargs)) == named
@@ -133,12 +133,34 @@ def test_a_group_of_steps_reads_nothing_back_to_the_host() -> None:
     assert module._epoch_mean("train") > 0 and module._sums == {}
 
 
-@pytest.mark.parametrize("setting", ["check_val_every_n_epoch=2", "limit_val_batches=0.5", "val_check_interval=0.25"])
-def test_validation_loop_settings_are_refused(setting: str, tmp_path: Path) -> None:
-    """The sequential engine validates in place at every epoch end: a setting of Lightning's
-    validation loop would be silently ignored, so it is refused, with the reason."""
-    with pytest.raises(ValueError, match=f"trainer.kwargs.{setting.split('=')[0]}=.*validates every model"):
+@pytest.mark.parametrize(("setting", "reason"), [
+    ("check_val_every_n_epoch=2", "validates every model"), ("limit_val_batches=0.5", "validates every model"),
+    ("val_check_interval=0.25", "validates every model"), ("max_steps=100", "use max_epochs"), ("min_steps=10", "use max_epochs"),
+])
+def test_protocol_breaking_settings_are_refused(setting: str, reason: str, tmp_path: Path) -> None:
+    """The sequential engine validates in place at every epoch end, so a setting of Lightning's
+    validation loop would be silently ignored; a step limit does not resume from epoch-end
+    checkpoints. Both are refused, with the reason."""
+    with pytest.raises(ValueError, match=f"trainer.kwargs.{setting.split('=')[0]}=.*{reason}"):
         run_experiment(compose_config([*SEQUENTIAL, f"+trainer.kwargs.{setting}"], tmp_path), tmp_path / "run")
+
+
+def test_validation_end_hooks_see_an_eval_mode_model_without_gradients(tmp_path: Path, monkeypatch) -> None:
+    """As under Lightning's validation loop: eval mode, no autograd, no gradients held, the
+    schedule-free optimizer's evaluation weights in the model."""
+    seen = []
+
+    class Look(L.Callback):
+        def on_validation_end(self, trainer, pl_module) -> None:
+            grads = [p.grad for p in pl_module.parameters()]
+            seen.append((pl_module.training, torch.is_grad_enabled(), all(g is None for g in grads),
+                         trainer.optimizers[0].param_groups[0]["train_mode"]))
+
+    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([Look()], None))
+    for group in (1, 4):
+        seen.clear()
+        run_experiment(compose_config([*SEQUENTIAL, f"mdl.steps_per_group={group}"], tmp_path / str(group)), tmp_path / str(group) / "run")
+        assert seen and set(seen) == {(False, False, True, False)}
 
 
 def test_in_place_early_stopping_follows_lightnings_rule() -> None:
