@@ -85,8 +85,10 @@ def hand_loop(make_module, dm, epochs: int) -> float:
             optimizer.zero_grad(set_to_none=True)
             total += loss.detach().double() * y.shape[0]
         optimizer.eval()
+        module.eval()  # as any correct validation (dropout, normalisation statistics)
         with torch.no_grad():
             v = sum(F.cross_entropy(module(x), y, reduction="sum").double() for x, y in val)
+        module.train()
         float(total), float(v)  # the one read per epoch the framework also makes
     sync(dm.device)
     return time.perf_counter() - start

@@ -2,8 +2,8 @@
 
 No worker processes and no per-batch host traffic: the whole split lives on one device, the
 shuffle is a ``randperm`` on that device, batches are gathered by index, and random crops and
-flips (``datamodules.augment``) are drawn from a generator on that device and applied to the
-batch where it lives (the airbench recipe). The shuffle and augmentation of epoch e depend only
+flips (``datamodules.augment``) are drawn from a generator on that device, a whole epoch's at
+once, and applied to each batch where it lives (the airbench recipe). The shuffle and augmentation of epoch e depend only
 on (seed, e), so a resumed run sees exactly the batches an uninterrupted one would (on the same
 kind of device: CPU and CUDA generators give different streams).
 """
@@ -86,6 +86,8 @@ class DeviceBatches:
         n = self.x.shape[0]
         g = epoch_generator(self.seed, self.epoch, self.x.device) if (self.shuffle or self.augment) else None
         order = torch.randperm(n, generator=g, device=self.x.device) if self.shuffle else None
+        # the epoch's crops and flips in one draw, after its shuffle; batch b takes rows b*B.. of it
+        crops = crop_flip_params(n, self.pad_h, self.pad_w, self.flip, g, self.x.device) if self.augment else None
         for b in range(len(self)):
             sl = slice(b * self.batch_size, min((b + 1) * self.batch_size, n))
             if order is None:
@@ -93,9 +95,8 @@ class DeviceBatches:
             else:
                 idx = order[sl]
                 xb, yb = self.x[idx], self.y[idx]
-            if self.augment:
-                params = crop_flip_params(xb.shape[0], self.pad_h, self.pad_w, self.flip, g, xb.device)
-                xb = apply_crop_flip(xb, params, self.pad_h, self.pad_w, self.pad_mode)
+            if crops is not None:
+                xb = apply_crop_flip(xb, crops.rows(sl), self.pad_h, self.pad_w, self.pad_mode)
             if self.transform is not None:
                 xb = self.transform(xb, yb)
             yield xb, yb

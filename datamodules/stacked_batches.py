@@ -60,14 +60,16 @@ class MemberStream:
         self.rows[: self.n] = order
         self.rows = self.rows.view(self.steps_per_epoch, self.batch_size)
         self.valid = (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
+        self.crops = None  # the epoch's crop/flip draws as DeviceBatches draws them, laid out as the rows
+        if self.augment:
+            drawn = _pad(crop_flip_params(self.n, *self.pads, self.flip, self.generator, self.device), padded)
+            self.crops = CropFlip(*(t.view(self.steps_per_epoch, self.batch_size) for t in (drawn.dy, drawn.dx, drawn.flip)))
 
     def next(self) -> tuple[Tensor, Tensor, CropFlip | None]:
-        """The next batch's padded indices, its weights and crop/flip draws; then the next epoch."""
+        """The next batch's padded indices, its weights and crop/flip draws (views: no kernel per
+        member and step); then the next epoch."""
         rows, valid = self.rows[self.step], self.valid[self.step]
-        params = None
-        if self.augment:
-            size = min(self.batch_size, self.n - self.step * self.batch_size)  # DeviceBatches draws for real rows only
-            params = _pad(crop_flip_params(size, *self.pads, self.flip, self.generator, self.device), self.batch_size)
+        params = None if self.crops is None else self.crops.rows(self.step)
         self.step += 1
         if self.step == self.steps_per_epoch:
             self.epoch, self.step = self.epoch + 1, 0
@@ -78,11 +80,10 @@ class MemberStream:
         return {"epoch": self.epoch, "step": self.step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Jump to (epoch, step): regenerate that epoch's shuffle and replay its augmentation draws."""
-        self.epoch, self.step = state["epoch"], 0
+        """Jump to (epoch, step): regenerate that epoch's shuffle and augmentation draws."""
+        self.epoch = state["epoch"]
         self._start_epoch()
-        for _ in range(state["step"]):
-            self.next()
+        self.step = state["step"]
 
 
 class StackedBatches:

@@ -154,10 +154,14 @@ def check_trainer_config(cfg: DictConfig) -> torch.device:
 
 
 def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], nn.Module]:
-    """A function returning a freshly initialised (muP) model of the configured architecture."""
+    """A function returning a freshly initialised (muP) model of the configured architecture.
+
+    The config is read here, once: resolving its interpolations costs milliseconds, and a run makes
+    a model per block (the stacked engine one per member)."""
     m = cfg.model
     options = OmegaConf.to_container(m.options, resolve=True) or {}
-    return lambda: create_model(m.name, cfg.width, cfg.depth, num_classes, input_shape, base_width=m.base_width, **options)
+    name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width
+    return lambda: create_model(name, width, depth, num_classes, input_shape, base_width=base_width, **options)
 
 
 def run_lr(cfg: DictConfig) -> float:
@@ -209,15 +213,13 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
     backend = check_compile(t.compile)
     compiled = CompiledModel(backend) if backend else None
     loss = make_loss(cfg, num_classes)
+    options = {"mup": cfg.model.base_width is not None, "precision": t.precision, "channels_last": t.channels_last}
 
     def make() -> Classifier:
         model = make_model()
         if compiled is not None:
             model = compiled.adopt(model)
-        return Classifier(
-            model, optimizer, lr=lr, mup=cfg.model.base_width is not None, precision=t.precision,
-            channels_last=t.channels_last, loss=loss,
-        )
+        return Classifier(model, optimizer, lr=lr, loss=loss, **options)
 
     return make
 

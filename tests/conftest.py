@@ -72,11 +72,13 @@ def fast_overrides() -> list[str]:
 
 
 class RecordOps(TorchDispatchMode):
-    """Records every aten op run inside it with the devices of its tensor inputs and outputs."""
+    """Records every aten op run inside it with the devices of its tensor inputs and outputs, and
+    separately the ops that are not views: on a GPU each of those is a kernel launch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, set[str]]] = []
+        self.kernels: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         import torch
@@ -87,6 +89,8 @@ class RecordOps(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 devices.add(str(value.device))
         self.ops.append((str(func), devices))
+        if not func.is_view:
+            self.kernels.append(str(func))
         return out
 
 

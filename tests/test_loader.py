@@ -105,6 +105,19 @@ def test_no_host_reads_or_transfers_per_batch(device: str) -> None:
     assert loader.x.data_ptr() == pointer  # the resident split was neither copied nor moved
 
 
+def test_an_epochs_crops_and_flips_are_drawn_at_once() -> None:
+    """One shuffle and one draw of each crop/flip field per epoch, however many batches it has: a
+    draw per batch would be tiny kernels between a GPU's steps (per model, in the stacked engine)."""
+    x, y = images(256), torch.arange(256)
+    for batch_size in (128, 16):
+        loader = DeviceBatches(x, y, batch_size, shuffle=True, augment=True, seed=0)
+        with RecordOps() as record:
+            batches = list(loader)
+        draws = [name for name in record.kernels if "rand" in name]
+        assert len(batches) == 256 // batch_size
+        assert draws == ["aten.randperm.generator", *["aten.randint.low_generator"] * 3], draws
+
+
 # --- erase/augment order and eval labels through the data module ----------------------------
 
 

@@ -128,6 +128,42 @@ def test_training_step_reads_nothing_back_to_the_host() -> None:
     assert not host_reads(record), host_reads(record)
 
 
+@pytest.mark.parametrize("name", ["mlp", "lenet"])  # the MLP's own batched form; torch.func's vmap
+def test_a_stacked_step_launches_as_many_kernels_for_seven_members_as_for_two(name: str) -> None:
+    """The stacked engine's point on a GPU, where a small model's step is bound by kernel launches:
+    each layer, loss and optimizer update runs once for all members, not once per member."""
+    kernels = {}
+    for members in (2, 7):
+        models = [create_model(name, 16, 2, 10, (3, 8, 8), base_width=8) for _ in range(members)]
+        stack = StackedClassifier(StackedModel(models), lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=2), 1e-2)
+        optimizer = stack.configure_optimizers()
+        optimizer.train()
+        group = StackedBatch(torch.rand(2, members, 16, 3, 8, 8), torch.randint(0, 10, (2, members, 16)),
+                             torch.ones(2, members, 16), list(range(members)))
+        stack.train_group(group, optimizer)  # the first step creates the optimizer's state
+        with RecordOps() as record:
+            stack.train_group(group, optimizer)
+        kernels[members] = record.kernels
+    assert kernels[7] == kernels[2]
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_as_for_two(augment: bool) -> None:
+    """Gathering, cropping and flipping a group of steps: one kernel per operation for the whole
+    group; each member's shuffle and draws are per epoch, its batch a view of them."""
+    x, y = torch.rand(640, 3, 8, 8), torch.randint(0, 10, (640,))
+    kernels = {}
+    for members in (2, 7):
+        batches = StackedBatches(x, y, [640] * members, 32, seed=0, augment=augment, steps_per_group=4)
+        groups = iter(batches)
+        next(groups)  # past the epoch's start (its shuffle and draws)
+        with RecordOps() as record:
+            group = next(groups)
+        assert group.steps == 4
+        kernels[members] = record.kernels
+    assert kernels[7] == kernels[2]
+
+
 def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_path: Path, monkeypatch) -> None:
     scored: dict[int, dict] = {}
     original = PrequentialCallback._finish
