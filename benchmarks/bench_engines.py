@@ -1,17 +1,24 @@
 """Wall time of one full prequential run with each engine, and of the framework against a hand loop.
 
     python benchmarks/bench_engines.py [hydra overrides...] [--repeats 1] [--epochs 100] [--rounds 3]
+        [--skip-engines] [--kernels-only]
+
+Part 0 counts the kernel launches (aten ops that are not views) per optimizer step of all S
+models of the run: S models one after the other (sequential) against one stack (stacked). On a
+GPU a small model's step is bound by them; on a CPU they can be counted exactly.
 
 Part 1 runs the same configured run (default: the embedded default, digits + LEACE + MLP) with
 ``mdl.engine=sequential`` and ``mdl.engine=stacked`` in this process, after one untimed data
 set-up (so neither pays for fitting the eraser), and prints each wall time, the ratio and both
-MDL numbers; and the sequential engine as it was before time-based checkpoints (one every epoch). Part 2 trains one model on the full training set for ``--epochs`` epochs (no early
-stopping) through a hand-written loop (the same batches, steps, schedule-free modes and
-per-epoch validation), through the sequential engine (``fit_prefix``: Lightning, the Classifier,
-``mdl.steps_per_group`` steps per Lightning step, its validation loop, best-weight snapshots) and through the stacked engine's path with that one
-member (one fit, the PrequentialCallback validating in place, ``mdl.steps_per_group`` steps per
-Lightning step), and prints the ratios. The stacked engine is also timed against a hand loop
-doing its identical work (the stacked model's batched kernels, the padded-batch loss), which
+MDL numbers; and the sequential engine as it was before time-based checkpoints (one every epoch).
+
+Part 2 trains one model on the full training set for ``--epochs`` epochs (no early stopping)
+through a hand-written loop (the same batches, steps, schedule-free modes and per-epoch
+validation), through the sequential engine (``fit_prefix``: Lightning, the Classifier,
+``mdl.steps_per_group`` steps per Lightning step, in-place validation, best-weight snapshots) and
+through the stacked engine's path with that one member (one fit, the PrequentialCallback
+validating in place), and prints the ratios. The stacked engine is also timed against a hand
+loop doing its identical work (the stacked model's batched kernels, the padded-batch loss), which
 separates the framework's overhead from the cost of the stacked form itself.
 
 For CIFAR-10-shaped data on a GPU, e.g.
@@ -36,6 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mdl.experiment import (  # noqa: E402
     make_model_factory, make_module_factory, make_optimizer, quiet_lightning, run_experiment, run_lr,
@@ -148,6 +156,53 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
           f"{stk / hand_stacked:.2f}; stacked engine/plain hand loop = {stk / hand:.2f})")
 
 
+class CountKernels(TorchDispatchMode):
+    """Counts the aten ops that are not views: on a GPU, each one is a kernel launch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.kernels += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def kernels_per_step(overrides: list[str], root: str) -> None:
+    """Kernel launches per optimizer step of every model of a run: S models one after the other
+    (sequential) against one stack of S members. A small model's GPU step is bound by launches, so
+    this ratio, counted here on the CPU, is what the stacked engine can save there."""
+    from datamodules.datamodule import ErasedDataModule
+    from datamodules.loader import BatchGroup
+    from mdl.schedule import block_boundaries
+
+    cfg = compose_run(overrides, root)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    dm = ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed, **data)
+    dm.setup()
+    members = len(block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block))
+    steps = 4
+    dm.use_prefix(None)
+    batches = [batch for batch, _ in zip(dm.train_dataloader(), range(steps))]
+    single = make_module_factory(cfg, dm.num_classes, dm.input_shape)()
+    optimizer = single.configure_optimizers()
+    optimizer.train()
+    single.train_group(BatchGroup(batches), optimizer)  # the first steps create the optimizer's state
+    with CountKernels() as one:
+        single.train_group(BatchGroup(batches), optimizer)
+    stack = StackedClassifier(build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
+                              make_optimizer(cfg), run_lr(cfg))
+    loader = iter(dm.stacked_train_loader([dm.num_train] * members, steps))
+    optimizer = stack.configure_optimizers()
+    optimizer.train()
+    stack.train_group(next(loader), optimizer)
+    with CountKernels() as stacked:
+        stack.train_group(next(loader), optimizer)  # the group was gathered outside: the step alone, as above
+    seq, stk = members * one.kernels / steps, stacked.kernels / steps
+    print(f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
+          f"{members} x {one.kernels / steps:.0f} = {seq:.0f} | stacked {stk:.0f} | sequential/stacked = {seq / stk:.1f}x")
+
+
 def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
     """The stacked engine's path (one Trainer.fit, the PrequentialCallback) with the final model alone."""
     loader = dm.stacked_train_loader([dm.num_train], steps_per_group)
@@ -163,10 +218,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the single-model comparison")
     parser.add_argument("--skip-engines", action="store_true")
+    parser.add_argument("--kernels-only", action="store_true", help="only count the kernels per optimizer step")
     args, overrides = parser.parse_known_args()
     quiet_lightning()
     with tempfile.TemporaryDirectory() as root:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; overrides {overrides or '(none)'}")
+        kernels_per_step(overrides, root)
+        if args.kernels_only:
+            return
         if not args.skip_engines:
             time_engine([*overrides, "trainer.patience=1", "mdl.num_blocks=2"], "sequential", root)  # data set-up, eraser cache
             for r in range(args.repeats):

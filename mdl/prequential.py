@@ -26,6 +26,7 @@ from mdl.checkpoints import RunCheckpointIO, is_intact
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
 from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
+from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def fit_prefix(
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     """
     start = time.perf_counter()
-    refuse_protocol_breaking_settings(trainer_kwargs)
+    refuse_for_sequential(trainer_kwargs)
     device = dm.device
     steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
     dm.use_prefix(n_train, steps)
@@ -81,44 +82,6 @@ def fit_prefix(
     best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
     best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the compared float32 one
     return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
-
-
-# Trainer settings that act on Lightning's training steps or automatic optimization, with the value
-# (besides None) that leaves them alone: with any other value the sequential engine takes one
-# optimizer step per Lightning step, as Lightning's automatic optimization does.
-SINGLE_STEP_SETTINGS: dict[str, float] = {
-    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "fast_dev_run": 0, "overfit_batches": 0,
-    "limit_train_batches": 1.0,  # a float: an int 1 would mean one batch
-}
-VALIDATES = ("the prequential protocol validates every model at the end of each of its epochs on the whole validation "
-             "split (mdl/callbacks.py, EpochProtocol); remove it")
-STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
-         "step-limited fit from an epoch-end checkpoint; use max_epochs / min_epochs")
-# Settings the sequential engine refuses, with the value that leaves them alone and the reason.
-REFUSED_SETTINGS: dict[str, tuple[float, str]] = {
-    "check_val_every_n_epoch": (1, VALIDATES), "limit_val_batches": (1.0, VALIDATES), "val_check_interval": (1.0, VALIDATES),
-    "max_steps": (-1, STOPS), "min_steps": (0, STOPS),
-}
-
-
-def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
-    """The trainer settings among ``SINGLE_STEP_SETTINGS`` that are set to act on training steps."""
-    return [k for k, neutral in SINGLE_STEP_SETTINGS.items() if not _inert(trainer_kwargs.get(k), neutral)]
-
-
-def refuse_protocol_breaking_settings(trainer_kwargs: dict[str, Any]) -> None:
-    for key, (neutral, why) in REFUSED_SETTINGS.items():
-        if not _inert(trainer_kwargs.get(key), neutral):
-            raise ValueError(f"trainer.kwargs.{key}={trainer_kwargs[key]}: {why}")
-
-
-def _inert(value: Any, neutral: float) -> bool:
-    """Whether a trainer setting's value leaves Lightning's default behaviour alone."""
-    if value is None:
-        return True
-    if isinstance(neutral, float):  # a fraction of the epoch; an int counts batches
-        return isinstance(value, float) and value == neutral
-    return value == neutral
 
 
 def make_trainer(

@@ -27,6 +27,7 @@ from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, preque
 from mdl.prequential_callback import MemberOutcome, PrequentialCallback
 from mdl.progress_display import MemberProgress
 from mdl.results import BlockResult, code_version, write_checked_json
+from mdl.trainer_settings import refuse_for_stacked
 from models.losses import SpectralDecoupling
 from models.module import OptimizerFactory
 from models.stacked_module import StackedClassifier
@@ -76,7 +77,7 @@ def run_prequential_stacked(
     once every ``checkpoint_every_s`` seconds (0: every pass): a kill loses at most that much work.
     One Lightning step trains up to ``steps_per_group`` consecutive steps (datamodules/stacked_batches.py).
     """
-    refuse_protocol_changing_settings(trainer_kwargs)
+    refuse_for_stacked(trainer_kwargs)
     run_dir = Path(run_dir)
     n_total, k, num_blocks = dm.num_train, dm.num_classes, len(boundaries) - 1
     if boundaries[-1] != n_total:
@@ -133,25 +134,6 @@ def run_prequential_stacked(
         final.scored_bits / final.scored_count if final.scored_count else None,
         final.val_loss_curve, final.train_loss_curve,
     )
-
-
-def refuse_protocol_changing_settings(trainer_kwargs: dict[str, Any]) -> None:
-    """Trainer settings that would silently change the stacked protocol (or that Lightning's manual
-    optimization rejects with a less helpful message) are refused before the fit, with the way out."""
-    if trainer_kwargs.get("gradient_clip_val"):
-        raise ValueError(
-            f"trainer.kwargs.gradient_clip_val={trainer_kwargs['gradient_clip_val']}: Lightning would clip the norm of "
-            f"the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
-        )
-    for key, default in (("max_steps", -1), ("min_epochs", None), ("accumulate_grad_batches", 1),
-                         ("check_val_every_n_epoch", 1), ("limit_train_batches", 1.0)):
-        value = trainer_kwargs.get(key, default)
-        if value not in (default, 0 if key == "min_epochs" else default):
-            raise ValueError(
-                f"trainer.kwargs.{key}={value}: the stacked engine's members follow the prequential protocol "
-                f"(one step per member per global step, validation every member epoch, early stopping); "
-                f"remove it, or use mdl.engine=sequential"
-            )
 
 
 def _block(outcome: MemberOutcome, boundaries: Sequence[int]) -> BlockResult:

@@ -15,7 +15,7 @@ import mdl.experiment
 from conftest import FAST, RecordOps, compose_config, host_reads
 from datamodules.loader import BatchGroup, DeviceBatches, GroupedBatches
 from mdl.experiment import run_experiment
-from mdl.prequential import settings_needing_single_steps
+from mdl.trainer_settings import settings_needing_single_steps
 from models import create_model
 from models.module import Classifier
 

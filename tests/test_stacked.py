@@ -19,6 +19,7 @@ from datamodules.stacked_batches import StackedBatch, StackedBatches
 from mdl.experiment import make_model_factory, make_module_factory, run_experiment
 from mdl.prequential_callback import PrequentialCallback
 from mdl.stacked import build_members, member_seeds
+from mdl.trainer_settings import refuse_for_stacked
 from models import Classifier, create_model
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
@@ -301,10 +302,30 @@ def test_muP_learning_rates_equal_the_sequential_engines_to_the_bit() -> None:
     assert sequential == stacked
 
 
-@pytest.mark.parametrize("setting", ["+trainer.kwargs.max_steps=5", "+trainer.kwargs.accumulate_grad_batches=2"])
-def test_trainer_settings_that_change_the_protocol_are_refused(setting: str, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="use mdl.engine=sequential"):
-        run_experiment(compose_config([*STACKED, setting], tmp_path), tmp_path / "run")
+def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*use mdl.engine=sequential"):
+        run_experiment(compose_config([*STACKED, "+trainer.kwargs.accumulate_grad_batches=2"], tmp_path), tmp_path / "run")
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"accumulate_grad_batches": 2}, "or use mdl.engine=sequential"), ({"fast_dev_run": True}, "or use mdl.engine=sequential"),
+    ({"overfit_batches": 3}, "or use mdl.engine=sequential"), ({"min_epochs": 5}, "or use mdl.engine=sequential"),
+    ({"limit_train_batches": 1}, "or use mdl.engine=sequential"),  # an int: one batch
+    ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
+    ({"limit_val_batches": 0.5}, "validates every model"), ({"val_check_interval": 10}, "validates every model"),
+    ({"max_steps": 5}, "use max_epochs"), ({"min_steps": 5}, "use max_epochs"),
+])
+def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(kwargs: dict, reason: str) -> None:
+    """The sequential engine refuses some of these and takes single steps for the others; the
+    stacked engine's protocol owns all of them."""
+    with pytest.raises(ValueError, match=f"trainer.kwargs.{next(iter(kwargs))}=.*{reason}"):
+        refuse_for_stacked(kwargs)
+
+
+def test_the_stacked_engine_accepts_the_neutral_values_of_those_settings() -> None:
+    refuse_for_stacked({"accumulate_grad_batches": 1, "fast_dev_run": False, "overfit_batches": 0.0, "min_epochs": 0,
+                        "limit_train_batches": 1.0, "gradient_clip_val": None, "limit_val_batches": 1.0,
+                        "check_val_every_n_epoch": 1, "max_steps": -1, "min_steps": None, "max_epochs": 40})
 
 
 def test_a_stacked_checkpoint_made_by_other_code_is_not_resumed(tmp_path: Path, monkeypatch, caplog) -> None:

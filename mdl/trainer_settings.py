@@ -1,0 +1,69 @@
+"""Trainer settings (``trainer.kwargs``) that act on Lightning's steps, validation loop or stopping,
+and what each engine does with them. One table, so the two engines cannot drift apart.
+
+The sequential engine trains one model per ``Trainer.fit``: settings that act on training steps
+make it take one optimizer step per Lightning step (Lightning's automatic optimization) instead of
+a group of them; settings of the validation loop or step limits are refused. The stacked engine
+trains every member in one fit under ``PrequentialCallback``'s own protocol, so it refuses all of
+them, and ``min_epochs`` too (members stop on their own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Each setting with the value (besides None) that leaves Lightning's default behaviour alone.
+# A float neutral value is a fraction of an epoch: an int there counts batches (1 = one batch).
+STEP_SETTINGS: dict[str, float] = {
+    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "fast_dev_run": 0, "overfit_batches": 0,
+    "limit_train_batches": 1.0,
+}
+VALIDATION_SETTINGS: dict[str, float] = {"check_val_every_n_epoch": 1, "limit_val_batches": 1.0, "val_check_interval": 1.0}
+STEP_LIMITS: dict[str, float] = {"max_steps": -1, "min_steps": 0}
+
+VALIDATES = ("the prequential protocol validates every model at the end of each of its epochs on the whole validation "
+             "split (mdl/callbacks.py, EpochProtocol; mdl/prequential_callback.py); remove it")
+STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
+         "step-limited fit from an epoch-end checkpoint; use max_epochs / min_epochs")
+STACKED = ("the stacked engine's members follow the prequential protocol (one step per member per global step, "
+           "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential")
+CLIPS = "Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
+
+
+def active(trainer_kwargs: dict[str, Any], settings: dict[str, float]) -> list[str]:
+    """The settings among ``settings`` whose value in ``trainer_kwargs`` changes Lightning's behaviour."""
+    return [key for key, neutral in settings.items() if not _inert(trainer_kwargs.get(key), neutral)]
+
+
+def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
+    """The settings that make the sequential engine take one optimizer step per Lightning step."""
+    return active(trainer_kwargs, STEP_SETTINGS)
+
+
+def refuse_for_sequential(trainer_kwargs: dict[str, Any]) -> None:
+    """The sequential engine validates in place (so a validation-loop setting would be silently
+    ignored) and resumes from epoch-end checkpoints (which a step limit does not survive)."""
+    for settings, why in ((VALIDATION_SETTINGS, VALIDATES), (STEP_LIMITS, STOPS)):
+        _refuse(trainer_kwargs, active(trainer_kwargs, settings), why)
+
+
+def refuse_for_stacked(trainer_kwargs: dict[str, Any]) -> None:
+    """Everything the sequential engine refuses, plus what it handles by single steps (Lightning's
+    manual optimization would reject two of them with a less helpful message) and ``min_epochs``."""
+    _refuse(trainer_kwargs, active(trainer_kwargs, {"gradient_clip_val": 0}), CLIPS)
+    refuse_for_sequential(trainer_kwargs)
+    _refuse(trainer_kwargs, active(trainer_kwargs, {**STEP_SETTINGS, "min_epochs": 0}), STACKED)
+
+
+def _refuse(trainer_kwargs: dict[str, Any], keys: list[str], why: str) -> None:
+    if keys:
+        raise ValueError(f"trainer.kwargs.{keys[0]}={trainer_kwargs[keys[0]]}: {why}")
+
+
+def _inert(value: Any, neutral: float) -> bool:
+    """Whether a setting's value leaves Lightning's default behaviour alone."""
+    if value is None:
+        return True
+    if isinstance(neutral, float):  # a fraction of the epoch; an int counts batches
+        return isinstance(value, float) and value == neutral
+    return value == neutral
