@@ -184,7 +184,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     steps = 4
     dm.use_prefix(None)
     batches = [batch for batch, _ in zip(dm.train_dataloader(), range(steps))]
-    single = make_module_factory(cfg, dm.num_classes, dm.input_shape)()
+    single = make_module_factory(cfg, dm.num_classes, dm.input_shape)().to(dm.device)
     optimizer = single.configure_optimizers()
     optimizer.train()
     single.train_group(BatchGroup(batches), optimizer)  # the first steps create the optimizer's state
@@ -192,15 +192,17 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
         single.train_group(BatchGroup(batches), optimizer)
     stack = StackedClassifier(build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
                               make_optimizer(cfg), run_lr(cfg))
+    stack.train_sums = stack.train_sums.to(dm.device)  # as on_train_start does in a fit
     loader = iter(dm.stacked_train_loader([dm.num_train] * members, steps))
     optimizer = stack.configure_optimizers()
     optimizer.train()
     stack.train_group(next(loader), optimizer)
+    group = next(loader)  # gathered outside the count: the steps alone, as above
     with CountKernels() as stacked:
-        stack.train_group(next(loader), optimizer)  # the group was gathered outside: the step alone, as above
-    seq, stk = members * one.kernels / steps, stacked.kernels / steps
+        stack.train_group(group, optimizer)
+    seq, stk = members * one.kernels / len(batches), stacked.kernels / group.steps
     print(f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
-          f"{members} x {one.kernels / steps:.0f} = {seq:.0f} | stacked {stk:.0f} | sequential/stacked = {seq / stk:.1f}x")
+          f"{members} x {one.kernels / len(batches):.0f} = {seq:.0f} | stacked {stk:.0f} | sequential/stacked = {seq / stk:.1f}x")
 
 
 def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:

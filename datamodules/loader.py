@@ -2,10 +2,11 @@
 
 No worker processes and no per-batch host traffic: the whole split lives on one device, the
 shuffle is a ``randperm`` on that device, batches are gathered by index, and random crops and
-flips (``datamodules.augment``) are drawn from a generator on that device, a whole epoch's at
-once, and applied to each batch where it lives (the airbench recipe). The shuffle and augmentation of epoch e depend only
-on (seed, e), so a resumed run sees exactly the batches an uninterrupted one would (on the same
-kind of device: CPU and CUDA generators give different streams).
+flips (``datamodules.augment``) are drawn from a generator on that device, a whole epoch's
+at once, and applied to each batch where it lives (the airbench recipe). The shuffle and
+augmentation of epoch e depend only on (seed, e), so a resumed run sees exactly the batches an
+uninterrupted one would (on the same kind of device: CPU and CUDA generators give different
+streams).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class BatchGroup:
 class GroupedBatches:
     """A ``DeviceBatches`` handed out in groups of at most ``steps_per_group`` consecutive batches.
 
-    The batches are exactly the inner loader's (same shuffle, augmentation and erasure, drawn one
+    The batches are exactly the inner loader's (same shuffle, augmentation and erasure, taken one
     by one); only the number of Lightning steps per epoch shrinks. A group never spans two epochs.
     """
 

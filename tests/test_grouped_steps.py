@@ -15,7 +15,7 @@ import mdl.experiment
 from conftest import FAST, RecordOps, compose_config, host_reads
 from datamodules.loader import BatchGroup, DeviceBatches, GroupedBatches
 from mdl.experiment import run_experiment
-from mdl.trainer_settings import settings_needing_single_steps
+from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models import create_model
 from models.module import Classifier
 
@@ -115,6 +115,8 @@ def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) ->
     ({"accumulate_grad_batches": 2, "fast_dev_run": True}, ["accumulate_grad_batches", "fast_dev_run"]),
     ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
     ({"overfit_batches": 2}, ["overfit_batches"]),
+    ({"gradient_clip_val": None, "limit_train_batches": None}, []),  # Lightning's own defaults
+    ({"accumulate_grad_batches": None}, ["accumulate_grad_batches"]),  # not its default: Lightning's error, not ours
 ])
 def test_settings_that_act_on_lightning_steps_are_found(kwargs: dict, named: list[str]) -> None:
     assert sorted(settings_needing_single_steps(kwargs)) == named
@@ -143,6 +145,12 @@ def test_protocol_breaking_settings_are_refused(setting: str, reason: str, tmp_p
     checkpoints. Both are refused, with the reason."""
     with pytest.raises(ValueError, match=f"trainer.kwargs.{setting.split('=')[0]}=.*{reason}"):
         run_experiment(compose_config([*SEQUENTIAL, f"+trainer.kwargs.{setting}"], tmp_path), tmp_path / "run")
+
+
+def test_a_time_limit_is_refused_and_lightnings_none_defaults_are_not() -> None:
+    with pytest.raises(ValueError, match="trainer.kwargs.max_time=.*use max_epochs"):
+        refuse_for_sequential({"max_time": {"hours": 1}})
+    refuse_for_sequential({"max_time": None, "min_steps": None, "limit_val_batches": None, "val_check_interval": None})
 
 
 def test_validation_end_hooks_see_an_eval_mode_model_without_gradients(tmp_path: Path, monkeypatch) -> None:

@@ -145,7 +145,7 @@ def test_a_stacked_step_launches_as_many_kernels_for_seven_members_as_for_two(na
         with RecordOps() as record:
             stack.train_group(group, optimizer)
         kernels[members] = record.kernels
-    assert kernels[7] == kernels[2]
+    assert kernels[2] and kernels[7] == kernels[2]
 
 
 @pytest.mark.parametrize("augment", [False, True])
@@ -162,7 +162,19 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
             group = next(groups)
         assert group.steps == 4
         kernels[members] = record.kernels
-    assert kernels[7] == kernels[2]
+    assert kernels[2] and kernels[7] == kernels[2]
+
+
+def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> None:
+    x, y = torch.rand(300, 3, 8, 8), torch.randint(0, 10, (300,))
+    make = lambda: StackedBatches(x, y, [70, 300], 32, seed=5, augment=True, steps_per_group=3)  # noqa: E731
+    uninterrupted, resumed = make(), make()
+    for _ in range(4):
+        uninterrupted.next()
+    resumed.load_state_dict(uninterrupted.state_dict())  # member 0 is in its 2nd epoch, member 1 in its 1st
+    for _ in range(6):
+        a, b = uninterrupted.next(), resumed.next()
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.weight, b.weight)
 
 
 def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_path: Path, monkeypatch) -> None:
@@ -313,7 +325,8 @@ def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tm
     ({"limit_train_batches": 1}, "or use mdl.engine=sequential"),  # an int: one batch
     ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
     ({"limit_val_batches": 0.5}, "validates every model"), ({"val_check_interval": 10}, "validates every model"),
-    ({"max_steps": 5}, "use max_epochs"), ({"min_steps": 5}, "use max_epochs"),
+    ({"max_steps": 5}, "use max_epochs"), ({"min_steps": 5}, "use max_epochs"), ({"max_time": "00:01:00:00"}, "use max_epochs"),
+    ({"max_steps": None}, "use max_epochs"), ({"accumulate_grad_batches": None}, "or use mdl.engine=sequential"),  # None is not their default
 ])
 def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(kwargs: dict, reason: str) -> None:
     """The sequential engine refuses some of these and takes single steps for the others; the
