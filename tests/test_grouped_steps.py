@@ -135,6 +135,40 @@ def test_a_group_of_steps_reads_nothing_back_to_the_host() -> None:
     assert module._epoch_mean("train") > 0 and module._sums == {}
 
 
+def test_a_group_of_steps_launches_no_kernel_a_hand_written_loop_would_not() -> None:
+    """The framework's steps (loss curve on the device, per-step hooks) add no GPU work: the same
+    kernels as the plain loop ``loss.backward(); step(); zero_grad(); total += loss * n``."""
+    def make() -> tuple[Classifier, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        module = Classifier(create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32),
+                            lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
+        optimizer = module.configure_optimizers()
+        optimizer.train()
+        return module, optimizer
+
+    batches = [(torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))) for _ in range(3)]
+    module, optimizer = make()
+    module.train_group(BatchGroup(batches), optimizer)  # the optimizer's state exists in both counts
+    module._sums.clear()
+    with RecordOps() as framework:
+        module.train_group(BatchGroup(batches), optimizer)
+    hand_module, hand_optimizer = make()
+    for x, y in batches:  # the same warm-up steps
+        torch.nn.functional.cross_entropy(hand_module(x), y).backward()
+        hand_optimizer.step()
+        hand_optimizer.zero_grad(set_to_none=True)
+    with RecordOps() as hand:
+        total = None
+        for x, y in batches:
+            loss = torch.nn.functional.cross_entropy(hand_module(x), y)
+            loss.backward()
+            hand_optimizer.step()
+            hand_optimizer.zero_grad(set_to_none=True)
+            term = loss.detach().double() * y.shape[0]
+            total = term if total is None else total + term
+    assert framework.kernels and sorted(framework.kernels) == sorted(hand.kernels)
+
+
 @pytest.mark.parametrize(("setting", "reason"), [
     ("check_val_every_n_epoch=2", "validates every model"), ("limit_val_batches=0.5", "validates every model"),
     ("val_check_interval=0.25", "validates every model"), ("max_steps=100", "use max_epochs"), ("min_steps=10", "use max_epochs"),
