@@ -46,7 +46,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mdl.experiment import (  # noqa: E402
-    make_model_factory, make_module_factory, make_optimizer, quiet_lightning, run_experiment, run_lr,
+    make_datamodule, make_model_factory, make_module_factory, make_optimizer, quiet_lightning, run_experiment, run_lr,
 )
 from mdl.prequential import fit_prefix, make_trainer  # noqa: E402
 from mdl.prequential_callback import PrequentialCallback  # noqa: E402
@@ -122,12 +122,8 @@ def hand_loop_stacked(make_module, make_loader, val, epochs: int) -> float:
 
 
 def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int) -> None:
-    from datamodules.datamodule import ErasedDataModule
-
     cfg = compose_run(overrides, root)
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    dm = ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed, **data)
-    dm.setup()
+    dm = make_datamodule(cfg)
     torch.set_num_threads(cfg.trainer.torch_threads or torch.get_num_threads())
     make = make_module_factory(cfg, dm.num_classes, dm.input_shape)
     kwargs = {**OmegaConf.to_container(cfg.trainer.kwargs, resolve=True), "max_epochs": epochs}
@@ -172,14 +168,11 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     """Kernel launches per optimizer step of every model of a run: S models one after the other
     (sequential) against one stack of S members. A small model's GPU step is bound by launches, so
     this ratio, counted here on the CPU, is what the stacked engine can save there."""
-    from datamodules.datamodule import ErasedDataModule
     from datamodules.loader import BatchGroup
     from mdl.schedule import block_boundaries
 
     cfg = compose_run(overrides, root)
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    dm = ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed, **data)
-    dm.setup()
+    dm = make_datamodule(cfg)
     members = len(block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block))
     steps = 4
     dm.use_prefix(None)

@@ -12,6 +12,12 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 
+def stopping_score(mean: float) -> float:
+    """The value Lightning's ``EarlyStopping`` (mode min, min_delta 0) compares for a mean loss: its
+    float32 rounding, as the logged metric holds it. Both engines' stopping rules compare this."""
+    return float(torch.tensor(mean, dtype=torch.float32))
+
+
 class EpochProtocol(L.Callback):
     """The sequential engine's protocol at the end of every training epoch, run in place: validate
     the evaluation weights, keep the best epoch's weights, stop after ``patience`` epochs without
@@ -49,7 +55,7 @@ class EpochProtocol(L.Callback):
                 for hook in self.after_validation:
                     hook(trainer, pl_module)
                 pl_module.train()
-        score = float(torch.tensor(mean, dtype=torch.float32))
+        score = stopping_score(mean)
         if score < self.best_score:
             self.best_score, self.best_epoch, self.wait = score, len(pl_module.val_loss_curve) - 1, 0
             self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}

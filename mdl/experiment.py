@@ -281,15 +281,23 @@ def finished_results(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.device, key: str, store: Path) -> dict[str, Any]:
-    L.seed_everything(cfg.seed, verbose=False)
+def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> ErasedDataModule:
+    """The run's data module, set up (split, eraser fitted or read from the cache, splits erased),
+    its splits on ``device`` (None: where ``data.device`` says)."""
     data_options = OmegaConf.to_container(cfg.data, resolve=True)
-    data_options["device"] = str(device)
+    if device is not None:
+        data_options["device"] = str(device)
     dm = ErasedDataModule(
         eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
         **data_options,
     )
     dm.setup()
+    return dm
+
+
+def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.device, key: str, store: Path) -> dict[str, Any]:
+    L.seed_everything(cfg.seed, verbose=False)
+    dm = make_datamodule(cfg, device)
     eraser_path = None
     if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())

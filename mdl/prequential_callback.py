@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import lightning as L
-import torch
 from torch import Tensor
 
 from datamodules.stacked_batches import StackedBatches
+from mdl.callbacks import stopping_score
 from models.stacked_module import StackedClassifier
 
 
@@ -122,7 +122,7 @@ class PrequentialCallback(L.Callback):
             if m in self.on_member_epoch:
                 self.on_member_epoch[m](module, ({n: t[j : j + 1] for n, t in weights[0].items()},
                                                  {n: t[j : j + 1] for n, t in weights[1].items()}))
-            score = float(torch.tensor(val_means[j], dtype=torch.float32))
+            score = stopping_score(val_means[j])
             out_of_patience = False
             if score < state.best_score:
                 state.best_score, state.best_epoch, state.wait = score, state.epoch - 1, 0
