@@ -15,11 +15,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parent.parent
 
 
+TEST_CACHE = ""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Tests never read or write the user's erasure cache (stale entries would hide code changes)."""
     import tempfile
 
-    os.environ["SLOWING_CACHE_DIR"] = tempfile.mkdtemp(prefix="slowing-test-cache-")
+    global TEST_CACHE
+    TEST_CACHE = os.environ["SLOWING_CACHE_DIR"] = tempfile.mkdtemp(prefix="slowing-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The test session's erasure cache goes with it (repeated runs would fill the disk)."""
+    import shutil
+
+    if TEST_CACHE:
+        shutil.rmtree(TEST_CACHE, ignore_errors=True)
+
+
 CONF = REPO / "conf"
 
 # A run that takes seconds: few epochs, three blocks.
