@@ -601,10 +601,12 @@ class ErasedDataModule(L.LightningDataModule):
         return QuadraticDiscriminant.from_moments(moments, self.qda_regularization)
 
     def _make_batch_eraser(self, eraser: Eraser) -> BatchTransform:
+        """Erasure of each (augmented) training batch, on the device. The raw training split passed
+        the eraser's value checks when it was fitted, so batches skip them (a host read each)."""
         device_eraser = eraser_on(eraser, self.device)
         if device_eraser.requires_labels:
-            return lambda x, y: device_eraser(x, y)
-        return lambda x, y: device_eraser(x)
+            return lambda x, y: device_eraser.erase_checked(x, y)
+        return lambda x, y: device_eraser.erase_checked(x)
 
     # --- loaders -----------------------------------------------------------------------------
 

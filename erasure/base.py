@@ -50,14 +50,19 @@ def eraser_class(name: str) -> type["Eraser"]:
     return _REGISTRY[name]
 
 
-def check_features(x: Tensor) -> None:
-    """Reject data an eraser cannot use, with a message saying what to change."""
+def check_feature_shape(x: Tensor) -> None:
+    """The checks of ``check_features`` that read no value (free on a GPU: no host synchronisation)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.ndim < 2 or x.shape[0] == 0:
         raise ValueError(f"x must have shape (n, ...) with n >= 1, got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"x must be a float tensor, got {x.dtype}; convert with x.float() / 255")
+
+
+def check_features(x: Tensor) -> None:
+    """Reject data an eraser cannot use, with a message saying what to change."""
+    check_feature_shape(x)
     if not torch.isfinite(x).all():
         bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"x contains {bad} NaN or infinite values; clean the data before erasure")
@@ -116,15 +121,24 @@ class Eraser(ABC):
         """Erase flattened data (n, d); ``y`` is given iff ``requires_labels``."""
 
     def __call__(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        """Erase x (n, ...); ``y`` (n,) for erasers that map each class differently. Every value is
+        checked first (finite features, labels in range)."""
         check_features(x)
+        if y is not None:
+            check_labels(y, x.shape[0], self.metadata().get("num_classes"))
+        return self.erase_checked(x, y)
+
+    def erase_checked(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        """``self(x, y)`` without the checks that read values, for batches of data that passed them
+        once (e.g. augmented training batches): on a GPU each such read stalls the host."""
+        check_feature_shape(x)
         if self.requires_labels and y is None:
             raise ValueError(
                 f"the {self.name!r} eraser maps each class differently and needs labels: "
                 f"call eraser(x, y), or predict labels first (eval_labels=predicted)"
             )
-        num_classes = self.metadata().get("num_classes")
-        if y is not None:
-            check_labels(y, x.shape[0], num_classes)
+        if y is not None and tuple(y.shape) != (x.shape[0],):
+            raise ValueError(f"y must have shape ({x.shape[0]},) to match x, got {tuple(y.shape)}")
         flat = x.reshape(x.shape[0], -1)
         dim = self.metadata().get("dim")
         if dim is not None and flat.shape[1] != dim:

@@ -87,12 +87,31 @@ def fast_overrides() -> list[str]:
 
 class RecordOps(TorchDispatchMode):
     """Records every aten op run inside it with the devices of its tensor inputs and outputs, and
-    separately the ops that are not views: on a GPU each of those is a kernel launch."""
+    separately the ops that are not views: on a GPU each of those is a kernel launch.
+    ``Tensor.tolist`` reads values without an aten op on the CPU; it is recorded as well."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[tuple[str, set[str]]] = []
         self.kernels: list[str] = []
+
+    def __enter__(self):
+        import torch
+
+        self._tolist = original = torch.Tensor.tolist
+
+        def tolist(tensor: torch.Tensor):
+            self.ops.append(("Tensor.tolist", {str(tensor.device)}))
+            return original(tensor)
+
+        torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         import torch
@@ -102,16 +121,35 @@ class RecordOps(TorchDispatchMode):
         for value in [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else [out])]:
             if isinstance(value, torch.Tensor):
                 devices.add(str(value.device))
-        self.ops.append((str(func), devices))
+        name = str(func)
+        if func.name().startswith(("aten::index", "aten::_index_put")) and _has_boolean_index(args):
+            name += " (boolean mask)"
+        self.ops.append((name, devices))
         if not func.is_view:
-            self.kernels.append(str(func))
+            self.kernels.append(name)
         return out
 
 
+def _has_boolean_index(args: tuple) -> bool:
+    import torch
+
+    indices = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+
+
+# Ops whose output size depends on the values (the host must learn it), and bincount (CUDA reads its range).
+VALUE_SIZED_OPS = ("aten.nonzero", "aten._unique", "aten.unique", "aten.masked_select", "aten.bincount", "(boolean mask)")
+
+
 def host_reads(record: RecordOps) -> list[str]:
-    """Ops that read a tensor's value back to Python (.item(), float(), bool(), .tolist()):
-    each one makes the host wait for a GPU's queue to drain."""
-    return [name for name, _ in record.ops if "_local_scalar_dense" in name or name.startswith("aten.item")]
+    """Ops that read a tensor's value back to Python (.item(), float(), bool(), .tolist()), or whose
+    output size depends on values (a boolean mask, nonzero, unique): each one makes the host wait
+    for a GPU's queue to drain."""
+    return [
+        name for name, _ in record.ops
+        if "_local_scalar_dense" in name or name.startswith("aten.item") or name == "Tensor.tolist"
+        or any(op in name for op in VALUE_SIZED_OPS)
+    ]
 
 
 def cuda_only(reason: str = "needs a CUDA GPU"):

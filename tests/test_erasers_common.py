@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from erasure import available_erasers, erasure_report, fit_eraser, load_eraser, linalg
-from conftest import pixel_classes
+from conftest import RecordOps, host_reads, pixel_classes
 from erasure.preprocess import Standardizer, shrink_covariances
 
 FAST_OPTIONS = {"gradient": {"steps": 3, "device": "cpu"}}
@@ -84,6 +84,73 @@ def test_bad_input_is_rejected_with_a_clear_message(name):
     if eraser.can_transform_new_data:
         with pytest.raises(ValueError, match="fitted on 6 features"):
             apply(eraser, x[:, :5], y)
+
+
+NEW_DATA_ERASERS = [n for n in available_erasers() if n != "gradient"]  # gradient edits only its fitting data
+
+
+def _batch(k: int = 3):
+    """A fitted eraser's training data and a batch drawn from it (float32, as training batches are)."""
+    x, y = pixel_classes(k=k)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[:32]
+    return x, y, x[perm].float(), y[perm]
+
+
+@pytest.mark.parametrize("name", NEW_DATA_ERASERS)
+@pytest.mark.parametrize("zscore", [False, True])
+def test_erasing_checked_batches_gives_the_checked_numbers_without_reading_them(name, zscore):
+    """Training batches (augment_then_erase) skip the value checks; on a GPU each was a host stall.
+    QLEACE reads one thing: the batch's class counts, which size its per-class products."""
+    x, y, xb, yb = _batch()
+    eraser = fit_eraser(name, x, y, zscore=zscore)
+    labels = yb if eraser.requires_labels else None
+    with RecordOps() as record:
+        out = eraser.erase_checked(xb, labels)
+    assert torch.equal(out, apply(eraser, xb, yb))
+    assert host_reads(record) == (["Tensor.tolist"] if name == "qleace" else []), host_reads(record)
+
+
+@pytest.mark.parametrize("name", NEW_DATA_ERASERS)
+def test_an_eraser_moved_to_the_datas_device_erases_there(name, monkeypatch):
+    """``meta`` stands in for a GPU: like CUDA it refuses to mix with CPU tensors, so a tensor the
+    map leaves on (or makes on) the CPU fails here. It holds no values, so QLEACE's class counts are
+    taken from the CPU batch (the one read it makes, see the test above)."""
+    from datamodules.datamodule import eraser_on
+
+    x, y, xb, yb = _batch()
+    meta = torch.device("meta")
+    eraser = eraser_on(fit_eraser(name, x, y, zscore=True), meta)
+    if name == "qleace":
+        counts, real_tolist = torch.bincount(yb, minlength=3), torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: counts.tolist() if t.is_meta else real_tolist(t))
+    out = eraser.erase_checked(xb.to(meta), yb.to(meta) if eraser.requires_labels else None)
+    assert out.device == meta and out.shape == xb.shape and out.dtype == xb.dtype
+
+
+@pytest.mark.parametrize("name", NEW_DATA_ERASERS)
+def test_erasing_checked_batches_still_checks_shapes(name):
+    x, y, xb, yb = _batch()
+    eraser = fit_eraser(name, x, y)
+    with pytest.raises(ValueError, match="fitted on 6 features"):
+        eraser.erase_checked(xb[:, :5], yb)
+    with pytest.raises(TypeError, match="float tensor"):
+        eraser.erase_checked((xb * 100).long(), yb)
+    if eraser.requires_labels:
+        with pytest.raises(ValueError, match="needs labels"):
+            eraser.erase_checked(xb)
+        with pytest.raises(ValueError, match=r"y must have shape \(32,\)"):
+            eraser.erase_checked(xb, yb[:5])
+
+
+def test_qleace_maps_each_class_with_its_own_map_in_any_batch_order():
+    """The grouped form (sorted by class, one product per class) against the definition row by row,
+    for batches missing classes or holding one example."""
+    x, y = pixel_classes(k=4)
+    eraser = fit_eraser("qleace", x, y)
+    for rows in (torch.arange(len(y)).flip(0), torch.tensor([5]), torch.nonzero(y != 1).squeeze(1)):
+        xb, yb = x[rows], y[rows]
+        expected = torch.stack([(xi - eraser.class_means[c]) @ eraser.maps[c] + eraser.mean for xi, c in zip(xb, yb.tolist())])
+        torch.testing.assert_close(eraser(xb, yb), expected, rtol=0, atol=1e-12)
 
 
 def test_unknown_eraser_name_lists_the_choices():

@@ -171,6 +171,21 @@ def test_augment_then_erase_erases_each_augmented_batch() -> None:
     assert torch.equal(before.val_set.x, after.val_set.x)  # val/test are erased once in both orders
 
 
+@pytest.mark.parametrize(("eraser", "reads_per_call"), [("leace", 0), ("qleace", 1)])
+def test_augment_then_erase_reads_back_at_most_qleaces_class_counts_per_batch(eraser: str, reads_per_call: int) -> None:
+    """Erasing each training batch skips the eraser's value checks (NaN, label range: the raw split
+    passed them when the eraser was fitted). On a GPU each read stalls the host; QLEACE's one read
+    is its batch's class counts. The stacked engine erases a whole group of steps at once."""
+    dm = data_module(eraser, augment=True, augment_order="augment_then_erase")
+    with RecordOps() as record:
+        batches = list(dm.train_dataloader())
+    assert len(host_reads(record)) == reads_per_call * len(batches), host_reads(record)
+    stacked = dm.stacked_train_loader([dm.num_train, dm.num_train // 2], steps_per_group=4)
+    with RecordOps() as record:
+        groups = [stacked.next(4) for _ in range(3)]
+    assert len(host_reads(record)) == reads_per_call * len(groups), host_reads(record)
+
+
 def test_eval_labels_true_vs_predicted() -> None:
     """predicted maps each val example with the QDA's class; rows where it is right match the
     true-label erasure exactly, rows where it is wrong do not."""
