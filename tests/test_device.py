@@ -158,3 +158,46 @@ def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() ->
     group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), meta, 0)
     assert isinstance(group, StackedBatch) and group.members == [0]
     assert all(t.device == meta for t in (group.x, group.y, group.weight))
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])  # the MLP's batched form; torch.func's vmap
+def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
+    """``meta`` stands in for a GPU: like CUDA it refuses to mix its tensors with CPU ones (0-dim
+    ones aside) and holds no values to read, so a tensor made on the default device, or a read of a
+    value, anywhere in batching, augmentation, a group of steps, the optimizer, a member leaving or
+    the stacked validation sums fails here. Meta has no random generator: the epochs draw from the
+    global one (placement is what is checked)."""
+    from datamodules import loader, stacked_batches
+    from datamodules.loader import BatchGroup
+    from mdl.stacked import build_members
+    from models.stacked_module import StackedClassifier
+
+    monkeypatch.setattr(loader, "epoch_generator", lambda seed, epoch, device: None)
+    monkeypatch.setattr(stacked_batches, "epoch_generator", lambda seed, epoch, device: None)
+    meta = torch.device("meta")
+    x, y = torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta)
+    make_model = lambda: create_model(name, 16, 2, 10, (3, 8, 8), base_width=8)  # noqa: E731
+    optimizer = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
+
+    single = Classifier(make_model().to(meta), optimizer, lr=1e-2)
+    opt = single.configure_optimizers()
+    opt.train()
+    batches = list(DeviceBatches(x, y, 16, shuffle=True, augment=True))
+    single.train_group(BatchGroup(batches), opt)
+    assert single._sums["train"][0].device == meta
+
+    stack = StackedClassifier(build_members(make_model, [0, 1, 2], meta), optimizer, lr=1e-2)
+    stack.train_sums = stack.train_sums.to(meta)  # as on_train_start does
+    opt = stack.configure_optimizers()
+    opt.train()
+    groups = stacked_batches.StackedBatches(x, y, [20, 40, 64], 16, augment=True, steps_per_group=2)
+    for _ in range(2):
+        stack.train_group(groups.next(2), opt)
+    drawn_before = groups.next(1)
+    stack.remove([1])
+    stack.train_group(drawn_before, opt)  # the rows of the members still in the stack
+    groups.remove(1)
+    stack.train_group(groups.next(1), opt)
+    totals, count = stack.loss_sums(stack.eval_weights([0, 1]), [(x[:16], y[:16])])
+    assert totals.device == meta and totals.shape == (2,) and count == 16
+    assert all(p.device == meta for p in stack.parameters()) and stack.train_sums.device == meta
