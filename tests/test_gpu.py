@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,32 @@ def test_training_step_makes_no_host_synchronisation() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert module._epoch_mean("train") > 0
+
+
+@pytest.mark.parametrize("eraser", ["leace", "qleace"])
+def test_batches_erased_on_the_fly_synchronise_at_most_for_qleaces_class_counts(eraser: str) -> None:
+    """augment_then_erase (the paper presets) erases every training batch on the GPU: LEACE with no
+    host synchronisation, QLEACE with one (its batch's class counts); numbers as on the CPU."""
+    from datamodules.datamodule import eraser_on
+
+    x, y = torch.rand(600, 3, 8, 8, dtype=torch.float64), torch.arange(600) % 10
+    fitted = fit_eraser(eraser, x, y, num_classes=10, shrinkage=0.1) if eraser == "qleace" else fit_eraser(eraser, x, y)
+    on_gpu = eraser_on(fitted, torch.device("cuda"))
+    xb, yb = x[:128].float().cuda(), y[:128].cuda()
+    labels = yb if fitted.requires_labels else None
+    expected = fitted(xb.cpu(), labels.cpu() if labels is not None else None)
+    on_gpu.erase_checked(xb, labels)  # warm-up
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = on_gpu.erase_checked(xb, labels)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == (1 if eraser == "qleace" else 0), syncs
+    assert torch.allclose(out.cpu(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> None:
