@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import lightning as L
+import torch
 from torch import Tensor
 
 from datamodules.stacked_batches import StackedBatches
@@ -108,10 +109,10 @@ class PrequentialCallback(L.Callback):
     def _end_epochs(self, module: StackedClassifier, ended: list[int]) -> list[int]:
         """Validate the members that finished an epoch; return those that stop now."""
         rows = [module.members.index(m) for m in ended]
-        train = module.take_train_mean(rows, [self.members[m].n_train for m in ended])
         weights = module.eval_weights(rows)
-        val = module.loss_sums(weights, self.val_batches(), float64=False)  # as the sequential engine validates
-        val_means = (val[0] / max(val[1], 1)).tolist()
+        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)  # as the sequential engine validates
+        train_sums, val_means = torch.stack([module.take_train_sums(rows), val_sums / max(count, 1)]).tolist()  # the one read
+        train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
         for j, m in enumerate(ended):
             state = self.members[m]

@@ -96,11 +96,11 @@ class StackedClassifier(L.LightningModule):
         rows = torch.tensor([batch.members.index(m) for m in self.members], dtype=torch.long, device=batch.x.device)
         return batch.x[:, rows], batch.y[:, rows], batch.weight[:, rows]
 
-    def take_train_mean(self, rows: list[int], counts: list[int]) -> list[float]:
-        """The finished epoch's mean training loss of these rows (one read), and reset their sums."""
-        sums = self.train_sums[rows].tolist()
+    def take_train_sums(self, rows: list[int]) -> Tensor:
+        """The finished epoch's training loss sums of these rows (on the device, not read), reset."""
+        sums = self.train_sums[rows]
         self.train_sums[rows] = 0.0
-        return [s / n for s, n in zip(sums, counts)]
+        return sums
 
     # --- evaluation ---------------------------------------------------------------------------
 

@@ -400,3 +400,22 @@ def test_grouping_steps_changes_no_result(tmp_path: Path) -> None:
     for (_, bits_g, curve_g), (_, bits_u, curve_u) in zip(grouped, ungrouped):
         assert bits_g == pytest.approx(bits_u, rel=1e-6) and curve_g == pytest.approx(curve_u, rel=1e-6)
     assert results[1]["paper_mdl"] == pytest.approx(results[0]["paper_mdl"], rel=1e-6)
+
+
+def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_device() -> None:
+    """On a GPU each read stalls the queue; the members whose epoch ends at a step share one read
+    (training means and validation means together). Members of 32 and 64 examples, batches of 16,
+    4 epochs each: epochs end after steps 2, 4 (both), 6, 8 (both), 12 and 16: 6 reads for 8 ends."""
+    from mdl.prequential import make_trainer
+
+    x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 10, (96,))
+    loader = StackedBatches(x, y, [32, 64], 16, steps_per_group=4)
+    models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
+    module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
+    val = DeviceBatches(x[64:], y[64:], 32)
+    protocol = PrequentialCallback(loader, lambda: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
+    trainer = make_trainer({"max_epochs": -1}, torch.device("cpu"), [protocol], checkpointing=False)
+    with RecordOps() as record:
+        trainer.fit(module, train_dataloaders=loader)
+    assert [protocol.members[m].epoch for m in (0, 1)] == [4, 4]
+    assert sum(name == "Tensor.tolist" for name, _ in record.ops) == 6
