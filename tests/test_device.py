@@ -109,6 +109,20 @@ def test_training_step_reads_nothing_back_to_the_host() -> None:
     assert module._epoch_mean("train") > 0  # the one read, at the end of the epoch
 
 
+def test_an_epochs_training_and_validation_losses_are_read_in_one_go() -> None:
+    """The sequential engine validates at each epoch's end (mdl/callbacks.py): one read of the
+    device brings both sums to the host, so a GPU's queue stalls once per epoch."""
+    module = _classifier()
+    x, y = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
+    for i in range(3):
+        module.training_step((x, y), i)
+    with RecordOps() as record:
+        val_mean = module.validate([(x, y), (x, y)])
+        module.on_train_epoch_end()
+    assert host_reads(record) == ["Tensor.tolist"], host_reads(record)
+    assert module.val_loss_curve == [val_mean] and module.train_loss_curve[0] > 0
+
+
 def test_bf16_forward_gives_float32_logits_close_to_fp32() -> None:
     module = _classifier()
     with torch.no_grad():
