@@ -130,7 +130,8 @@ class Eraser(ABC):
 
     def erase_checked(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         """``self(x, y)`` without the checks that read values, for batches of data that passed them
-        once (e.g. augmented training batches): on a GPU each such read stalls the host."""
+        once (e.g. augmented training batches): on a GPU each such read stalls the host. Labels
+        must be integers in [0, num_classes): out of range, a GPU fails with a device-side assert."""
         check_feature_shape(x)
         if self.requires_labels and y is None:
             raise ValueError(
@@ -139,6 +140,8 @@ class Eraser(ABC):
             )
         if y is not None and tuple(y.shape) != (x.shape[0],):
             raise ValueError(f"y must have shape ({x.shape[0]},) to match x, got {tuple(y.shape)}")
+        if y is not None and (y.is_floating_point() or y.dtype == torch.bool):
+            raise TypeError(f"y must hold integer class indices, got {y.dtype}")
         flat = x.reshape(x.shape[0], -1)
         dim = self.metadata().get("dim")
         if dim is not None and flat.shape[1] != dim:

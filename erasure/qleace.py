@@ -239,12 +239,12 @@ class QLeaceEraser(Eraser):
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         """Each class's rows through its own map. The rows are grouped by a stable sort, so a class's
-        rows meet its map in their original order (the numbers of selecting them by mask), and the
-        class counts, which size the products, are the one value read back to the host (by mask:
-        one read per class and two per class on a GPU)."""
+        rows meet its map in their original order (the same numbers as selecting them by a mask),
+        and the class counts, which size the products, are the one value read back to the host
+        (selecting by masks, a GPU waits for the host once or twice per class)."""
         assert y is not None
         order = torch.argsort(y, stable=True)
-        counts = torch.zeros(self.num_classes, dtype=torch.long, device=y.device).scatter_add_(0, y, torch.ones_like(y))
+        counts = (y[:, None] == torch.arange(self.num_classes, device=y.device)).sum(0)  # any integer dtype
         grouped = x[order].to(torch.float64).split(counts.tolist())
         means, maps = self.class_means.to(x.device), self.maps.to(x.device)
         erased = torch.cat([(rows - means[c]) @ maps[c] for c, rows in enumerate(grouped) if rows.shape[0]])

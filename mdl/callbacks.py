@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 
 def stopping_score(mean: float) -> float:
     """The value Lightning's ``EarlyStopping`` (mode min, min_delta 0) compares for a mean loss: its
-    float32 rounding, as the logged metric holds it. Both engines' stopping rules compare this."""
-    return float(torch.tensor(mean, dtype=torch.float32))
+    float32 rounding, as the logged metric holds it. Both engines' stopping rules compare this.
+    (numpy rounds a float to float32 as torch does, without making a tensor.)"""
+    return float(np.float32(mean))
 
 
 class EpochProtocol(L.Callback):

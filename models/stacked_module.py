@@ -133,7 +133,7 @@ class StackedClassifier(L.LightningModule):
             total = nats if total is None else total + nats
             count += y.shape[0]
         if total is None:
-            total = torch.zeros(len(next(iter(params.values()))), dtype=torch.float64)
+            total = torch.zeros(len(next(iter(params.values()))), dtype=torch.float64, device=self.train_sums.device)
         return total, count
 
     @torch.no_grad()

@@ -98,6 +98,8 @@ class RecordOps(TorchDispatchMode):
     def __enter__(self):
         import torch
 
+        entered = super().__enter__()
+        self._own_tolist = "tolist" in vars(torch.Tensor)  # an enclosing RecordOps's
         self._tolist = original = torch.Tensor.tolist
 
         def tolist(tensor: torch.Tensor):
@@ -105,12 +107,15 @@ class RecordOps(TorchDispatchMode):
             return original(tensor)
 
         torch.Tensor.tolist = tolist
-        return super().__enter__()
+        return entered
 
     def __exit__(self, *exc):
         import torch
 
-        torch.Tensor.tolist = self._tolist
+        if self._own_tolist:
+            torch.Tensor.tolist = self._tolist
+        else:
+            del torch.Tensor.tolist  # back to TensorBase's
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -137,8 +142,10 @@ def _has_boolean_index(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
 
 
-# Ops whose output size depends on the values (the host must learn it), and bincount (CUDA reads its range).
-VALUE_SIZED_OPS = ("aten.nonzero", "aten._unique", "aten.unique", "aten.masked_select", "aten.bincount", "(boolean mask)")
+# Ops whose output size depends on the values (the host must learn it), bincount (CUDA reads its
+# range) and equal (a Python bool).
+VALUE_SIZED_OPS = ("aten.nonzero.", "aten._unique", "aten.unique", "aten.masked_select", "aten.bincount", "aten.equal",
+                   "(boolean mask)")
 
 
 def host_reads(record: RecordOps) -> list[str]:

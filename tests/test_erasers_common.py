@@ -142,15 +142,26 @@ def test_erasing_checked_batches_still_checks_shapes(name):
             eraser.erase_checked(xb, yb[:5])
 
 
-def test_qleace_maps_each_class_with_its_own_map_in_any_batch_order():
-    """The grouped form (sorted by class, one product per class) against the definition row by row,
-    for batches missing classes or holding one example."""
-    x, y = pixel_classes(k=4)
+def _qleace_by_masks(eraser, x, y):
+    """QLEACE's map as first written: each class's rows selected by a boolean mask."""
+    out = torch.empty(x.shape, dtype=torch.float64)
+    for c in torch.unique(y).tolist():
+        rows = y == c
+        out[rows] = (x[rows].double() - eraser.class_means[c]) @ eraser.maps[c] + eraser.mean
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_qleace_grouped_by_class_gives_the_numbers_of_selecting_each_class_by_mask(dtype):
+    """The sort-grouped form, bit for bit, for batches in any order, missing classes, of one class,
+    or of one example, and for any integer label type."""
+    x, y = pixel_classes(k=4, d=24, n_per_class=50)
     eraser = fit_eraser("qleace", x, y)
-    for rows in (torch.arange(len(y)).flip(0), torch.tensor([5]), torch.nonzero(y != 1).squeeze(1)):
-        xb, yb = x[rows], y[rows]
-        expected = torch.stack([(xi - eraser.class_means[c]) @ eraser.maps[c] + eraser.mean for xi, c in zip(xb, yb.tolist())])
-        torch.testing.assert_close(eraser(xb, yb), expected, rtol=0, atol=1e-12)
+    batches = [torch.arange(len(y)).flip(0), torch.tensor([5]), torch.nonzero(y != 1).squeeze(1),
+               torch.nonzero(y == 2).squeeze(1), torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:77]]
+    for rows in batches:
+        xb, yb = x[rows].float(), y[rows]
+        assert torch.equal(eraser.erase_checked(xb, yb.to(dtype)), _qleace_by_masks(eraser, xb, yb).float())
 
 
 def test_unknown_eraser_name_lists_the_choices():
