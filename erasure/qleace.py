@@ -245,9 +245,11 @@ class QLeaceEraser(Eraser):
         assert y is not None
         order = torch.argsort(y, stable=True)
         counts = (y[:, None] == torch.arange(self.num_classes, device=y.device)).sum(0)  # any integer dtype
-        grouped = x[order].to(torch.float64).split(counts.tolist())
+        grouped = x[order].to(torch.float64)  # erased in place, class by class: memory of two copies of x
         means, maps = self.class_means.to(x.device), self.maps.to(x.device)
-        erased = torch.cat([(rows - means[c]) @ maps[c] for c, rows in enumerate(grouped) if rows.shape[0]])
-        out = torch.empty(x.shape, dtype=torch.float64, device=x.device)
-        out[order] = erased + self.mean.to(x.device)
+        for c, rows in enumerate(grouped.split(counts.tolist())):
+            if rows.shape[0]:
+                rows.copy_(rows.sub_(means[c]) @ maps[c])
+        out = torch.empty_like(grouped)
+        out[order] = grouped.add_(self.mean.to(x.device))
         return out
