@@ -604,9 +604,7 @@ class ErasedDataModule(L.LightningDataModule):
         """Erasure of each (augmented) training batch, on the device. The raw training split passed
         the eraser's value checks when it was fitted, so batches skip them (a host read each)."""
         device_eraser = eraser_on(eraser, self.device)
-        if device_eraser.requires_labels:
-            return lambda x, y: device_eraser.erase_checked(x, y)
-        return lambda x, y: device_eraser.erase_checked(x)
+        return device_eraser.erase_checked  # uses the labels only if the eraser maps each class differently
 
     # --- loaders -----------------------------------------------------------------------------
 
