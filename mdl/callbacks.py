@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -34,12 +35,23 @@ class EpochProtocol(L.Callback):
     The snapshot holds every parameter and buffer (persistent or not) on the training device, so
     ``restore`` rebuilds the module there from the snapshot alone, wherever Lightning's teardown
     has moved it since.
+
+    With ``untrained_candidate`` the model is also validated before its first epoch, and the
+    untrained weights are a candidate like any epoch's (``best_epoch`` -1 when they stay best), as
+    the original code validated before training (quad-mlp mdl/probe.py:120-130): a fit can never
+    end worse on validation than the model it started from.
     """
 
-    def __init__(self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str) -> None:
+    def __init__(
+        self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str,
+        untrained_candidate: bool = False,
+    ) -> None:
         self.val_batches, self.patience, self.device = val_batches, patience, torch.device(device)
+        self.untrained_candidate = untrained_candidate
         self.best_score = float("inf")  # float32-rounded, as EarlyStopping compares
-        self.best_epoch = -1
+        self.best_epoch = -1  # 0-based index of the best trained epoch; -1 = none yet, or the untrained model
+        self.best_val_loss = math.nan  # its mean validation loss (nats, float64)
+        self.initial_val_loss: float | None = None  # the untrained model's, when it is a candidate
         self.wait = 0
         self.best_state: dict[str, torch.Tensor] | None = None
         self.after_validation: list[Callable[..., None]] = []
@@ -47,6 +59,11 @@ class EpochProtocol(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.after_validation = [cb.on_validation_end for cb in trainer.callbacks
                                  if type(cb).on_validation_end is not L.Callback.on_validation_end]
+        if self.untrained_candidate and self.initial_val_loss is None:  # not again on a resume
+            mean = pl_module.validate(self.val_batches())
+            pl_module.val_loss_curve.pop()  # the curve holds trained epochs only
+            self.initial_val_loss = mean
+            self._keep(pl_module, stopping_score(mean), mean, epoch=-1)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.zero_grad(set_to_none=True)  # as Lightning before validating: no gradients held meanwhile
@@ -59,12 +76,15 @@ class EpochProtocol(L.Callback):
                 pl_module.train()
         score = stopping_score(mean)
         if score < self.best_score:
-            self.best_score, self.best_epoch, self.wait = score, len(pl_module.val_loss_curve) - 1, 0
-            self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}
+            self._keep(pl_module, score, mean, epoch=len(pl_module.val_loss_curve) - 1)
         else:  # as EarlyStopping: only an epoch without improvement can run out of patience
             self.wait += 1
             if self.wait >= self.patience:
                 trainer.should_stop = True
+
+    def _keep(self, pl_module: L.LightningModule, score: float, mean: float, epoch: int) -> None:
+        self.best_score, self.best_val_loss, self.best_epoch, self.wait = score, mean, epoch, 0
+        self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}
 
     def restore(self, pl_module: L.LightningModule) -> None:
         """Put ``pl_module`` on the training device holding the best epoch's weights."""
@@ -78,10 +98,12 @@ class EpochProtocol(L.Callback):
 
     def state_dict(self) -> dict:
         return {"best_score": self.best_score, "best_epoch": self.best_epoch, "wait": self.wait,
+                "best_val_loss": self.best_val_loss, "initial_val_loss": self.initial_val_loss,
                 "best_state": self.best_state}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.best_score, self.best_epoch, self.wait = state_dict["best_score"], state_dict["best_epoch"], state_dict["wait"]
+        self.best_val_loss, self.initial_val_loss = state_dict["best_val_loss"], state_dict["initial_val_loss"]
         best = state_dict["best_state"]
         self.best_state = None if best is None else {k: v.to(self.device) for k, v in best.items()}
 

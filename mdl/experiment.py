@@ -26,6 +26,7 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.maxent_probes import maxent_probe_set
 from erasure import available_erasers
 from mdl.device import training_device
+from mdl.codelength import check_paper_loss
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.prequential import run_prequential
 from mdl.stacked import run_prequential_stacked
@@ -101,6 +102,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
     if cfg.mdl.engine not in ENGINES:
         raise ValueError(f"unknown engine mdl.engine={cfg.mdl.engine!r}; choose one of {ENGINES}")
+    check_paper_loss(cfg.mdl.paper_loss)
     if cfg.model.name not in available_models():
         raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
     if cfg.data.source not in available_sources():
@@ -327,13 +329,14 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
             t.precision, trainer_kwargs, t.patience, cfg.seed, store, on_block=on_block,
             checkpoint_every_s=cfg.mdl.checkpoint_every_s, steps_per_group=cfg.mdl.steps_per_group,
             loss=make_loss(cfg, dm.num_classes),
-            final_curves=final_curves, callbacks=precondition,
+            final_curves=final_curves, callbacks=precondition, paper_loss=cfg.mdl.paper_loss,
         )
     else:
         outcome = run_prequential(
             dm, boundaries, make_module_factory(cfg, dm.num_classes, dm.input_shape), trainer_kwargs, t.patience,
             cfg.seed, store, on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
             final_curves=final_curves, callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group,
+            paper_loss=cfg.mdl.paper_loss,
         )
     results = {
         **({"preconditioning": preconditioning} if preconditioning is not None else {}),
@@ -356,7 +359,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         for name, curve in (final_curves.results() if final_curves is not None else {}).items():
             for epoch, value in enumerate(curve):
                 logger.log_metrics({f"final/{name.removesuffix('_curve')}": value, "final/epoch": epoch})
-        logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
+        logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min",
+                                                    "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
         logger.log_metrics({f"erasure/{k}": v for k, v in dm.diagnostics.get("erasure", {}).items()})
         logger.finalize("success")
         finish = getattr(getattr(logger, "experiment", None), "finish", None)
@@ -369,9 +373,12 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
 
 def summary(results: dict[str, Any], path: Path) -> str:
     k = results["num_classes"]
+    estimate = results.get("paper_loss", "val_min")  # runs made before mdl.paper_loss existed measured val_min
+    other = {"last_block": "val_min", "val_min": "last_block"}[estimate]
+    also = f"; {other}: {results[f'paper_mdl_{other}']:.4f}" if f"paper_mdl_{other}" in results else ""
     return (
-        f"paper MDL: {results['paper_mdl']:.4f} bits/example "
-        f"(chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
+        f"paper MDL: {results['paper_mdl']:.4f} bits/example ({estimate}, mdl.paper_loss{also}; "
+        f"chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
         f"final val loss: {results['final_val_loss']:.4f} nats\n"

@@ -24,7 +24,7 @@ from datamodules.datamodule import ErasedDataModule
 from mdl.callbacks import EpochProtocol, SaveLastCheckpoint
 from mdl.checkpoints import RunCheckpointIO, is_intact
 from mdl.device import lightning_device_kwargs
-from mdl.codelength import online_codelength, paper_mdl, uniform_codelength
+from mdl.codelength import check_paper_loss, heldout_block, online_codelength, paper_mdl, uniform_codelength
 from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
 from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
@@ -38,6 +38,7 @@ class FitOutcome:
     module: Classifier
     epochs: int
     best_val_loss: float  # nats
+    best_epoch: int  # 0-based index of the kept epoch; -1 = the untrained model
     seconds: float
 
 
@@ -51,6 +52,7 @@ def fit_prefix(
     checkpoint_every_s: float = 0.0,
     extra_callbacks: Sequence[L.Callback] = (),
     steps_per_group: int = 1,
+    untrained_candidate: bool = False,
 ) -> FitOutcome:
     """Train a fresh model on the first n_train examples (None = all) with early stopping.
 
@@ -62,6 +64,7 @@ def fit_prefix(
     stopping one are always saved). ``extra_callbacks`` join the fit (and its checkpoints), e.g. the
     final fit's max-ent probe curves. One Lightning step trains ``steps_per_group`` consecutive
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
+    ``untrained_candidate``: the untrained model is validated too and kept if no epoch beats it.
     """
     start = time.perf_counter()
     refuse_for_sequential(trainer_kwargs)
@@ -70,7 +73,7 @@ def fit_prefix(
     dm.use_prefix(n_train, steps)
     module = make_module()
     module.automatic_optimization = steps == 1
-    best = EpochProtocol(dm.val_dataloader, patience, device)
+    best = EpochProtocol(dm.val_dataloader, patience, device, untrained_candidate)
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
@@ -80,8 +83,8 @@ def fit_prefix(
         warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`")
         trainer.fit(module, train_dataloaders=dm.train_dataloader(), ckpt_path=resume_from)
     best.restore(module)  # back on the training device: Lightning's teardown moved it to the CPU
-    best_val_loss = module.val_loss_curve[best.best_epoch]  # float64 value of the compared float32 one
-    return FitOutcome(module, trainer.current_epoch, best_val_loss, time.perf_counter() - start)
+    # best_val_loss: the float64 value of the compared float32 one
+    return FitOutcome(module, trainer.current_epoch, best.best_val_loss, best.best_epoch, time.perf_counter() - start)
 
 
 def make_trainer(
@@ -156,11 +159,14 @@ def run_prequential(
     final_curves: L.Callback | None = None,
     callbacks: Sequence[L.Callback] = (),
     steps_per_group: int = 1,
+    paper_loss: str = "last_block",
 ) -> dict[str, Any]:
     """Run every block (resuming finished ones from ``run_dir/progress.json``) and the final fit;
     ``final_curves`` (e.g. the max-ent probes, mdl/final_fit_curves.py) is a callback of the final fit only;
     ``callbacks`` join every fit (e.g. models/preconditioning.py). Each Lightning step trains up to
-    ``steps_per_group`` batches (``fit_prefix``)."""
+    ``steps_per_group`` batches (``fit_prefix``). ``paper_loss`` (mdl/codelength.py PAPER_LOSSES) picks
+    the paper MDL's L(c_i); with ``last_block`` every fit also has the untrained model as a candidate."""
+    untrained_candidate = check_paper_loss(paper_loss) == "last_block"
     single_steps = settings_needing_single_steps(trainer_kwargs)
     if single_steps and steps_per_group > 1:
         log.info("trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
@@ -177,21 +183,26 @@ def run_prequential(
         n_train, n_next = boundaries[i], boundaries[i + 1]
         L.seed_everything(seed * 1000 + i, verbose=False)
         ckpt = run_dir / "checkpoints" / f"block{i:02d}.ckpt"
-        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks, steps_per_group)
+        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks,
+                         steps_per_group, untrained_candidate)
         eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
+        held_start, held_stop = heldout_block(boundaries)
+        held_bits, n_held = (eval_bits, n_eval) if n_train == held_start else total_bits(fit.module, dm.eval_loader(held_start, held_stop))
         block = BlockResult(
             n_train=n_train, n_eval=n_eval, eval_bits=eval_bits,
             val_bits_per_example=fit.best_val_loss / math.log(2), epochs=fit.epochs,
             val_loss_curve=fit.module.val_loss_curve, train_loss_curve=fit.module.train_loss_curve,
+            heldout_bits_per_example=held_bits / n_held, best_after_epochs=fit.best_epoch + 1,
         )
         blocks.append(block)
         write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
                                            "blocks": [b.to_dict() for b in blocks]})
         ckpt.unlink(missing_ok=True)
         log.info(
-            "block %d/%d: trained on %d, %d epochs, %.1fs | next %d examples: %.3f bits/example, val %.3f bits",
-            i + 1, len(boundaries) - 1, n_train, fit.epochs, fit.seconds, n_eval, eval_bits / n_eval,
-            block.val_bits_per_example,
+            "block %d/%d: trained on %d, %d epochs (best after %d), %.1fs | next %d examples: %.3f bits/example, "
+            "val %.3f bits, last block %.3f bits", i + 1, len(boundaries) - 1, n_train, fit.epochs,
+            block.best_after_epochs, fit.seconds, n_eval, eval_bits / n_eval, block.val_bits_per_example,
+            block.heldout_bits_per_example,
         )
         if on_block is not None:
             on_block(i, block)
@@ -200,13 +211,14 @@ def run_prequential(
     final = fit_prefix(
         dm, None, make_module, trainer_kwargs, patience, run_dir / "checkpoints" / "final.ckpt", checkpoint_every_s,
         extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else [])], steps_per_group=steps_per_group,
+        untrained_candidate=untrained_candidate,
     )
     test_bits, n_test = total_bits(final.module, dm.test_dataloader())
     log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, final.epochs, final.best_val_loss)
 
     return prequential_results(
         boundaries, k, blocks, final.best_val_loss, final.epochs, test_bits / n_test if n_test else None,
-        final.module.val_loss_curve, final.module.train_loss_curve,
+        final.module.val_loss_curve, final.module.train_loss_curve, paper_loss,
     )
 
 
@@ -219,10 +231,16 @@ def prequential_results(
     final_test_bits_per_example: float | None,
     val_loss_curve: list[float],
     train_loss_curve: list[float],
+    paper_loss: str,
 ) -> dict[str, Any]:
-    """The results.json fields of a prequential run (both engines write the same schema)."""
+    """The results.json fields of a prequential run (both engines write the same schema). Both
+    estimates of the paper MDL are recorded; ``paper_mdl`` is the one ``paper_loss`` names."""
     n_total = boundaries[-1]
     online = online_codelength(boundaries, k, [b.eval_bits for b in blocks])
+    estimates = {
+        "last_block": paper_mdl(boundaries, [b.heldout_bits_per_example for b in blocks]),
+        "val_min": paper_mdl(boundaries, [b.val_bits_per_example for b in blocks]),
+    }
     return {
         "num_classes": k,
         "n_train": n_total,
@@ -231,7 +249,10 @@ def prequential_results(
         "online_codelength_bits": online,
         "online_bits_per_example": online / n_total,
         "uniform_codelength_bits": uniform_codelength(n_total, k),
-        "paper_mdl": paper_mdl(boundaries, [b.val_bits_per_example for b in blocks]),
+        "paper_mdl": estimates[check_paper_loss(paper_loss)],
+        "paper_loss": paper_loss,
+        "paper_mdl_last_block": estimates["last_block"],
+        "paper_mdl_val_min": estimates["val_min"],
         "final_val_loss": final_val_loss,
         "final_epochs": final_epochs,
         "final_test_bits_per_example": final_test_bits_per_example,  # None without a test split

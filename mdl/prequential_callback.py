@@ -5,8 +5,11 @@ Member m trains on the first n_m examples. Its epoch is one pass over its prefix
 (with its evaluation weights), keeps its best weights, and stops it after ``patience`` epochs
 without improvement (Lightning's EarlyStopping rule, on the float32 mean it would compare) or
 at ``max_epochs`` (None: 1000, as Lightning). A stopped member scores what it must with its best weights in float64 bits
-(the next block, or the test split for the final model), leaves the stack and is reported to
-``on_finish``. The fit ends when no member is left.
+(the next block, or the test split for the final model; and ``heldout_batches``, the chunk the
+paper MDL's ``last_block`` estimate scores every prefix model on), leaves the stack and is reported
+to ``on_finish``. The fit ends when no member is left. With ``untrained_candidate`` every member is
+also validated before its first step and its untrained weights are a candidate, as the sequential
+engine's ``EpochProtocol`` does.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ class MemberState:
     epoch: int = 0  # epochs finished
     step: int = 0  # steps into the current epoch
     best_score: float = math.inf  # float32-rounded, as EarlyStopping compares
-    best_epoch: int = -1
+    best_epoch: int = -1  # 0-based index of the best epoch; -1 = none yet, or the untrained model
+    best_val_loss: float = math.nan  # its mean validation loss (nats, float64)
+    initial_val_loss: float | None = None  # the untrained model's, when it is a candidate
     wait: int = 0
     val_loss_curve: list[float] = field(default_factory=list)
     train_loss_curve: list[float] = field(default_factory=list)
@@ -50,8 +55,11 @@ class MemberOutcome:
     n_train: int
     epochs: int
     best_val_loss: float  # nats, float64
+    best_epoch: int  # 0-based index of the kept epoch; -1 = the untrained model
     scored_bits: float
     scored_count: int
+    heldout_bits: float
+    heldout_count: int
     val_loss_curve: list[float]
     train_loss_curve: list[float]
 
@@ -67,9 +75,13 @@ class PrequentialCallback(L.Callback):
         lr: float,
         on_finish: Callable[[MemberOutcome], None] | None = None,
         on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] | None = None,
+        heldout_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]] | None] = lambda m: None,
+        untrained_candidate: bool = False,
     ) -> None:
         self.loader = loader
         self.val_batches, self.score_batches = val_batches, score_batches
+        self.heldout_batches = heldout_batches  # member -> its held-out chunk, or None: the same as score_batches
+        self.untrained_candidate = untrained_candidate
         # as Lightning: max_epochs None means 1000, -1 means no limit
         self.patience, self.max_epochs = patience, (1000 if max_epochs is None else max_epochs if max_epochs > 0 else None)
         self.lr = lr
@@ -86,9 +98,29 @@ class PrequentialCallback(L.Callback):
     def active(self) -> list[int]:
         return [m for m in self.members if m not in self.outcomes]
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, module: StackedClassifier) -> None:
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
+        fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
+        if self.untrained_candidate and fresh:  # not again on a resume
+            self._validate_untrained(module, fresh)
+
+    def _validate_untrained(self, module: StackedClassifier, members: list[int]) -> None:
+        """The untrained weights as every member's first candidate (one read of the device)."""
+        rows = [module.members.index(m) for m in members]
+        weights = module.eval_weights(rows)
+        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)
+        for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
+            state = self.members[m]
+            self._require_finite(mean, "validation", state)
+            state.initial_val_loss = mean
+            self._keep(m, state, stopping_score(mean), mean, weights, j, len(members), epoch=-1)
+
+    def _keep(self, m: int, state: MemberState, score: float, mean: float, weights: Any, j: int, rows: int, epoch: int) -> None:
+        """Member m's candidate (row j of ``rows`` evaluated together) is its best so far."""
+        state.best_score, state.best_val_loss, state.best_epoch, state.wait = score, mean, epoch, 0
+        # eval_weights made fresh tensors: one member's row is kept as is, shared rows are copied
+        self.best[m] = {n: t[j] if rows == 1 else t[j].clone() for n, t in (weights[0] | weights[1]).items()}
 
     def on_train_batch_end(self, trainer: L.Trainer, module: StackedClassifier, outputs: Any, batch: Any, batch_idx: int) -> None:
         ended = []
@@ -126,9 +158,7 @@ class PrequentialCallback(L.Callback):
             score = stopping_score(val_means[j])
             out_of_patience = False
             if score < state.best_score:
-                state.best_score, state.best_epoch, state.wait = score, state.epoch - 1, 0
-                # eval_weights made fresh tensors: one member's row is kept as is, shared rows are copied
-                self.best[m] = {n: t[j] if len(ended) == 1 else t[j].clone() for n, t in (weights[0] | weights[1]).items()}
+                self._keep(m, state, score, val_means[j], weights, j, len(ended), epoch=state.epoch - 1)
             else:  # as Lightning's EarlyStopping: only an epoch without improvement can run out of patience
                 state.wait += 1
                 out_of_patience = state.wait >= self.patience
@@ -144,10 +174,17 @@ class PrequentialCallback(L.Callback):
             params = {n: best[n][None] for n in module.stack.names}
             buffers = {n: best[n][None] for n in module.stack.buffer_names}
             total, count = module.loss_sums((params, buffers), self.score_batches(m))
+            scored_bits = float(total[0]) / math.log(2) if count else 0.0
+            heldout = self.heldout_batches(m)
+            if heldout is None:
+                heldout_bits, heldout_count = scored_bits, count
+            else:
+                held_total, heldout_count = module.loss_sums((params, buffers), heldout)
+                heldout_bits = float(held_total[0]) / math.log(2) if heldout_count else 0.0
             outcome = MemberOutcome(
-                member=m, n_train=state.n_train, epochs=state.epoch,
-                best_val_loss=state.val_loss_curve[state.best_epoch],
-                scored_bits=float(total[0]) / math.log(2) if count else 0.0, scored_count=count,
+                member=m, n_train=state.n_train, epochs=state.epoch, best_val_loss=state.best_val_loss,
+                best_epoch=state.best_epoch, scored_bits=scored_bits, scored_count=count,
+                heldout_bits=heldout_bits, heldout_count=heldout_count,
                 val_loss_curve=list(state.val_loss_curve), train_loss_curve=list(state.train_loss_curve),
             )
             state.finished_at = time.monotonic() - self.started

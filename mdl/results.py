@@ -28,10 +28,13 @@ class BlockResult:
     n_train: int
     n_eval: int
     eval_bits: float  # -sum log2 p(y) over the next block
-    val_bits_per_example: float  # mean held-out cross-entropy in bits (the paper's L(c_i))
+    val_bits_per_example: float  # lowest mean validation cross-entropy in bits (L(c_i) of paper_loss=val_min)
     epochs: int
     val_loss_curve: list[float] = field(default_factory=list)  # nats per epoch
     train_loss_curve: list[float] = field(default_factory=list)
+    # the same weights' mean cross-entropy in bits on the last block (L(c_i) of paper_loss=last_block)
+    heldout_bits_per_example: float | None = None
+    best_after_epochs: int | None = None  # epochs of training behind the kept weights (0: the untrained model)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

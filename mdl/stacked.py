@@ -22,6 +22,7 @@ from torch import nn
 from datamodules.datamodule import ErasedDataModule
 from datamodules.stacked_batches import StackedBatches
 from mdl.callbacks import SaveLastCheckpoint
+from mdl.codelength import check_paper_loss, heldout_block
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, prequential_results, resumable
 from mdl.prequential_callback import MemberOutcome, PrequentialCallback
@@ -67,8 +68,10 @@ def run_prequential_stacked(
     loss: SpectralDecoupling | None = None,
     final_curves: FinalFitCurves | None = None,
     callbacks: Sequence[L.Callback] = (),
+    paper_loss: str = "last_block",
 ) -> dict[str, Any]:
     """Every block's model and the final one in one fit; returns the sequential engine's results schema.
+    ``paper_loss`` as in ``run_prequential`` (with ``last_block`` the untrained model is a candidate).
 
     ``final_curves`` (e.g. the max-ent probes) is evaluated on the final member at each of its epoch
     ends and checkpointed with the stack; its curves are read from it afterwards.
@@ -78,6 +81,7 @@ def run_prequential_stacked(
     One Lightning step trains up to ``steps_per_group`` consecutive steps (datamodules/stacked_batches.py).
     """
     refuse_for_stacked(trainer_kwargs)
+    check_paper_loss(paper_loss)
     run_dir = Path(run_dir)
     n_total, k, num_blocks = dm.num_train, dm.num_classes, len(boundaries) - 1
     if boundaries[-1] != n_total:
@@ -101,9 +105,10 @@ def run_prequential_stacked(
         if outcome.member < num_blocks:
             block = _block(outcome, boundaries)
             log.info(
-                "block %d/%d: trained on %d, %d epochs | next %d examples: %.3f bits/example, val %.3f bits",
-                outcome.member + 1, num_blocks, block.n_train, block.epochs, block.n_eval,
-                block.eval_bits / block.n_eval, block.val_bits_per_example,
+                "block %d/%d: trained on %d, %d epochs (best after %d) | next %d examples: %.3f bits/example, "
+                "val %.3f bits, last block %.3f bits", outcome.member + 1, num_blocks, block.n_train, block.epochs,
+                block.best_after_epochs, block.n_eval, block.eval_bits / block.n_eval, block.val_bits_per_example,
+                block.heldout_bits_per_example,
             )
             if on_block is not None:
                 on_block(outcome.member, block)
@@ -113,9 +118,15 @@ def run_prequential_stacked(
     def score_batches(member: int):
         return dm.eval_loader(boundaries[member], boundaries[member + 1]) if member < num_blocks else dm.test_dataloader()
 
+    def heldout_batches(member: int):
+        """The last block for every prefix model but the one whose next block it already is."""
+        held_start, held_stop = heldout_block(boundaries)
+        return dm.eval_loader(held_start, held_stop) if boundaries[member] < held_start else None
+
     protocol = PrequentialCallback(
         loader, dm.val_dataloader, score_batches, patience, trainer_kwargs.get("max_epochs"), lr, on_finish=on_finish,
         on_member_epoch={num_blocks: final_curves} if final_curves is not None else None,
+        heldout_batches=heldout_batches, untrained_candidate=paper_loss == "last_block",
     )
     checkpoint = run_dir / CHECKPOINT
     callbacks = [protocol, MemberProgress(protocol), *callbacks, SaveLastCheckpoint(checkpoint, checkpoint_every_s)]
@@ -132,7 +143,7 @@ def run_prequential_stacked(
     return prequential_results(
         boundaries, k, blocks, final.best_val_loss, final.epochs,
         final.scored_bits / final.scored_count if final.scored_count else None,
-        final.val_loss_curve, final.train_loss_curve,
+        final.val_loss_curve, final.train_loss_curve, paper_loss,
     )
 
 
@@ -141,4 +152,5 @@ def _block(outcome: MemberOutcome, boundaries: Sequence[int]) -> BlockResult:
         n_train=outcome.n_train, n_eval=outcome.scored_count, eval_bits=outcome.scored_bits,
         val_bits_per_example=outcome.best_val_loss / math.log(2), epochs=outcome.epochs,
         val_loss_curve=outcome.val_loss_curve, train_loss_curve=outcome.train_loss_curve,
+        heldout_bits_per_example=outcome.heldout_bits / outcome.heldout_count, best_after_epochs=outcome.best_epoch + 1,
     )
