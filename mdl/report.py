@@ -234,11 +234,21 @@ def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
             + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."), ""]
 
 
+def _paper_losses(sweep: Sweep) -> str:
+    """Which estimate of L(c_i) the runs' paper MDL is (mdl.paper_loss; runs from before it: val_min)."""
+    from mdl.codelength import PAPER_LOSSES
+
+    used = sorted({str(run.results.get("paper_loss", "val_min")) for run in sweep.runs})
+    return " and ".join(f"`{u}` ({PAPER_LOSSES.get(u, 'unknown')})" for u in used) + (
+        ": mixed estimates, compare cells of one estimate only" if len(used) > 1 else "")
+
+
 def _tables(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
     return ["## Table (the paper's Appendix C)\n",
             "Each cell: mean ± sample standard deviation over seeds (ddof = 1; n/a with one seed), n = number of "
             f"seeds. {PARTIAL_MARK}: fewer seeds than the fullest cell ({cov.max_seeds}); `missing`: no run.\n",
-            "**Paper-compatible prequential MDL, bits per sample** (the number in the paper's table):\n",
+            "**Paper-compatible prequential MDL, bits per sample** (the number in the paper's table; "
+            f"L(c_i) measured as {_paper_losses(sweep)}):\n",
             pivot(sweep, cells, "paper_mdl", cov.max_seeds), "",
             "**Online code length (Voita & Titov), bits per example** (total bits in `table.csv`; a uniform "
             "predictor scores log2 K):\n", pivot(sweep, cells, "online_bits_per_example", cov.max_seeds), "",

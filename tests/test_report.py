@@ -211,6 +211,7 @@ def test_table_means_and_stds_equal_hand_computed(report: Path):
     text = report.read_text()
     assert "7.67 ± 0.76 (n=3)" in text
     assert "ddof = 1" in text and "bits per sample" in text
+    assert "L(c_i) measured as `val_min` (minimum validation loss" in text  # runs without paper_loss predate last_block
 
 
 def test_partial_and_missing_cells_are_flagged(report: Path, sweep_dir: Path):
