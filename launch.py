@@ -18,6 +18,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportEr
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from mdl.experiment import quiet_lightning, run_experiment, summary  # after Hydra parsed the command line
+    from mdl.preemption import EXIT_CODE, Preempted
     from mdl.results import RESULTS_FILE
 
     quiet_lightning()
@@ -26,6 +27,9 @@ def main(cfg: DictConfig) -> float | None:
     run_dir = Path(hc.runtime.output_dir)
     try:
         results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
+    except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job
+        print(f"preempted: {err}. Run the same command again to resume.", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CODE)
     except USER_ERRORS as err:
         if os.environ.get("MDL_TRACEBACK"):
             raise

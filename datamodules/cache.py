@@ -1,7 +1,7 @@
 """On-disk cache of fitted erasers and erased splits, shared by every job of a sweep.
 
 Files are named by a hash of what determines their content (source config, split, eraser
-config, format version; see ``cache_key``). Each file is one safetensors file whose metadata
+config, format version and the code of erasure/ and datamodules/; see ``cache_key``). Each file is one safetensors file whose metadata
 holds a checksum of its tensors; a file that fails to load or to match its checksum is reported
 and rebuilt. Writers take a per-key file lock and write to a temporary name then rename, so
 concurrent jobs build each key once and a reader never sees half a file. (If the lock is not
@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import Tensor
 
+from datamodules.code_digest import source_digest
 from erasure import Eraser, load_eraser
 
 CACHE_FORMAT_VERSION = 1
@@ -119,10 +120,16 @@ def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S)
     return removed
 
 
+# The code that makes the cached files: eraser fits and the splits they are fitted on and applied to.
+ERASURE_CODE_PACKAGES = ("erasure", "datamodules")
+
+
 def cache_key(**parts: Any) -> str:
-    """Stable hash of JSON-able parts (dict order does not matter) plus the cache format version."""
+    """Stable hash of JSON-able parts (dict order does not matter), the cache format version and the
+    digest of the code that makes the files (an edit to an eraser gives new keys, not stale data)."""
     payload = json.dumps(
-        {"cache_format_version": CACHE_FORMAT_VERSION, **parts}, sort_keys=True, default=str, separators=(",", ":")
+        {"cache_format_version": CACHE_FORMAT_VERSION, "erasure_code": source_digest(ERASURE_CODE_PACKAGES), **parts},
+        sort_keys=True, default=str, separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from mdl.preemption import defer_until_checkpoint, end_deferral, sigterm_requested, stop_after_checkpoint
+
 
 def stopping_score(mean: float) -> float:
     """The value Lightning's ``EarlyStopping`` (mode min, min_delta 0) compares for a mean loss: its
@@ -132,18 +134,28 @@ class SaveLastCheckpoint(Checkpoint):
         self._resumed_stopped = False
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if time.monotonic() - self._last_save < self.min_interval_s and not trainer.should_stop:
+        recent = time.monotonic() - self._last_save < self.min_interval_s
+        if recent and not trainer.should_stop and not sigterm_requested():
             return
         trainer.save_checkpoint(self.path)
         self._last_save = time.monotonic()
+        stop_after_checkpoint(str(self.path))  # a SIGTERM arrived: stop here, resumable (mdl/preemption.py)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["fit_stopped"] = bool(trainer.should_stop)  # early stopping decided at this epoch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit killed after its last checkpoint but before the driver recorded it trains no further."""
+        """A fit killed after its last checkpoint but before the driver recorded it trains no further.
+        From here a SIGTERM stops the fit at its next checkpoint (mdl/preemption.py)."""
         if self._resumed_stopped:
             trainer.should_stop = True
+        defer_until_checkpoint()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        end_deferral()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        end_deferral()
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._resumed_stopped = bool(checkpoint.get("fit_stopped", False))

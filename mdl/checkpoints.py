@@ -7,13 +7,16 @@ One ``RunCheckpointIO`` per fit (a Lightning CheckpointIO plugin):
 - writes atomically, through a temporary file whose name is unique to the writer, then a rename:
   a kill leaves either the old file or the new one, and two writers never share a temporary;
 - stores a SHA-256 of the payload in a short header and checks it on every read, so a truncated or
-  bit-flipped checkpoint is detected (``is_intact``) and never silently changes a result.
+  bit-flipped checkpoint is detected (``is_intact``) and never silently changes a result;
+- records in that header the identity of what wrote it (the code version and the run's config hash,
+  ``run_identity``): a checkpoint left by other code or another run is never resumed (``resumable``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -22,8 +25,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-MAGIC = b"MDLCKPT1"
+log = logging.getLogger(__name__)
+MAGIC = b"MDLCKPT2"  # MDLCKPT1 files (no identity) were written by older code: never resumed
 DIGEST_LEN = 64  # hex SHA-256
+IDENTITY_LEN_BYTES = 4
 
 
 class DamagedCheckpoint(RuntimeError):
@@ -35,13 +40,16 @@ def unique_temporary(path: Path) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def write_checksummed(path: Path, payload: bytes) -> None:
-    """header (magic + SHA-256) + payload, written to a unique temporary and renamed into place."""
+def write_checksummed(path: Path, payload: bytes, identity: str = "") -> None:
+    """magic + SHA-256 + identity + payload (the digest covers both), written to a unique temporary and
+    renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    ident = identity.encode()
+    body = len(ident).to_bytes(IDENTITY_LEN_BYTES, "big") + ident + payload
     tmp = unique_temporary(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + payload)
+            f.write(MAGIC + hashlib.sha256(body).hexdigest().encode() + body)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -51,14 +59,25 @@ def write_checksummed(path: Path, payload: bytes) -> None:
 
 def read_checksummed(path: Path) -> bytes:
     """The payload of a checksummed file; DamagedCheckpoint if the header or the digest is wrong."""
+    return _read(path)[1]
+
+
+def read_identity(path: Path) -> str:
+    """The identity a checksummed file was written with (DamagedCheckpoint if it is damaged)."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[str, bytes]:
     blob = Path(path).read_bytes()
     head = len(MAGIC) + DIGEST_LEN
-    if len(blob) < head or not blob.startswith(MAGIC):
-        raise DamagedCheckpoint(f"{path}: not a checkpoint of this framework (missing header); it was truncated or written by another program")
-    digest, payload = blob[len(MAGIC):head].decode(errors="replace"), blob[head:]
-    if hashlib.sha256(payload).hexdigest() != digest:
-        raise DamagedCheckpoint(f"{path}: checksum mismatch ({len(payload)} bytes); the file is damaged")
-    return payload
+    if len(blob) < head + IDENTITY_LEN_BYTES or not blob.startswith(MAGIC):
+        raise DamagedCheckpoint(f"{path}: not a checkpoint of this version of the framework (missing header); it was "
+                                f"truncated, written by another program or by older code")
+    digest, body = blob[len(MAGIC):head].decode(errors="replace"), blob[head:]
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise DamagedCheckpoint(f"{path}: checksum mismatch ({len(body)} bytes); the file is damaged")
+    n = int.from_bytes(body[:IDENTITY_LEN_BYTES], "big")
+    return body[IDENTITY_LEN_BYTES:IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n:]
 
 
 def is_intact(path: Path) -> bool:
@@ -69,16 +88,45 @@ def is_intact(path: Path) -> bool:
     return True
 
 
-class RunCheckpointIO(TorchCheckpointIO):
-    """Checksummed, atomic checkpoints loaded onto the training device."""
+def run_identity(run_dir: Path) -> str:
+    """What a run's checkpoints must have been written by: this code version and this run (the run
+    directory in the store is named by the config hash)."""
+    from mdl.results import code_version
 
-    def __init__(self, device: torch.device | str) -> None:
+    return f"code {code_version()} run {Path(run_dir).name}"
+
+
+def resumable(checkpoint: Path | None, identity: str) -> str | None:
+    """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
+    one, or one written by other code or another run, is removed with a warning (the fit starts over)."""
+    if checkpoint is None or not checkpoint.exists():
+        return None
+    try:
+        written_by = read_identity(checkpoint)
+    except (DamagedCheckpoint, OSError) as err:
+        log.warning("discarding damaged checkpoint %s (%s); this fit starts over", checkpoint, err)
+        checkpoint.unlink(missing_ok=True)
+        return None
+    if written_by != identity:
+        log.warning("discarding checkpoint %s: it was written by %s, this is %s; this fit starts over",
+                    checkpoint, written_by or "unknown code", identity)
+        checkpoint.unlink(missing_ok=True)
+        return None
+    log.info("resuming fit from %s", checkpoint)
+    return str(checkpoint)
+
+
+class RunCheckpointIO(TorchCheckpointIO):
+    """Checksummed, atomic checkpoints loaded onto the training device, stamped with ``identity``."""
+
+    def __init__(self, device: torch.device | str, identity: str = "") -> None:
         self.device = torch.device(device)
+        self.identity = identity
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        write_checksummed(Path(path), buffer.getvalue())
+        write_checksummed(Path(path), buffer.getvalue(), self.identity)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         payload = read_checksummed(Path(path))

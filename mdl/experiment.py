@@ -28,6 +28,7 @@ from erasure import available_erasers
 from mdl.device import training_device
 from mdl.codelength import check_paper_loss
 from mdl.final_fit_curves import FinalFitCurves
+from mdl.preemption import sigterm_guard
 from mdl.prequential import run_prequential
 from mdl.stacked import run_prequential_stacked
 from mdl.results import (
@@ -48,6 +49,8 @@ NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
 # How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
+# trainer.torch_threads is not among them: on a CPU the thread count changes the last bits of every reduction, so a
+# CPU run's identity holds the thread count it resolves to (``cpu_threads``; see config_hash).
 NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group"), "trainer": ("torch_threads", "threads_by_engine")}
 NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
@@ -62,9 +65,18 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+def training_threads(cfg: DictConfig) -> int:
+    """The CPU threads a run trains with: trainer.torch_threads, or torch's default for this machine."""
+    return int(cfg.trainer.get("torch_threads") or DEFAULT_THREADS)
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """A short hash of the resolved config minus bookkeeping keys: the identity of a run."""
+    """A short hash of the resolved config minus bookkeeping keys: the identity of a run. A run that
+    trains on a CPU also carries its thread count: 1 and 2 threads give different numbers (sums are
+    reduced in another order), so a run resumed or skipped with another count would mix them."""
     data = OmegaConf.to_container(cfg, resolve=True)
+    if _trains_on_cpu(cfg):
+        data["cpu_threads"] = training_threads(cfg)
     for key in NON_SCIENTIFIC_KEYS:
         data.pop(key, None)
     if not (data.get("probes") or {}).get("enabled", False):
@@ -82,6 +94,15 @@ def config_hash(cfg: DictConfig) -> str:
         (data.get("data", {}).get("options") or {}).pop(key, None)
     blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _trains_on_cpu(cfg: DictConfig) -> bool:
+    """Whether the run's device resolves to the CPU here (a device that cannot be resolved is reported
+    by check_trainer_config, not here)."""
+    try:
+        return training_device(cfg.device, cfg.data.get("device")).type == "cpu"
+    except ValueError:
+        return False
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -263,7 +284,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
     store = Path(cfg.paths.store_dir) / key
     require_writable(run_dir, "paths.output_root")
     require_writable(store, "paths.output_root (or paths.store_dir)")
-    with run_lock(store):  # a second process with the same config waits here, then skips or resumes
+    with run_lock(store), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
+        # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/preemption.py)
         done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
@@ -305,7 +327,7 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
 
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
-    torch.set_num_threads(cfg.trainer.get("torch_threads") or DEFAULT_THREADS)
+    torch.set_num_threads(training_threads(cfg))
     torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
     boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
     logger = make_logger(cfg, run_dir, overrides)

@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from datamodules.datamodule import ErasedDataModule
 from mdl.callbacks import EpochProtocol, SaveLastCheckpoint
-from mdl.checkpoints import RunCheckpointIO, is_intact
+from mdl.checkpoints import RunCheckpointIO, resumable, run_identity
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import check_paper_loss, heldout_block, online_codelength, paper_mdl, uniform_codelength
 from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
@@ -53,6 +53,7 @@ def fit_prefix(
     extra_callbacks: Sequence[L.Callback] = (),
     steps_per_group: int = 1,
     untrained_candidate: bool = False,
+    identity: str = "",
 ) -> FitOutcome:
     """Train a fresh model on the first n_train examples (None = all) with early stopping.
 
@@ -65,6 +66,8 @@ def fit_prefix(
     final fit's max-ent probe curves. One Lightning step trains ``steps_per_group`` consecutive
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     ``untrained_candidate``: the untrained model is validated too and kept if no epoch beats it.
+    ``identity`` (mdl/checkpoints.py ``run_identity``) stamps the checkpoint; only a checkpoint with the
+    same stamp is resumed.
     """
     start = time.perf_counter()
     refuse_for_sequential(trainer_kwargs)
@@ -77,8 +80,8 @@ def fit_prefix(
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
-    resume_from = resumable(checkpoint)
-    trainer = make_trainer(trainer_kwargs, device, callbacks, checkpointing=checkpoint is not None)
+    resume_from = resumable(checkpoint, identity)
+    trainer = make_trainer(trainer_kwargs, device, callbacks, checkpointing=checkpoint is not None, identity=identity)
     with warnings.catch_warnings():  # no val_dataloader on purpose: EpochProtocol validates
         warnings.filterwarnings("ignore", message=".*defined a `validation_step` but have no `val_dataloader`")
         trainer.fit(module, train_dataloaders=dm.train_dataloader(), ckpt_path=resume_from)
@@ -88,10 +91,11 @@ def fit_prefix(
 
 
 def make_trainer(
-    trainer_kwargs: dict[str, Any], device: torch.device, callbacks: list[L.Callback], checkpointing: bool
+    trainer_kwargs: dict[str, Any], device: torch.device, callbacks: list[L.Callback], checkpointing: bool,
+    identity: str = "",
 ) -> L.Trainer:
-    """A quiet Trainer on the run's device, saving checkpoints only through our callbacks."""
-    plugins: list[Any] = [RunCheckpointIO(device)]
+    """A quiet Trainer on the run's device, saving checkpoints (stamped with ``identity``) only through our callbacks."""
+    plugins: list[Any] = [RunCheckpointIO(device, identity)]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeueing
     return L.Trainer(
@@ -104,18 +108,6 @@ def make_trainer(
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-
-
-def resumable(checkpoint: Path | None) -> str | None:
-    """The checkpoint to resume from, if there is an intact one; a damaged one is removed."""
-    if checkpoint is None or not checkpoint.exists():
-        return None
-    if not is_intact(checkpoint):
-        log.warning("discarding damaged checkpoint %s (checksum mismatch or truncated); this fit starts over", checkpoint)
-        checkpoint.unlink(missing_ok=True)
-        return None
-    log.info("resuming fit from %s", checkpoint)
-    return str(checkpoint)
 
 
 def finished_blocks(progress_path: Path, boundaries: Sequence[int]) -> list[dict[str, Any]]:
@@ -144,6 +136,11 @@ def finished_blocks(progress_path: Path, boundaries: Sequence[int]) -> list[dict
     for stale in progress_path.parent.glob("checkpoints/*.ckpt"):
         stale.unlink(missing_ok=True)
     return []
+
+
+def write_progress(path: Path, boundaries: Sequence[int], blocks: list[dict[str, Any]], **extra: Any) -> None:
+    """progress.json: the finished blocks of a run, with the schedule and code version they belong to."""
+    write_checked_json(path, {"boundaries": list(boundaries), "code_version": code_version(), **extra, "blocks": blocks})
 
 
 def run_prequential(
@@ -177,14 +174,17 @@ def run_prequential(
     if boundaries[-1] != n_total:
         raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {n_total} training examples")
     done = finished_blocks(progress_path, boundaries)
+    if not progress_path.exists():  # from the start, so a later attempt by other code knows not to resume this one
+        write_progress(progress_path, boundaries, [])
     blocks = [BlockResult(**b) for b in done]
+    identity = run_identity(run_dir)
 
     for i in range(len(blocks), len(boundaries) - 1):
         n_train, n_next = boundaries[i], boundaries[i + 1]
         L.seed_everything(seed * 1000 + i, verbose=False)
         ckpt = run_dir / "checkpoints" / f"block{i:02d}.ckpt"
         fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks,
-                         steps_per_group, untrained_candidate)
+                         steps_per_group, untrained_candidate, identity)
         eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
         held_start, held_stop = heldout_block(boundaries)
         held_bits, n_held = (eval_bits, n_eval) if n_train == held_start else total_bits(fit.module, dm.eval_loader(held_start, held_stop))
@@ -195,8 +195,7 @@ def run_prequential(
             heldout_bits_per_example=held_bits / n_held, best_after_epochs=fit.best_epoch + 1,
         )
         blocks.append(block)
-        write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
-                                           "blocks": [b.to_dict() for b in blocks]})
+        write_progress(progress_path, boundaries, [b.to_dict() for b in blocks])
         ckpt.unlink(missing_ok=True)
         log.info(
             "block %d/%d: trained on %d, %d epochs (best after %d), %.1fs | next %d examples: %.3f bits/example, "
@@ -211,7 +210,7 @@ def run_prequential(
     final = fit_prefix(
         dm, None, make_module, trainer_kwargs, patience, run_dir / "checkpoints" / "final.ckpt", checkpoint_every_s,
         extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else [])], steps_per_group=steps_per_group,
-        untrained_candidate=untrained_candidate,
+        untrained_candidate=untrained_candidate, identity=identity,
     )
     test_bits, n_test = total_bits(final.module, dm.test_dataloader())
     log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, final.epochs, final.best_val_loss)

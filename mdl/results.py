@@ -8,7 +8,6 @@ redone instead of silently steering a resumed run.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -17,6 +16,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from datamodules.code_digest import source_digest
 
 RESULTS_FILE = "results.json"
 
@@ -69,18 +70,9 @@ def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
     return payload
 
 
-@functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """A short hash of the framework's own source files: what computed a result.
-
-    Unlike the git sha it also changes with uncommitted edits and exists outside a git checkout.
-    """
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for package in SOURCE_PACKAGES:
-        for file in sorted((root / package).rglob("*.py")):
-            h.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes())
-    return h.hexdigest()[:12]
+    """A short hash of the framework's own source files: what computed a result (datamodules/code_digest.py)."""
+    return source_digest(SOURCE_PACKAGES)[:12]
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:

@@ -24,10 +24,11 @@ from datamodules.stacked_batches import StackedBatches
 from mdl.callbacks import SaveLastCheckpoint
 from mdl.codelength import check_paper_loss, heldout_block
 from mdl.final_fit_curves import FinalFitCurves
-from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, prequential_results, resumable
+from mdl.checkpoints import resumable, run_identity
+from mdl.prequential import PROGRESS_FILE, finished_blocks, make_trainer, prequential_results, write_progress
 from mdl.prequential_callback import MemberOutcome, PrequentialCallback
 from mdl.progress_display import MemberProgress
-from mdl.results import BlockResult, code_version, write_checked_json
+from mdl.results import BlockResult
 from mdl.trainer_settings import refuse_for_stacked
 from models.losses import SpectralDecoupling
 from models.module import OptimizerFactory
@@ -89,8 +90,7 @@ def run_prequential_stacked(
     progress_path = run_dir / PROGRESS_FILE
     finished_blocks(progress_path, boundaries)  # a stale attempt (other schedule or code) is discarded here
     if not progress_path.exists():  # from the start, so a later attempt by other code knows not to resume this one
-        write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
-                                           "engine": "stacked", "blocks": [], "block_index": []})
+        write_progress(progress_path, boundaries, [], engine="stacked", block_index=[])
     prefixes = list(boundaries[:-1]) + [n_total]
     loader = dm.stacked_train_loader(prefixes, steps_per_group)
     module = StackedClassifier(
@@ -99,9 +99,7 @@ def run_prequential_stacked(
     def on_finish(outcome: MemberOutcome) -> None:
         """Record every member finished so far (restored ones included; members finish in any order)."""
         done = {m: _block(o, boundaries).to_dict() for m, o in sorted(protocol.outcomes.items()) if m < num_blocks}
-        write_checked_json(progress_path, {"boundaries": list(boundaries), "code_version": code_version(),
-                                           "engine": "stacked", "blocks": list(done.values()),
-                                           "block_index": list(done)})
+        write_progress(progress_path, boundaries, list(done.values()), engine="stacked", block_index=list(done))
         if outcome.member < num_blocks:
             block = _block(outcome, boundaries)
             log.info(
@@ -133,8 +131,9 @@ def run_prequential_stacked(
     if final_curves is not None:  # in the Trainer only for its state in the checkpoints
         callbacks.insert(2, final_curves)
     kwargs = {**trainer_kwargs, "max_epochs": -1}  # the callback stops each member and then the fit
-    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True)
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint))
+    identity = run_identity(run_dir)
+    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, identity=identity)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, identity))
     checkpoint.unlink(missing_ok=True)
 
     outcomes = protocol.outcomes

@@ -201,3 +201,22 @@ def test_sweep_jobs_share_fitted_erasers_and_erased_data(tmp_path: Path, monkeyp
     assert fits.calls == 3
     sweep_job(tmp_path, augment_order="augment_then_erase")  # new erased data, same fitted eraser
     assert fits.calls == 3 and loads.calls == 4
+
+
+def test_data_made_by_other_eraser_code_is_not_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys carry the digest of erasure/ and datamodules/: after an edit to an eraser the cache
+    fits again instead of serving what the old code made (it served it before)."""
+    import datamodules.cache as cache_module
+    import datamodules.datamodule as dm_module
+    from datamodules.code_digest import source_digest
+
+    assert len(source_digest(cache_module.ERASURE_CODE_PACKAGES)) == 64
+    fits = Spy(dm_module.fit_eraser)
+    monkeypatch.setattr(dm_module, "fit_eraser", fits)
+    monkeypatch.setattr(cache_module, "source_digest", lambda packages: "old eraser code")
+    sweep_job(tmp_path, seed=0)
+    sweep_job(tmp_path, seed=1)
+    assert fits.calls == 1  # one code version: shared
+    monkeypatch.setattr(cache_module, "source_digest", lambda packages: "edited eraser code")
+    sweep_job(tmp_path, seed=0)
+    assert fits.calls == 2

@@ -75,6 +75,39 @@ def test_progress_made_by_other_code_is_not_resumed(reference, tmp_path, monkeyp
     _same(results, reference)
 
 
+def _killed_in_block_0_by_other_code(cfg, run_dir: Path, monkeypatch) -> None:
+    with monkeypatch.context() as m:
+        m.setattr("mdl.prequential.code_version", lambda: "0ldc0de")
+        m.setattr("mdl.results.code_version", lambda: "0ldc0de")
+        assert run_killed_after(cfg, run_dir, 1, monkeypatch)  # inside block 0: nothing finished yet
+
+
+def test_block_0_killed_under_other_code_is_not_resumed(reference, tmp_path, monkeypatch, caplog) -> None:
+    """progress.json exists from the start of a run, so even a kill before the first block ends
+    leaves the code version behind (it used to be written after block 0 only)."""
+    cfg = compose_config(SETTINGS, tmp_path)
+    _killed_in_block_0_by_other_code(cfg, tmp_path / "a", monkeypatch)
+    assert json.loads((_store(tmp_path) / "progress.json").read_text())["code_version"] == "0ldc0de"
+    with caplog.at_level(logging.WARNING):
+        _same(run_experiment(cfg, tmp_path / "b"), reference)
+    assert "made by code version 0ldc0de" in caplog.text
+
+
+def test_a_checkpoint_carries_the_code_and_run_that_wrote_it(reference, tmp_path, monkeypatch, caplog) -> None:
+    """Without progress.json to say so, the checkpoint's own stamp refuses another code version."""
+    cfg = compose_config(SETTINGS, tmp_path)
+    _killed_in_block_0_by_other_code(cfg, tmp_path / "a", monkeypatch)
+    store = _store(tmp_path)
+    (store / "progress.json").unlink()
+    from mdl.checkpoints import read_identity
+
+    (ckpt,) = store.glob("checkpoints/*.ckpt")
+    assert read_identity(ckpt) == f"code 0ldc0de run {store.name}"
+    with caplog.at_level(logging.WARNING):
+        _same(run_experiment(cfg, tmp_path / "b"), reference)
+    assert f"written by code 0ldc0de run {store.name}" in caplog.text
+
+
 def test_damaged_stored_result_is_run_again_not_skipped(reference, tmp_path, caplog) -> None:
     cfg = compose_config(SETTINGS, tmp_path)
     run_experiment(cfg, tmp_path / "a")

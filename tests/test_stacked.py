@@ -290,11 +290,14 @@ def test_a_diverging_member_stops_the_run_with_the_learning_rate_in_the_message(
         run_experiment(cfg, tmp_path / "run")
 
 
-def test_run_identity_is_the_engine_not_how_often_it_checkpoints_how_it_groups_steps_or_how_many_threads_it_uses() -> None:
-    from mdl.experiment import config_hash
+def test_run_identity_is_the_engine_and_cpu_threads_not_how_often_it_checkpoints_or_how_it_groups_steps() -> None:
+    from mdl.experiment import DEFAULT_THREADS, config_hash
 
     base = config_hash(compose_config(FAST))
-    assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "trainer.torch_threads=2", "mdl.steps_per_group=1"]))
+    assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "mdl.steps_per_group=1"]))
+    # on a CPU the thread count changes the numbers' last bits: it is part of the identity, as resolved
+    assert base == config_hash(compose_config([*FAST, f"trainer.torch_threads={DEFAULT_THREADS}"]))  # stacked: null = torch's
+    assert config_hash(compose_config([*FAST, "trainer.torch_threads=1"])) != config_hash(compose_config([*FAST, "trainer.torch_threads=3"]))
     assert base == config_hash(compose_config([*FAST, "data.balance=null", "data.transform=null"]))
     assert base != config_hash(compose_config([*FAST, "mdl.engine=sequential"]))
     assert base != config_hash(compose_config([*FAST, "data.balance=suby"]))
