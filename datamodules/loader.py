@@ -22,6 +22,23 @@ from datamodules.augment import PAD_MODES, apply_crop_flip, crop_flip_params, cr
 BatchTransform = Callable[[Tensor, Tensor], Tensor]
 
 
+def class_balanced_weights(y: Tensor, num_classes: int) -> Tensor:
+    """Per example, 1 / (the count of its class in ``y``): draws with these probabilities are
+    class-balanced in expectation (RWY, gradient-starvation thesis Sec. 8.4). On y's device, no host read."""
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=y.device)
+    counts.index_add_(0, y, torch.ones(y.shape[0], dtype=torch.float64, device=y.device))
+    return 1.0 / counts[y]
+
+
+def epoch_order(n: int, generator: torch.Generator | None, device: torch.device, weights: Tensor | None = None) -> Tensor:
+    """An epoch's n example indices into a prefix of n: a permutation, or with ``weights`` (RWY) n
+    draws with replacement, example i with probability proportional to weights[i]. Both engines
+    draw an epoch through this one function, from the epoch's own generator."""
+    if weights is None:
+        return torch.randperm(n, generator=generator, device=device)
+    return torch.multinomial(weights, n, replacement=True, generator=generator)
+
+
 def epoch_generator(seed: int, epoch: int, device: torch.device) -> torch.Generator:
     """The generator of one epoch's shuffle and augmentation: a function of (seed, epoch) alone."""
     g = torch.Generator(device=device)
@@ -34,7 +51,10 @@ class DeviceBatches:
 
     ``set_epoch(e)`` (called by the training module each epoch) fixes the shuffle and the
     augmentation of that epoch. ``transform(x, y)``, if given, runs on every batch after the
-    augmentation (augment-then-erase applies the eraser here).
+    augmentation (augment-then-erase applies the eraser here). ``class_balance`` (the number of
+    classes; shuffled loaders only) replaces the shuffle by class-balanced draws with replacement,
+    redrawn every epoch (``data.balance=rwy``): the data itself, and so the blocks a prequential
+    run scores, hold no copies.
     """
 
     def __init__(
@@ -50,7 +70,10 @@ class DeviceBatches:
         padding_fraction: float = 0.125,
         pad_mode: str = "constant",
         transform: BatchTransform | None = None,
+        class_balance: int | None = None,
     ) -> None:
+        if class_balance is not None and not shuffle:
+            raise ValueError("class-balanced sampling (data.balance=rwy) applies to shuffled training batches only")
         if x.shape[0] != y.shape[0]:
             raise ValueError(f"x and y disagree on the number of examples: {x.shape[0]} vs {y.shape[0]}")
         if x.device != y.device:
@@ -71,6 +94,7 @@ class DeviceBatches:
         self.transform = transform
         self.pad_h = crop_padding(x.shape[2], padding_fraction) if x.ndim == 4 else 0
         self.pad_w = crop_padding(x.shape[3], padding_fraction) if x.ndim == 4 else 0
+        self.sample_weights = class_balanced_weights(y, class_balance) if class_balance is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -86,7 +110,7 @@ class DeviceBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n = self.x.shape[0]
         g = epoch_generator(self.seed, self.epoch, self.x.device) if (self.shuffle or self.augment) else None
-        order = torch.randperm(n, generator=g, device=self.x.device) if self.shuffle else None
+        order = epoch_order(n, g, self.x.device, self.sample_weights) if self.shuffle else None
         # the epoch's crops and flips in one draw, after its shuffle; batch b takes rows b*B.. of it
         crops = crop_flip_params(n, self.pad_h, self.pad_w, self.flip, g, self.x.device) if self.augment else None
         for b in range(len(self)):

@@ -1,6 +1,7 @@
 """Batches for a stack of models, each drawing from its own prefix of one training set.
 
-Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` and crop/flip draws
+Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
+n_m class-balanced draws with replacement) and crop/flip draws
 from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules/loader.py),
 so a member sees the batches the sequential engine's model for that prefix sees. One global
 step takes the next batch of every member still training; the batches are padded to a common
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from datamodules.augment import CropFlip, apply_crop_flip, crop_flip_params, crop_padding
-from datamodules.loader import BatchTransform, epoch_generator
+from datamodules.loader import BatchTransform, class_balanced_weights, epoch_generator, epoch_order
 
 
 @dataclass
@@ -44,8 +45,10 @@ class StackedBatch:
 class MemberStream:
     """One member's endless sequence of epochs over train[:n], as ``DeviceBatches`` would draw them."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, device: torch.device, augment: bool, pads: tuple[int, int], flip: bool):
+    def __init__(self, n: int, batch_size: int, seed: int, device: torch.device, augment: bool, pads: tuple[int, int], flip: bool,
+                 weights: Tensor | None = None):
         self.n, self.batch_size, self.seed, self.device = n, batch_size, seed, device
+        self.weights = weights  # class-balanced sampling weights of the prefix (data.balance=rwy), or None
         self.augment, self.pads, self.flip = augment, pads, flip
         self.steps_per_epoch = -(-n // batch_size)
         self.epoch, self.step = 0, 0  # the next batch to draw
@@ -54,7 +57,7 @@ class MemberStream:
     def _start_epoch(self) -> None:
         """This epoch's shuffle, laid out as (steps, batch_size) rows padded with example 0."""
         self.generator = epoch_generator(self.seed, self.epoch, self.device)
-        order = torch.randperm(self.n, generator=self.generator, device=self.device)
+        order = epoch_order(self.n, self.generator, self.device, self.weights)
         padded = self.steps_per_epoch * self.batch_size
         self.rows = torch.zeros(padded, dtype=torch.long, device=self.device)
         self.rows[: self.n] = order
@@ -107,6 +110,7 @@ class StackedBatches:
         pad_mode: str = "constant",
         transform: BatchTransform | None = None,
         steps_per_group: int = 1,
+        class_balance: int | None = None,
     ) -> None:
         if any(not 0 < n <= x.shape[0] for n in prefixes):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
@@ -118,7 +122,11 @@ class StackedBatches:
         self.pad_mode, self.transform = pad_mode, transform
         pads = (crop_padding(x.shape[2], padding_fraction), crop_padding(x.shape[3], padding_fraction)) if x.ndim == 4 else (0, 0)
         self.pads = pads
-        self.streams = {m: MemberStream(n, batch_size, seed, x.device, augment, pads, flip) for m, n in enumerate(prefixes)}
+        def weights(n: int) -> Tensor | None:  # each member balances the classes of its own prefix
+            return class_balanced_weights(y[:n], class_balance) if class_balance is not None else None
+
+        self.streams = {m: MemberStream(n, batch_size, seed, x.device, augment, pads, flip, weights(n))
+                        for m, n in enumerate(prefixes)}
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
 
     @property

@@ -11,6 +11,7 @@ import torch
 
 from conftest import FAST, run_launch
 from datamodules.datamodule import ErasedDataModule, balance_indices
+from datamodules.loader import DeviceBatches
 
 
 def imbalanced_labels(seed: int = 0) -> torch.Tensor:
@@ -29,30 +30,48 @@ def test_suby_subsamples_every_class_to_the_smallest_count_in_the_seeded_order()
     assert torch.equal(idx, balance_indices(y, "suby", data_seed=5))  # a subset of the seeded order: no own draw
 
 
-def test_rwy_draws_the_same_size_with_expected_counts_equal_across_classes() -> None:
+def test_rwy_stores_the_split_as_it_is() -> None:
     y = imbalanced_labels()
-    n, k = len(y), 4
-    idx = balance_indices(y, "rwy", data_seed=0)
-    assert len(idx) == n
-    counts = torch.bincount(y[idx], minlength=k).double()
-    expected, std = n / k, (n * (1 / k) * (1 - 1 / k)) ** 0.5  # multinomial, p = 1/k per class
-    assert bool(((counts - expected).abs() < 4 * std).all()), counts.tolist()
-    assert len(torch.unique(idx[y[idx] == 2])) <= 80  # the small class is drawn with replacement
+    assert torch.equal(balance_indices(y, "rwy", data_seed=0), torch.arange(len(y)))
 
 
-def test_rwy_is_reproducible_per_data_seed_and_differs_across_seeds() -> None:
-    y = imbalanced_labels()
-    a, b, c = (balance_indices(y, "rwy", data_seed=s) for s in (0, 0, 1))
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
+def rwy_epochs(y: torch.Tensor, epochs: int, seed: int = 0) -> list[torch.Tensor]:
+    x = torch.zeros(len(y), 1)
+    loader = DeviceBatches(x, y, batch_size=len(y), shuffle=True, seed=seed, class_balance=4)
+    drawn = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        drawn.append(torch.cat([yb for _, yb in loader]))
+    return drawn
 
 
-def test_rwy_counts_average_to_the_expected_count_over_seeds() -> None:
-    y = imbalanced_labels()
-    total = sum(torch.bincount(y[balance_indices(y, "rwy", data_seed=s)], minlength=4).double() for s in range(40))
-    mean = total / 40
-    std_of_mean = (len(y) * 0.25 * 0.75 / 40) ** 0.5
+def test_rwy_epochs_are_class_balanced_in_expectation_and_redrawn_each_epoch() -> None:
+    y = imbalanced_labels()  # classes of 500, 200, 80, 1200 examples
+    epochs = rwy_epochs(y, 40)
+    assert all(len(e) == len(y) for e in epochs)  # an epoch is n draws
+    mean = sum(torch.bincount(e, minlength=4).double() for e in epochs) / 40
+    std_of_mean = (len(y) * 0.25 * 0.75 / 40) ** 0.5  # multinomial, p = 1/4 per class
     assert bool(((mean - len(y) / 4).abs() < 4 * std_of_mean).all()), mean.tolist()
+    assert not torch.equal(epochs[0], epochs[1])  # redrawn
+    assert all(torch.equal(a, b) for a, b in zip(epochs[:3], rwy_epochs(y, 3)))  # deterministic per (seed, epoch)
+    assert not torch.equal(epochs[0], rwy_epochs(y, 1, seed=1)[0])
+
+
+def test_rwy_draws_the_same_batches_in_both_engines() -> None:
+    """A stacked member draws exactly the sequential engine's class-balanced batches of its prefix."""
+    from datamodules.stacked_batches import StackedBatches
+
+    y = imbalanced_labels()
+    x = torch.arange(len(y), dtype=torch.float32)[:, None]
+    prefix, batch = 700, 128
+    single = DeviceBatches(x[:prefix], y[:prefix], batch, shuffle=True, seed=3, class_balance=4)
+    stacked = StackedBatches(x, y, [prefix, len(y)], batch, seed=3, class_balance=4)
+    for epoch in range(2):
+        single.set_epoch(epoch)
+        for xb, _ in single:
+            group = stacked.next()
+            rows = group.weight[0, 0] > 0
+            assert torch.equal(group.x[0, 0][rows], xb)
 
 
 def test_unknown_method_is_named() -> None:
@@ -81,8 +100,8 @@ def test_only_the_training_split_changes_and_the_counts_are_recorded(method: str
     assert record["class_counts_before"] == before.tolist() and record["class_counts_after"] == after.tolist()
     if method == "suby":
         assert after.tolist() == [int(before.min())] * 10
-    else:
-        assert len(balanced.train_set) == len(plain.train_set)
+    else:  # rwy: the stored split is the plain one; each epoch's draws are balanced
+        assert torch.equal(balanced.train_set.x, plain.train_set.x) and record["sampling"]
     assert torch.equal(datamodule(method).train_set.x, balanced.train_set.x)  # deterministic per data_seed
 
 
@@ -103,3 +122,31 @@ def test_launch_runs_balancing_on_digits(tmp_path: Path, method: str) -> None:
 def test_cache_keys_include_the_balancing() -> None:
     keys = {b: ErasedDataModule("digits", {"name": "none"}, balance=b, device="cpu").data_key() for b in (None, "suby", "rwy")}
     assert len(set(keys.values())) == 3
+
+
+def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypatch) -> None:
+    """The online code scores block [t_i, t_{i+1}) with the model trained on [0, t_i). Every row of
+    the stored split is a distinct image (the old fixed bootstrap stored copies: this failed), and each
+    fit's class-balanced batches come from its own prefix only, so no scored example was trained on."""
+    from conftest import compose_config
+    from mdl.experiment import run_experiment
+
+    served: list[tuple[int, torch.Tensor]] = []  # (prefix size, a batch's rows)
+    original = DeviceBatches.__iter__
+
+    def record(self):
+        for xb, yb in original(self):
+            if self.sample_weights is not None:
+                served.append((len(self.x), xb.flatten(1).clone()))
+            yield xb, yb
+
+    monkeypatch.setattr(DeviceBatches, "__iter__", record)
+    cfg = compose_config([*FAST, "data.balance=rwy", "eraser=none", "mdl.engine=sequential", "skip_if_done=false"], tmp_path)
+    results = run_experiment(cfg, tmp_path / "run")
+    train = datamodule("rwy").train_set.x.flatten(1)
+    position = {tuple(r.tolist()): i for i, r in enumerate(train)}
+    assert len(position) == len(train) == results["boundaries"][-1], "the stored training split holds copies"
+    prefixes = {n for n, _ in served}
+    assert prefixes == set(results["boundaries"])  # every block's fit and the final one drew balanced batches
+    for n, batch in served:
+        assert all(position[tuple(r.tolist())] < n for r in batch), f"a fit on {n} examples was served a later one"
