@@ -265,6 +265,30 @@ class Splits:
     test: ImageSet
     classes: list[str]
     balance: dict[str, Any] | None = None  # class counts of the training split before / after balancing
+    zscore: dict[str, Any] | None = None  # data.zscore: what the standardisation was fitted on
+
+
+def standardised(splits: Splits) -> Splits:
+    """Every split z-scored per (pixel, channel) with the training split's mean and standard deviation
+    (float64 statistics, float32 data), before any eraser sees the data: the condition of the paper's
+    Figure 16 and its table. As the original code (EleutherAI/mdl experiments/cli.py normalize_dataset,
+    commit 0cc7065): per-coordinate mean and std, std + float32 eps (a constant pixel maps to 0, not NaN),
+    applied to the images before erasure and augmentation, so crops pad with the mean. Ours: the
+    statistics come from the training split only (the original's came from its pool minus a 1024-image
+    validation set, which held the sweep's own validation and test chunks)."""
+    x = splits.train.x.double().flatten(1)
+    mean, std = x.mean(0), x.std(0) + torch.finfo(torch.float32).eps
+
+    def z(images: ImageSet) -> ImageSet:
+        shape = images.x.shape
+        out = ((images.x.double().flatten(1) - mean.to(images.x.device)) / std.to(images.x.device)).float()
+        return ImageSet(out.view(shape), images.y)
+
+    info = {"statistics": "training split", "examples": int(x.shape[0]),
+            "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum())}
+    log.info("data.zscore: every split standardised with the training split's mean and std (%d constant features)",
+             info["constant_features"])
+    return dataclasses.replace(splits, train=z(splits.train), val=z(splits.val), test=z(splits.test), zscore=info)
 
 
 def _is_int(value: Any) -> bool:
@@ -314,6 +338,7 @@ class ErasedDataModule(L.LightningDataModule):
         diagnostics: bool = True,
         balance: str | None = None,
         transform: dict[str, Any] | None = None,
+        zscore: bool = False,
         **unused: Any,
     ) -> None:
         super().__init__()
@@ -326,6 +351,10 @@ class ErasedDataModule(L.LightningDataModule):
                 f"or predicted (labels from a QDA fitted on the training split), got {eval_labels!r}"
             )
         self.balance = check_balance(balance)
+        if not isinstance(zscore, bool):
+            raise ValueError(f"data.zscore={zscore!r}: use true (standardise every pixel and channel with the training "
+                             f"split's mean and std before erasure, as Figure 16) or false")
+        self.zscore = zscore
         self.transform_cfg = check_transform(transform)
         if self.transform_cfg is not None and augment_order == "augment_then_erase":
             raise ValueError(
@@ -364,6 +393,8 @@ class ErasedDataModule(L.LightningDataModule):
         split = {"data_seed": self.data_seed, "val_size": self.val_size, "test_size": self.test_size}
         if self.balance is not None:  # keys of runs without balancing stay as they were
             split["balance"] = self.balance
+        if self.zscore:
+            split["zscore"] = True
         return split
 
     def eraser_key(self, eraser_cfg: dict[str, Any] | None = None) -> str:
@@ -411,9 +442,10 @@ class ErasedDataModule(L.LightningDataModule):
             if self.balance == "rwy":  # the stored split is unchanged; each epoch's draws are balanced
                 balance["sampling"] = "each epoch: n draws with replacement, probability 1 / class count in the prefix"
             log.info("data.balance=%s: training class counts %s -> %s", self.balance, before.tolist(), after.tolist())
-        return Splits(
+        splits = Splits(
             ImageSet(x[train_idx], y[train_idx]), ImageSet(x[val_idx], y[val_idx]), test, src.classes, balance
         )
+        return standardised(splits) if self.zscore else splits
 
     def _fit_transform(self, x: Tensor) -> CovariancePower:
         cfg = self.transform_cfg
@@ -556,6 +588,8 @@ class ErasedDataModule(L.LightningDataModule):
         info["not_erased"] = not_erased(eraser, "training", gaps) + info.get("not_erased", [])
         if splits.balance is not None:
             info["balance"] = splits.balance
+        if splits.zscore is not None:
+            info["zscore"] = splits.zscore
         if self.transform_cfg is not None:
             if self.transform_cfg["order"] == "after_eraser":  # fitted on the erased training split
                 t = self._fit_transform(tensors["train_x"])

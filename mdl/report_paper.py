@@ -3,8 +3,8 @@
 Why: a reproduction is judged against the paper's own table, so the report puts ours next to
 theirs and says, with one explicit rule, which cells disagree beyond the error bars.
 
-Cells are matched by (data set, architecture, eraser): ``data.source``, ``model.name`` and
-``eraser.name`` of our runs against the ``dataset``, ``architecture`` and ``eraser`` columns of a
+Cells are matched by (data set, architecture, eraser): ``data.source`` (``+zscore`` when
+``data.zscore`` is on), ``model.name`` and ``eraser.name`` of our runs against the ``dataset``, ``architecture`` and ``eraser`` columns of a
 paper table. Every row of ours (width, depth, option labels, ...) is compared with the same paper
 cell, because the paper does not say at which width and depth its table was measured.
 A paper table is compared automatically with the cells of its data set; ``compare_to`` names a
@@ -168,12 +168,18 @@ def cell_value(cell: Cell, key: str) -> Any:
     return json.loads(encoded) if encoded is not None else None
 
 
+def cell_dataset(cell: Cell) -> str:
+    """The data set a cell's runs trained on as the paper tables name it: ``data.source``, with
+    ``+zscore`` when the data was z-scored before erasure (``data.zscore``; Figure 16's condition)."""
+    return str(cell_value(cell, "data.source")) + ("+zscore" if cell_value(cell, "data.zscore") else "")
+
+
 def compare(cells: Sequence[Cell], table: PaperTable, any_dataset: bool = False) -> list[Comparison]:
     """Our cells that have a paper cell: same data set (any data set with ``any_dataset``), model
     and eraser. With several paper data sets and ``any_dataset``, the first one is used."""
     out = []
     for c in cells:
-        dataset, arch, eraser = (cell_value(c, k) for k in ("data.source", "model.name", "eraser.name"))
+        dataset, arch, eraser = cell_dataset(c), cell_value(c, "model.name"), cell_value(c, "eraser.name")
         paper = table.get(dataset, str(arch), str(eraser))
         if paper is None and any_dataset:
             paper = table.get(None, str(arch), str(eraser))
@@ -191,7 +197,7 @@ def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tup
     holding one of our cells' data sets."""
     if compare_to:
         return [(load_paper_table(compare_to), True)]
-    ours = {cell_value(c, "data.source") for c in cells}
+    ours = {cell_dataset(c) for c in cells}
     tables = [load_paper_table(name) for name in available_tables()]
     return [(t, False) for t in tables if ours & set(t.datasets)]
 

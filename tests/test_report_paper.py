@@ -33,11 +33,13 @@ ERASERS = ("none", "leace", "alf_qleace", "gradient", "qleace")  # Control, LEAC
 
 
 def run(root: Path, job: int, arch: str, eraser: str, seed: int, mdl: float, source: str = "cifar10",
-        width: int = 128) -> Path:
-    """A results.json of data set ``source`` whose paper MDL is ``mdl``."""
+        width: int = 128, zscore: bool = True) -> Path:
+    """A results.json of data set ``source`` (z-scored before erasure, as the paper's table, unless
+    ``zscore`` is false) whose paper MDL is ``mdl``."""
     path = write_run(root, job, arch, eraser, width, 2, seed) / "results.json"
     results = json.loads(path.read_text())
     results["config"]["data"]["source"] = source
+    results["config"]["data"]["zscore"] = zscore
     results["paper_mdl"] = mdl
     path.write_text(json.dumps(results))
     return path
@@ -45,25 +47,27 @@ def run(root: Path, job: int, arch: str, eraser: str, seed: int, mdl: float, sou
 
 # --- the shipped values ------------------------------------------------------------------------
 
-def test_appendix_c_ships_4_architectures_by_5_erasers_as_printed():
-    assert available_tables() == ["appendix_c"]
-    table = load_paper_table("appendix_c")
-    assert len(table.cells) == 20 and table.datasets == ["cifar10"]
+def test_table16_ships_4_architectures_by_5_erasers_as_printed():
+    """The one printed table sits under Figure 16's caption: z-scored CIFAR-10 at base model sizes."""
+    assert available_tables() == ["table16"]
+    table = load_paper_table("table16")
+    assert len(table.cells) == 20 and table.datasets == ["cifar10+zscore"]
+    assert any("normalized to zero-mean and unit-variance" in note for note in table.notes)
     assert {(c.arch, c.eraser) for c in table.cells} == {(a, e) for a in ARCHS.values() for e in ERASERS}
     for line in PAPER_ROWS.strip().splitlines():
         label, *printed = [part.strip() for part in line.strip("|").split("|")]
         for eraser, text in zip(ERASERS, printed, strict=True):
-            cell = table.get("cifar10", ARCHS[label], eraser)
+            cell = table.get("cifar10+zscore", ARCHS[label], eraser)
             mean, sd = (float(v) for v in text.split(" ± "))
             assert (cell.printed, cell.mean, cell.sd, cell.arch_paper) == (text, mean, sd, label)
-    assert {(c.metric, c.unit, c.n_seeds, c.dataset_paper) for c in table.cells} == {("paper_mdl", "bits/sample", 5, "CIFAR-10")}
+    assert {(c.metric, c.unit, c.n_seeds, c.dataset_paper) for c in table.cells} == {("paper_mdl", "bits/sample", 5, "CIFAR-10 z-scored")}
     assert all(c.location.startswith("Appendix C") for c in table.cells)
     assert any("arXiv:2502.02820" in note for note in table.notes)
-    assert table.get("cifar10", "mlp", "none").rounding == pytest.approx(0.005)
+    assert table.get("cifar10+zscore", "mlp", "none").rounding == pytest.approx(0.005)
 
 
 def test_unknown_table_is_refused(tmp_path: Path, capsys):
-    with pytest.raises(ValueError, match="appendix_c"):
+    with pytest.raises(ValueError, match="table16"):
         load_paper_table("table_99")
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--compare-to", "table_99"])
@@ -90,10 +94,10 @@ def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
         assert float(row["delta_over_paper_std"]) == pytest.approx(delta / sd_paper, rel=1e-6)
         assert float(row["sigma"]) == pytest.approx(sigma, rel=1e-9)
         assert float(row["delta_over_sigma"]) == pytest.approx(delta / sigma, rel=1e-6)
-        assert row["flagged"] == flagged and row["dataset"] == row["paper_dataset"] == "cifar10"
+        assert row["flagged"] == flagged and row["dataset"] == row["paper_dataset"] == "cifar10+zscore"
     assert "## Comparison with the paper" in text and "Data sets differ" not in text  # matched automatically
-    assert "| cifar10 | mlp | none | 7.19 ± 0.01 (n=3) | 7.14 ± 0.05 (n=5) | +0.05 | +1.0 | +1.0 | no |" in text
-    assert "| cifar10 | mlp | leace | 8.90 ± 0.01 (n=3) | 8.49 ± 0.10 (n=5) | +0.41 | +4.1 | +4.1 | **yes** |" in text
+    assert "| cifar10+zscore | mlp | none | 7.19 ± 0.01 (n=3) | 7.14 ± 0.05 (n=5) | +0.05 | +1.0 | +1.0 | no |" in text
+    assert "| cifar10+zscore | mlp | leace | 8.90 ± 0.01 (n=3) | 8.49 ± 0.10 (n=5) | +0.41 | +4.1 | +4.1 | **yes** |" in text
     assert "1 of 2 compared cell(s) beyond 2σ: mlp leace." in text
     assert "|Δ| > 2·σ" in text and "Paper cells with no run here: MLP × ALF-QLEACE" in text
 
@@ -102,7 +106,7 @@ def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
 def test_threshold_with_one_seed(tmp_path: Path, delta: float, flagged: bool):
     """One seed: se_ours = 0, so the bar is 2 * sqrt(0.28^2 + 0.005^2) = 0.5601 for LeNet LEACE."""
     run(tmp_path, 0, "lenet", "leace", 0, 6.59 + delta)
-    [x] = compare(build_cells(load_sweep([tmp_path])), load_paper_table("appendix_c"))
+    [x] = compare(build_cells(load_sweep([tmp_path])), load_paper_table("table16"))
     assert x.se == 0 and x.sigma == pytest.approx(math.hypot(0.28, 0.005))
     assert x.flagged is flagged and FLAG_SIGMAS == 2
 
@@ -111,7 +115,7 @@ def test_zero_paper_sd_uses_the_rounding_of_the_printed_value(tmp_path: Path):
     """MLP x QLEACE prints 11.41 ± 0.00: chance level in float32 (11.44) is flagged, 11.414 is not."""
     run(tmp_path / "a", 0, "mlp", "qleace", 0, 11.44)
     run(tmp_path / "b", 0, "mlp", "qleace", 0, 11.414)
-    table = load_paper_table("appendix_c")
+    table = load_paper_table("table16")
     [far] = compare(build_cells(load_sweep([tmp_path / "a"])), table)
     [near] = compare(build_cells(load_sweep([tmp_path / "b"])), table)
     assert far.flagged and far.z_paper == math.inf and far.sigma == pytest.approx(0.005)
@@ -125,12 +129,21 @@ def test_other_data_set_compared_only_on_request_and_said_so(tmp_path: Path):
     auto = build_report([sweep], tmp_path / "auto", image_loader=None).read_text()
     assert "No paper table covers the data set(s) of these runs (digits)" in auto
     assert not (tmp_path / "auto" / "paper_comparison.csv").exists()
-    assert main([str(sweep), "--out", str(tmp_path / "forced"), "--images", "0", "--compare-to", "appendix_c"]) == 0
+    assert main([str(sweep), "--out", str(tmp_path / "forced"), "--images", "0", "--compare-to", "table16"]) == 0
     forced = (tmp_path / "forced" / "report.md").read_text()
-    assert "**Data sets differ: ours digits, the paper's CIFAR-10.**" in forced
-    assert "| digits → cifar10 | mlp | none | 4.30 ± 0.01 (n=2) | 7.14 ± 0.05 (n=5) |" in forced
+    assert "**Data sets differ: ours digits+zscore, the paper's CIFAR-10 z-scored.**" in forced
+    assert "| digits+zscore → cifar10+zscore | mlp | none | 4.30 ± 0.01 (n=2) | 7.14 ± 0.05 (n=5) |" in forced
     [row] = read_csv(tmp_path / "forced" / "paper_comparison.csv")
-    assert (row["dataset"], row["paper_dataset"], row["flagged"]) == ("digits", "cifar10", "1")
+    assert (row["dataset"], row["paper_dataset"], row["flagged"]) == ("digits+zscore", "cifar10+zscore", "1")
+
+
+def test_raw_cifar10_is_not_compared_with_the_z_scored_table(tmp_path: Path):
+    """The printed table is of z-scored data: runs on raw CIFAR-10 (paper/appendix_c) match nothing."""
+    sweep = tmp_path / "multirun"
+    run(sweep, 0, "mlp", "none", 0, 7.14, zscore=False)
+    text = build_report([sweep], tmp_path / "auto", image_loader=None).read_text()
+    assert "No paper table covers the data set(s) of these runs (cifar10)" in text
+    assert not (tmp_path / "auto" / "paper_comparison.csv").exists()
 
 
 # --- Figure 3 ----------------------------------------------------------------------------------
@@ -191,10 +204,10 @@ def test_report_group_composes_to_the_callback():
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+report=appendix_c"], return_hydra_config=True)
+        cfg = compose("config", overrides=["+report=table16"], return_hydra_config=True)
     node = cfg.hydra.callbacks.report
     assert node._target_ == "mdl.report_callback.ReportAfterMultirun"
-    assert (node.enabled, node.compare_to, node.images) == (True, "appendix_c", 4)
+    assert (node.enabled, node.compare_to, node.images) == (True, "table16", 4)
     assert "report" not in cfg  # bookkeeping only: never in a run's config or hash
 
 
@@ -208,17 +221,17 @@ def test_callback_refuses_unknown_table_and_writes_the_report(tmp_path: Path):
     sweep = tmp_path / "multirun"
     run(sweep, 0, "lenet", "none", 0, 4.0, source="digits")
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
-    ReportAfterMultirun(compare_to="appendix_c", images=0).on_multirun_end(config)
+    ReportAfterMultirun(compare_to="table16", images=0).on_multirun_end(config)
     assert "Data sets differ" in (sweep / "report" / "report.md").read_text()
     ReportAfterMultirun(enabled=False).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "x")}}}))
     assert not (tmp_path / "x").exists()
 
 
 def test_multirun_with_report_group_writes_the_comparison(tmp_path: Path):
-    proc = run_launch(["-m", "+report=appendix_c", "hydra.callbacks.report.images=0", "eraser=none,leace",
+    proc = run_launch(["-m", "+report=table16", "hydra.callbacks.report.images=0", "eraser=none,leace",
                        f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [report] = (tmp_path / "multirun").glob("*/*/report/report.md")
     text = report.read_text()
-    assert "### Paper table `appendix_c` (CIFAR-10)" in text and "| digits → cifar10 | mlp |" in text
+    assert "### Paper table `table16` (CIFAR-10 z-scored)" in text and "| digits → cifar10+zscore | mlp |" in text
     assert len(read_csv(report.parent / "paper_comparison.csv")) == 2
