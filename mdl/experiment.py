@@ -29,7 +29,7 @@ from mdl.device import training_device
 from mdl.codelength import check_paper_loss
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.preemption import sigterm_guard
-from mdl.prequential import run_prequential
+from mdl.prequential import PROGRESS_FILE, run_prequential
 from mdl.stacked import run_prequential_stacked
 from mdl.results import (
     RESULTS_FILE, BlockResult, DamagedRecord, code_version, git_sha, read_checked_json, write_checked_json,
@@ -132,8 +132,12 @@ def validate_config(cfg: DictConfig) -> None:
         )
     for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
                             ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
-                            ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2")):
+                            ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2"), ("mdl.steps_per_group", 1, "16")):
         require_int(key, low, usual)
+    every = cfg.mdl.checkpoint_every_s
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
+        raise ValueError(f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
+                         f"e.g. mdl.checkpoint_every_s=30")
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
     lr = cfg.optimizer.get("lr")
@@ -287,6 +291,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
     with run_lock(store), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
         # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/preemption.py)
         done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
+        if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
+            discard_resume_state(store)
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
             write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
@@ -390,7 +396,14 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
             finish()
     write_checked_json(run_dir / RESULTS_FILE, results)
     write_checked_json(store / RESULTS_FILE, results)
+    discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
     return results
+
+
+def discard_resume_state(store: Path) -> None:
+    """Remove what only a resume would read: checkpoints and the block progress of this run."""
+    shutil.rmtree(store / "checkpoints", ignore_errors=True)
+    (store / PROGRESS_FILE).unlink(missing_ok=True)
 
 
 def summary(results: dict[str, Any], path: Path) -> str:

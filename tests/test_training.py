@@ -106,9 +106,27 @@ def test_finished_config_is_skipped(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "two" / "results.json").read_text())["skipped"] is True
 
 
+def test_a_finished_run_keeps_no_checkpoints_and_skip_if_done_false_runs_it_again(tmp_path: Path) -> None:
+    """Checkpoints (the final one ~4x the model) serve only a resume; and with skip_if_done=false a run is
+    trained again, not resumed from what an earlier attempt left (it reused a leftover final.ckpt)."""
+    cfg = compose_config([*FAST, "mdl.engine=sequential"], output_root=tmp_path)
+    first = run_experiment(cfg, tmp_path / "one")
+    (store,) = (tmp_path / "store").iterdir()
+    assert not (store / "checkpoints").exists() and not (store / "progress.json").exists()
+    (store / "checkpoints").mkdir()
+    (store / "checkpoints" / "final.ckpt").write_bytes(b"left by an earlier attempt")
+    again = run_experiment(compose_config([*FAST, "mdl.engine=sequential", "skip_if_done=false"], output_root=tmp_path), tmp_path / "two")
+    assert not again.get("skipped") and again["paper_mdl"] == first["paper_mdl"]
+    assert not (store / "checkpoints").exists()
+
+
 @pytest.mark.parametrize(
     "override,message",
-    [("eraser.name=nope", "unknown eraser 'nope'"), ("model.name=nope", "unknown model 'nope'"), ("seed=-1", "seed")],
+    [("eraser.name=nope", "unknown eraser 'nope'"), ("model.name=nope", "unknown model 'nope'"), ("seed=-1", "seed"),
+     ("mdl.steps_per_group=2.5", "mdl.steps_per_group=2.5: must be an integer >= 1"),
+     ("mdl.steps_per_group=abc", "mdl.steps_per_group='abc'"),
+     ("mdl.checkpoint_every_s=inf", "mdl.checkpoint_every_s=inf: must be a finite number"),
+     ("mdl.checkpoint_every_s=abc", "mdl.checkpoint_every_s='abc'")],
 )
 def test_bad_config_values_are_named(tmp_path: Path, override: str, message: str) -> None:
     cfg = compose_config(FAST + [override], output_root=tmp_path)
