@@ -186,16 +186,32 @@ class CostTable:
         return seconds
 
 
+class InvalidJob(ValueError):
+    """A job of the sweep that launch.py would refuse (named with its overrides)."""
+
+
 def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int]]:
-    """One composed config per distinct job (seeds aside) and how many jobs it stands for."""
+    """One composed config per distinct job (seeds aside) and how many jobs it stands for. Each is
+    checked as launch.py checks a run (mdl.experiment.validate_config): a sweep with an invalid job
+    is refused before its first job runs, and no refused job is priced."""
     from hydra.core.global_hydra import GlobalHydra
+
+    from mdl.experiment import validate_config
 
     groups: dict[tuple[str, ...], int] = {}
     for job in jobs:
         key = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS)
         groups[key] = groups.get(key, 0) + 1
     loader = GlobalHydra.instance().config_loader()
-    return [(loader.load_sweep_config(master, list(key)), count) for key, count in groups.items()]
+    configs = []
+    for key, count in groups.items():
+        cfg = loader.load_sweep_config(master, list(key))
+        try:
+            validate_config(cfg)
+        except ValueError as err:
+            raise InvalidJob(f"job {' '.join(key) or '(no overrides)'}: {err}") from err
+        configs.append((cfg, count))
+    return configs
 
 
 def hours(seconds: float) -> str:
@@ -237,6 +253,8 @@ class SweepCost(Callback):
             return
         try:
             print(cost_report(config, CostTable(self.table)), flush=True)
+        except InvalidJob as err:  # stop before the first job: a later one would fail after hours of the others
+            raise SystemExit(f"error: {err} (no job was run)") from err
         except Exception as err:  # an estimate must never stop a sweep that Hydra can run
             print(f"sweep cost: no estimate ({type(err).__name__}: {err})", flush=True)
 
@@ -245,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """CLI: the same printout for a command line, without launching anything."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
     from hydra.types import RunMode
 
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("-m", "--multirun")]
@@ -252,9 +271,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(__doc__)
         return
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        master = GlobalHydra.instance().hydra.compose_config("config", args, run_mode=RunMode.MULTIRUN)
-        table = OmegaConf.select(master, "hydra.callbacks.sweep_cost.table", default=SweepCost().table)
-        print(cost_report(master, CostTable(table)))
+        try:
+            master = GlobalHydra.instance().hydra.compose_config("config", args, run_mode=RunMode.MULTIRUN)
+            table = OmegaConf.select(master, "hydra.callbacks.sweep_cost.table", default=SweepCost().table)
+            print(cost_report(master, CostTable(table)))
+        except (ValueError, KeyError, HydraException) as err:  # a setting to change, not a bug: one message
+            raise SystemExit(f"error: {err}") from err
     print("(cost only: nothing was launched)")
 
 

@@ -29,3 +29,22 @@ def test_unknown_model_name_is_named(tmp_path: Path) -> None:
     proc = run_launch(["model.name=bogus", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
     assert proc.returncode != 0
     assert "unknown model 'bogus'" in proc.stderr
+
+
+def test_a_sweep_with_one_invalid_job_runs_none_of_them(tmp_path: Path) -> None:
+    """Every job is checked before the first runs (the sweep_cost callback), not after hours of the valid ones."""
+    proc = run_launch(["-m", *FAST, "depth=2,0", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "depth=0" in proc.stderr and "must be an integer >= 1" in proc.stderr and "no job was run" in proc.stderr
+    assert not list(tmp_path.rglob("results.json"))
+
+
+def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None:
+    import pytest
+
+    from mdl.sweep_cost import main as cost_main
+
+    for args, message in ((["model=nope"], "Could not find 'model/nope'"), (["mdl.num_blocks=1"], "mdl.num_blocks=1: must be"),
+                          (["model.name=nope"], "unknown model 'nope'")):
+        with pytest.raises(SystemExit, match=message):
+            cost_main(args)
