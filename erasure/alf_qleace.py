@@ -15,7 +15,8 @@ class means stay equal (LEACE makes them all m, the projection is about m).
 Stopping rule (defaults as in the original code, EleutherAI/concept-erasure): stop when the
 maximum deviation max_z ||P D_z P|| (``deviation_norm``: "fro" (default, as the original code) or
 "spectral", the paper's eq. 11) is at most ``target_fraction`` (0.1, i.e. 90% erased) times its
-initial value, or when ``max_rank`` (64) directions have been removed, or when no deviation is left.
+initial value, or when ``max_rank`` directions have been removed (None, the default: no cap, up to d), or when
+no deviation is left.
 Directions with zero variance (constant pixels) are never chosen (D_z is zero there). The
 deviation after each rank is recorded in ``deviations``. Label-free at transform time.
 
@@ -34,7 +35,7 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 from erasure.leace import leace_map
 from erasure.moments import class_moments
-from erasure.preprocess import check_shrinkage, shrink_moments
+from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 from erasure.qleace import compute_device
 
 
@@ -142,8 +143,8 @@ class AlfQLeaceEraser(Eraser):
     deviations: list[float]
     deviation_norm: str
     target_fraction: float
-    max_rank: int
-    shrinkage: float
+    max_rank: int | None
+    shrinkage: Shrinkage
 
     @classmethod
     def fit(
@@ -152,17 +153,17 @@ class AlfQLeaceEraser(Eraser):
         y: Tensor,
         num_classes: int,
         target_fraction: float = 0.1,
-        max_rank: int = 64,
+        max_rank: int | None = None,
         deviation_norm: str = "fro",
-        shrinkage: float = 0.0,
+        shrinkage: Shrinkage = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
     ) -> "AlfQLeaceEraser":
         if not 0.0 <= target_fraction < 1.0:
             raise ValueError(f"target_fraction must lie in [0, 1), got {target_fraction}")
-        rank_cap = int(max_rank)
-        if rank_cap < 0:
-            raise ValueError(f"max_rank must be >= 0, got {max_rank}")
+        if max_rank is not None and (isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 0):
+            raise ValueError(f"max_rank must be an integer >= 0, or null for no cap (up to d directions), got {max_rank!r}")
+        rank_cap = x.shape[1] if max_rank is None else max_rank  # null: up to d rank-1 erasures (paper Sec. 2.3)
         if deviation_norm not in ("fro", "spectral"):
             raise ValueError(f"deviation_norm must be 'fro' or 'spectral', got {deviation_norm!r}")
         check_shrinkage(shrinkage)
@@ -179,7 +180,7 @@ class AlfQLeaceEraser(Eraser):
             mean=leace.mean.to(cpu), leace_proj=leace.proj.to(cpu), directions=found.directions.to(cpu),
             dim=x.shape[1], num_classes=num_classes, class_counts=[int(c) for c in moments.counts],
             leace_rank=leace.rank, rank=rank, edit_rank=leace.rank + rank, deviations=found.deviations,
-            deviation_norm=deviation_norm, target_fraction=target_fraction, max_rank=rank_cap, shrinkage=shrinkage,
+            deviation_norm=deviation_norm, target_fraction=target_fraction, max_rank=max_rank, shrinkage=shrinkage,
         )
 
     def targeted_gaps(self) -> tuple[str, ...]:

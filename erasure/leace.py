@@ -15,7 +15,7 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 from erasure.linalg import psd_eigh, rank_tolerance, require_variance, smallest_kept, warn_once
 from erasure.moments import ClassMoments, class_moments
-from erasure.preprocess import shrink_moments
+from erasure.preprocess import OPTIMAL, Shrinkage, check_shrinkage, optimal_linear_shrinkage, shrink_moments
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,12 @@ class LeaceMap:
     rank: int
 
 
-def leace_map(moments: ClassMoments) -> LeaceMap:
+def leace_map(moments: ClassMoments, shrink_total: bool = False) -> LeaceMap:
+    """``shrink_total``: shrink the total covariance with ``optimal_linear_shrinkage`` (what
+    concept-erasure's LeaceFitter does by default) before whitening."""
     sigma = moments.pooled_covariance()
+    if shrink_total:
+        sigma = optimal_linear_shrinkage(sigma, moments.counts.sum())
     eigvals, eigvecs, keep = psd_eigh(sigma)
     d = sigma.shape[0]
     require_variance(keep, "LEACE")
@@ -60,15 +64,21 @@ class LeaceEraser(Eraser):
     num_classes: int
     rank: int
     class_counts: list[int]
-    shrinkage: float = 0.0
+    shrinkage: Shrinkage = 0.0
 
     @classmethod
     def fit(
-        cls, x: Tensor, y: Tensor, num_classes: int, batch_size: int = 8192, shrinkage: float = 0.0
+        cls, x: Tensor, y: Tensor, num_classes: int, batch_size: int = 8192, shrinkage: Shrinkage = 0.0
     ) -> "LeaceEraser":
+        """``shrinkage``: 0 (exact: class means equal after erasure), a in (0, 1] (each class covariance
+        shrunk toward tr/d I), or "optimal" (the total covariance shrunk by the data-chosen
+        coefficients, as concept-erasure's LeaceFitter(shrinkage=True); the map still zeroes the
+        cross-covariance, so class means stay equal)."""
+        check_shrinkage(shrinkage)
         moments = class_moments(x, y, num_classes, second_order=True, batch_size=batch_size)
-        moments = shrink_moments(moments, shrinkage)
-        m = leace_map(moments)
+        if shrinkage != OPTIMAL:
+            moments = shrink_moments(moments, shrinkage)
+        m = leace_map(moments, shrink_total=shrinkage == OPTIMAL)
         return cls(
             mean=m.mean, proj=m.proj, dim=x.shape[1], num_classes=num_classes, rank=m.rank,
             class_counts=[int(c) for c in moments.counts], shrinkage=shrinkage,

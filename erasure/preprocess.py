@@ -55,14 +55,47 @@ class Standardizer:
         return out.to(x.dtype).reshape(x.shape)
 
 
-def check_shrinkage(shrinkage: float) -> None:
-    if not 0.0 <= float(shrinkage) <= 1.0:
-        raise ValueError(f"shrinkage must lie in [0, 1] (0 = off, exact erasure), got {shrinkage}")
+OPTIMAL = "optimal"  # shrinkage="optimal": concept-erasure's estimator (its default in LeaceFitter and QuadraticFitter)
+Shrinkage = float | str
 
 
-def shrink_covariances(covariances: Tensor, shrinkage: float) -> Tensor:
-    """(1 - a) S + a (tr S / d) I for each matrix of a (..., d, d) batch."""
+def check_shrinkage(shrinkage: Shrinkage) -> None:
+    if shrinkage == OPTIMAL:
+        return
+    if isinstance(shrinkage, bool) or not isinstance(shrinkage, (int, float)) or not 0.0 <= float(shrinkage) <= 1.0:
+        raise ValueError(
+            f"shrinkage must lie in [0, 1] (0 = off, exact erasure of the sample moments) or be 'optimal' "
+            f"(the data-chosen shrinkage concept-erasure applies by default), got {shrinkage!r}"
+        )
+
+
+def optimal_linear_shrinkage(covariance: Tensor, n: Tensor | int) -> Tensor:
+    """alpha S + beta (tr S / d) I with the coefficients that are asymptotically optimal in Frobenius
+    norm as d and n grow together (Bai, Chen and Li, "On the strong convergence of the optimal linear
+    shrinkage estimator for large dimensional covariance matrix", arXiv:1308.2608). ``covariance`` is the
+    biased sample covariance (scatter / n) of n samples, or a (..., d, d) batch with n per matrix. The
+    same estimator as concept-erasure's ``optimal_linear_shrinkage`` (tested against it); float64 here."""
+    d = covariance.shape[-1]
+    n = torch.as_tensor(n, dtype=covariance.dtype, device=covariance.device).reshape(*covariance.shape[:-2], 1, 1)
+    trace = torch.diagonal(covariance, dim1=-2, dim2=-1).sum(-1)[..., None, None]
+    target = torch.eye(d, dtype=covariance.dtype, device=covariance.device) * trace / d  # tr S / d I
+    target_sq = (trace / d) ** 2 * d  # ||target||_F^2
+    cov_sq = covariance.square().sum((-2, -1), keepdim=True)
+    cross = trace * trace / d  # tr(S target)
+    eps = torch.finfo(covariance.dtype).eps  # the zero matrix: alpha 0, beta 1, a no-op
+    alpha = 1 - (trace * trace * target_sq / n + eps) / (cov_sq * target_sq - cross * cross + eps)
+    beta = (1 - alpha) * (cross + eps) / (target_sq + eps)
+    return alpha * covariance + beta * target
+
+
+def shrink_covariances(covariances: Tensor, shrinkage: Shrinkage, counts: Tensor | None = None) -> Tensor:
+    """(1 - a) S + a (tr S / d) I for each matrix of a (..., d, d) batch; with shrinkage="optimal", the
+    data-chosen coefficients of ``optimal_linear_shrinkage`` (then ``counts``, the sample sizes, are needed)."""
     check_shrinkage(shrinkage)
+    if shrinkage == OPTIMAL:
+        if counts is None:
+            raise ValueError("shrinkage='optimal' needs the sample size of each covariance")
+        return optimal_linear_shrinkage(covariances, counts)
     if shrinkage == 0:
         return covariances
     d = covariances.shape[-1]
@@ -71,11 +104,15 @@ def shrink_covariances(covariances: Tensor, shrinkage: float) -> Tensor:
     return (1 - shrinkage) * covariances + (shrinkage * trace / d)[..., None, None] * eye
 
 
-def shrink_moments(moments: ClassMoments, shrinkage: float) -> ClassMoments:
-    """The same moments with every class scatter shrunk (scatter = count * covariance)."""
+def shrink_moments(moments: ClassMoments, shrinkage: Shrinkage) -> ClassMoments:
+    """The same moments with every class covariance shrunk (scatter = count * covariance)."""
+    check_shrinkage(shrinkage)
     if shrinkage == 0 or moments.scatters is None:
-        check_shrinkage(shrinkage)
         return moments
+    if shrinkage == OPTIMAL:  # on each class covariance scatter / n, as concept-erasure's QuadraticFitter
+        counts = moments.counts.to(moments.scatters.dtype)[:, None, None]
+        shrunk = optimal_linear_shrinkage(moments.scatters / counts, moments.counts) * counts
+        return ClassMoments(counts=moments.counts, means=moments.means, scatters=shrunk)
     return ClassMoments(
         counts=moments.counts, means=moments.means, scatters=shrink_covariances(moments.scatters, shrinkage)
     )

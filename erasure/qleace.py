@@ -41,7 +41,7 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 from erasure.linalg import psd_eigh, require_variance, smallest_kept, warn_once
 from erasure.moments import class_moments
-from erasure.preprocess import check_shrinkage, shrink_moments
+from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 
 
 def compute_device(device: str) -> torch.device:
@@ -196,7 +196,7 @@ class QLeaceEraser(Eraser):
     objective: float
     tol: float
     max_iter: int
-    shrinkage: float
+    shrinkage: Shrinkage
     span_rank: int
 
     @classmethod
@@ -207,7 +207,7 @@ class QLeaceEraser(Eraser):
         num_classes: int,
         tol: float = 1e-6,
         max_iter: int = 100,
-        shrinkage: float = 0.0,
+        shrinkage: Shrinkage = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
     ) -> "QLeaceEraser":
