@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import warnings
 from typing import Any, Callable
 
@@ -56,6 +57,7 @@ ERASE_CHUNK = 8192  # rows erased at once (bounds the float64 temporaries of the
 BALANCE_METHODS = ("suby", "rwy")
 TRANSFORMS = ("covariance_power",)
 TRANSFORM_ORDERS = ("before_eraser", "after_eraser")
+FIT_SCOPES = ("split", "pool")
 TRANSFORM_EXAMPLE = "data.transform='{name:covariance_power,p:-0.5,eps:1.0e-6,order:before_eraser}'"
 
 
@@ -201,30 +203,59 @@ def not_erased(eraser: Eraser, split: str, gaps: tuple[dict[str, float], dict[st
     ]
 
 
-def criterion_check(eraser: Eraser, report: dict[str, float]) -> tuple[dict[str, Any] | None, list[str]]:
+def criterion_check(
+    eraser: Eraser, report: dict[str, float], checks: dict[str, Any] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
     """(record, warnings) for an eraser that declares a probe criterion (``criterion_probes``, the
-    gradient eraser: the paper's "almost no quadratically available information", section 2.4,
-    read as every held-out probe at most ``criterion_points`` above chance); (None, []) otherwise."""
+    gradient eraser). The paper's criterion (Sec. 2.4: the data "close to the original images" with
+    "almost no quadratically available information") is read as every held-out probe at most
+    ``checks.criterion_points`` above chance, and the relative RMS change at most
+    ``checks.max_relative_rms_change`` (when the eraser records one); (None, []) otherwise."""
     keys = tuple(getattr(eraser, "criterion_probes", ()))
     if not keys:
         return None, []
-    points = float(getattr(eraser, "criterion_points", 0.02))
+    checks = checks or {}
+    points = float(checks.get("criterion_points", getattr(eraser, "criterion_points", 0.02)))
+    rms, rms_bound = getattr(eraser, "relative_rms_change", None), checks.get("max_relative_rms_change")
+    far = rms is not None and rms_bound is not None and math.isfinite(rms) and rms > float(rms_bound)
+    distance = [] if not far else [
+        f"the {eraser.name!r} eraser moved the images too far to count as close to the originals (paper Sec. 2.4): "
+        f"relative RMS change {rms:.3g} > eraser.checks.max_relative_rms_change={rms_bound}; to fix it: raise "
+        f"eraser.options.distance_weight or lower the mean and covariance weights"
+    ]
     checked = [key for key in keys if f"{key}_after" in report]
     if "chance" not in report or not checked:
-        return {"checked": False}, [
+        return {"checked": False, "relative_rms_change": rms}, distance + [
             f"the {eraser.name!r} eraser's criterion (probes within {100 * points:g} points of chance) was not checked: "
             f"no probe accuracy in the erasure diagnostics (data.diagnostics=true computes them)"
         ]
     missed = probe_shortfall(report, checked, points)
-    record = {"checked": True, "met": not missed, "points": points, "chance": report["chance"],
-              **{key: report[f"{key}_after"] for key in checked}}
+    record = {"checked": True, "met": not missed and not far, "points": points, "chance": report["chance"],
+              **{key: report[f"{key}_after"] for key in checked},
+              "relative_rms_change": rms, "max_relative_rms_change": rms_bound}
     if not missed:
-        return record, []
+        return record, distance
     gaps = ", ".join(f"{key} {report[f'{key}_after']:.4g}" for key in ("max_mean_gap", "max_cov_gap") if f"{key}_after" in report)
     return record, [
         f"the {eraser.name!r} eraser did not erase enough to meet the paper's criterion (almost no quadratically "
         f"available information, section 2.4; here: held-out {' and '.join(checked)} within {100 * points:g} points "
         f"of chance {report['chance']:.3f}): {', '.join(missed)}; residual {gaps}. To fix it: {eraser.tuning_hint()}"
+    ] + distance
+
+
+def quadratic_leftover(eraser: Eraser, report: dict[str, float], points: float | None) -> list[str]:
+    """A warning when an eraser that targets class covariances (``erases_quadratic``) leaves a held-out
+    quadratic probe more than ``points`` above chance: the data still carries quadratically available
+    class information, whatever the eraser's name says (QLEACE on digits: QDA 96% against chance 10%)."""
+    if not getattr(eraser, "erases_quadratic", False) or points is None:
+        return []
+    if "qda_acc_after" not in report or "chance" not in report or report["qda_acc_after"] <= report["chance"] + points:
+        return []
+    return [
+        f"after the {eraser.name!r} eraser a held-out quadratic probe (QDA) still reads {report['qda_acc_after']:.3f} "
+        f"against chance {report['chance']:.3f} (more than eraser.checks.qda_warning_points={points} above): class "
+        f"information is still quadratically available (e.g. in singular class covariances, or from a fit that "
+        f"stopped early), so this run does not measure learning without it"
     ]
 
 
@@ -366,6 +397,15 @@ class ErasedDataModule(L.LightningDataModule):
         self.source_name = source
         self.source_options = dict(options or {})
         self.eraser_cfg = dict(eraser)
+        # how the run judges the erasure (warning thresholds): not part of what is computed, so not of cache keys
+        self.eraser_checks = dict(self.eraser_cfg.get("checks") or {})
+        self.fit_scope = self.eraser_cfg.get("fit_scope", "split")
+        if self.fit_scope not in FIT_SCOPES:
+            raise ValueError(f"eraser.fit_scope={self.fit_scope!r}: choose one of {list(FIT_SCOPES)} (split: fitted on "
+                             f"each split it edits; pool: once on the training and validation splits together)")
+        if self._fits_pool() and eval_labels != True:  # noqa: E712 (eval_labels is True or "predicted")
+            raise ValueError("eraser.fit_scope=pool edits the validation split with its true labels (as the original); "
+                             "it cannot be combined with data.eval_labels=predicted: use eraser.fit_scope=split")
         self.data_seed, self.seed = data_seed, seed
         self.val_size, self.test_size = val_size, test_size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
@@ -401,10 +441,16 @@ class ErasedDataModule(L.LightningDataModule):
         parts: dict[str, Any] = {}
         if self.transform_cfg is not None and self.transform_cfg["order"] == "before_eraser":
             parts["transform"] = self.transform_cfg  # the eraser is fitted on transformed data
+        cfg = self.eraser_cfg if eraser_cfg is None else eraser_cfg
         return cache_key(
             kind="eraser", source=self.source_identity(), split=self.split_identity(),
-            eraser=self.eraser_cfg if eraser_cfg is None else eraser_cfg, eraser_format=ERASER_FORMAT_VERSION, **parts,
+            eraser={k: v for k, v in cfg.items() if k != "checks"}, eraser_format=ERASER_FORMAT_VERSION, **parts,
         )
+
+    def _fits_pool(self) -> bool:
+        """Whether the eraser is fitted once on training + validation (eraser.fit_scope=pool; only for
+        erasers that edit their own fitting data: a map learnt on the training split serves the others)."""
+        return self.fit_scope == "pool" and not eraser_class(self.eraser_cfg["name"]).can_transform_new_data
 
     def data_key(self) -> str:
         evaluation = {"eval_labels": self.eval_labels}
@@ -482,10 +528,13 @@ class ErasedDataModule(L.LightningDataModule):
         def fit() -> Eraser:
             train = splits().train
             options = self._fit_options(splits())
-            log.info("fitting eraser %s on %d training examples", self.eraser_cfg["name"], len(train))
+            x, y = train.x, train.y
+            if self._fits_pool():  # one edit of training + validation, as the original's erased copy of its pool
+                x, y = torch.cat([train.x, splits().val.x]), torch.cat([train.y, splits().val.y])
+            log.info("fitting eraser %s on %d examples (%s)", self.eraser_cfg["name"], len(y),
+                     "training and validation splits" if self._fits_pool() else "training split")
             return fit_eraser(
-                self.eraser_cfg["name"], train.x.to(self.device), train.y.to(self.device),
-                num_classes=len(splits().classes), **options,
+                self.eraser_cfg["name"], x.to(self.device), y.to(self.device), num_classes=len(splits().classes), **options,
             )
 
         # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
@@ -495,7 +544,12 @@ class ErasedDataModule(L.LightningDataModule):
         self.classes = list(info["classes"])
         self.num_classes = len(self.classes)
         self.diagnostics = {k: v for k, v in info.items() if k != "classes"}
-        for message in info.get("not_erased", []):
+        report = self.diagnostics.get("erasure", {})
+        record, missed_criterion = criterion_check(eraser(), report, self.eraser_checks)
+        if record is not None:
+            self.diagnostics["erasure_criterion"] = record
+        leftover = quadratic_leftover(eraser(), report, self.eraser_checks.get("qda_warning_points"))
+        for message in [*info.get("not_erased", []), *missed_criterion, *leftover]:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         on = self.device
         self.train_set = ImageSet(tensors["train_x"].to(on), tensors["train_y"].to(on))
@@ -551,7 +605,13 @@ class ErasedDataModule(L.LightningDataModule):
         on = self.device
         qda = self._label_predictor(eraser, splits)
         erased = {}
+        pooled = self._fits_pool()
+        n_train = len(splits.train)
+        if pooled:  # the eraser holds the edited training + validation rows, in that order
+            erased["val"] = eraser.edited[n_train:].to(on).view_as(splits.val.x)
         for name, images in (("val", splits.val), ("test", splits.test)):
+            if name in erased:
+                continue
             x, y = images.x.to(on), images.y.to(on)
             labels = None
             if needs_eval_labels(eraser):
@@ -569,7 +629,9 @@ class ErasedDataModule(L.LightningDataModule):
                 erased[name] = erase(split_eraser, x, labels if split_eraser.requires_labels else None)
                 info.setdefault("not_erased", []).extend(not_erased(split_eraser, name, split_eraser.fit_gaps()))
         train_x, train_y = splits.train.x.to(on), splits.train.y.to(on)
-        if self.augment_order == "erase_then_augment":
+        if pooled:
+            train_x = eraser.edited[:n_train].to(on).view_as(splits.train.x)
+        elif self.augment_order == "erase_then_augment":
             train_x = erase(eraser, train_x, train_y if eraser.requires_labels else None)
         # augment_then_erase keeps the training images raw; the loaders erase each batch
         tensors = {"train_x": train_x, "train_y": train_y, "val_x": erased["val"], "val_y": splits.val.y,
@@ -580,10 +642,6 @@ class ErasedDataModule(L.LightningDataModule):
             if skipped:
                 info["erasure_skipped"] = skipped
             log.info(diagnostics_summary(info["erasure"]))
-        record, missed_criterion = criterion_check(eraser, info.get("erasure", {}))
-        if record is not None:
-            info["erasure_criterion"] = record
-            info.setdefault("not_erased", []).extend(missed_criterion)
         gaps = eraser.fit_gaps() or _report_gaps(info.get("erasure", {}))
         info["not_erased"] = not_erased(eraser, "training", gaps) + info.get("not_erased", [])
         if splits.balance is not None:
@@ -612,11 +670,13 @@ class ErasedDataModule(L.LightningDataModule):
         if self.augment_order == "augment_then_erase":  # the stored training images are raw
             train_after = erase(eraser, train_before, y if eraser.requires_labels else None)
         log.info("erasure diagnostics: moment gaps, linear probe and QDA before/after")
+        # Probes are scored on held-out rows of data edited by the same fit. An eraser that edits only its own
+        # fitting data and was fitted per split edited validation separately, so its probes hold out training rows.
+        own_edit_per_split = not getattr(eraser, "can_transform_new_data", True) and not self._fits_pool()
+        held_out = {} if own_edit_per_split else {
+            "x_test_before": splits.val.x.to(on), "x_test_after": val_after, "y_test": splits.val.y.to(on)}
         try:
-            return erasure_report(
-                train_before, train_after, y, x_test_before=splits.val.x.to(on), x_test_after=val_after,
-                y_test=splits.val.y.to(on), seed=self.data_seed, skipped=skipped,
-            )
+            return erasure_report(train_before, train_after, y, seed=self.data_seed, skipped=skipped, **held_out)
         except (ValueError, RuntimeError, ArithmeticError) as err:
             skipped["all"] = f"{type(err).__name__}: {err}"
             warnings.warn(

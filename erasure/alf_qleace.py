@@ -130,6 +130,7 @@ def alf_directions(
 @dataclass(frozen=True)
 class AlfQLeaceEraser(Eraser):
     """x -> m + (I - U U^T)(leace(x) - m): one affine map for every class."""
+    erases_quadratic = True
 
     mean: Tensor  # (d,)
     leace_proj: Tensor  # (d, d) oblique LEACE projection

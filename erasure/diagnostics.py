@@ -5,9 +5,14 @@
 - ``max_cov_gap``: max_z ||S_z - S_bar||_F / ||S_bar||_F, S_bar = weighted mean class covariance;
 - ``linear_probe_acc`` (multinomial logistic regression) and ``qda_acc`` (quadratic discriminant):
   accuracy on held-out data, i.e. how much linear and quadratic information is left;
-each with suffix ``_before`` and ``_after``, plus ``chance`` (the majority-class rate).
-The probes are kept cheap: at most ``max_samples`` training rows and PCA to ``max_features``
-dimensions (fitted on the probe's training rows). Features that vary only at rounding level
+each with suffix ``_before`` and ``_after``, plus ``chance``: the expected accuracy of a guess drawn
+from the probe-training class prior, sum_k p_train(k) p_heldout(k) (1/K for balanced classes; the
+majority-class rate, used before, is what a probe that learned nothing but the prior would score
+and overstates chance on imbalanced data). The probes are kept cheap: at most ``max_samples``
+training rows, and PCA to ``max_features`` dimensions (fitted on the probe's training rows) when
+given; by default (None) as many dimensions as the data has, up to one less than the smallest class
+of the probe's training rows (so QDA's class covariances are estimable: 3072-dimensional CIFAR-10 is
+probed on about 500 dimensions, not the 64 of before). Features that vary only at rounding level
 (``informative_features``) are left out before standardising. scikit-learn is imported lazily, so erasure/
 stays importable with torch alone.
 
@@ -61,6 +66,7 @@ def informative_features(x: "np.ndarray") -> "np.ndarray":
 
 
 def _probe_models(n_train: int, dim: int, max_features: int, seed: int) -> dict[str, object]:
+    """``max_features`` is the dimension cap already resolved (see ``probe_dimensions``)."""
     """The linear and quadratic probes (scaled, PCA-reduced when the data are wider than allowed)."""
     from sklearn.decomposition import PCA
     from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
@@ -92,13 +98,31 @@ def _probe_accuracies(
     xtr, xte = xtr[:, varying], xte[:, varying]
     ytr, yte = y_train.cpu().numpy(), y_test.cpu().numpy()
     out = {}
-    for key, model in _probe_models(xtr.shape[0], xtr.shape[1], max_features, seed).items():
+    dims = probe_dimensions(y_train, xtr.shape[1], max_features)
+    for key, model in _probe_models(xtr.shape[0], xtr.shape[1], dims, seed).items():
         try:
             model.fit(xtr, ytr)
             out[key] = float((model.predict(xte) == yte).mean())
         except (ValueError, np.linalg.LinAlgError) as err:  # too few samples per class, one class only, ...
             skipped[key] = f"{type(err).__name__}: {'. '.join(str(err).split('. ')[:2])}"  # sklearn's why, not its advice
     return out
+
+
+def probe_dimensions(y_train: Tensor, dim: int, max_features: int | None) -> int:
+    """How many PCA dimensions the probes see: ``max_features`` if given, else every dimension the
+    data has up to (smallest class count of the probe-training rows) - 1."""
+    if max_features is not None:
+        return max_features
+    counts = torch.bincount(y_train.long())
+    return max(1, min(dim, int(counts[counts > 0].min()) - 1))
+
+
+def chance_accuracy(y_train: Tensor, y_held: Tensor) -> float:
+    """Expected accuracy of a guess drawn from the training class prior: sum_k p_train(k) p_held(k)."""
+    k = int(max(int(y_train.max()), int(y_held.max()))) + 1
+    p_train = torch.bincount(y_train.long(), minlength=k).double() / y_train.shape[0]
+    p_held = torch.bincount(y_held.long(), minlength=k).double() / y_held.shape[0]
+    return float((p_train * p_held).sum())
 
 
 def _unfittable(y_train: Tensor, y_test: Tensor) -> str | None:
@@ -128,7 +152,7 @@ def erasure_report(
     y_test: Tensor | None = None,
     probes: bool = True,
     max_samples: int = 5000,
-    max_features: int = 64,
+    max_features: int | None = None,
     holdout_fraction: float = 0.3,
     seed: int = 0,
     skipped: dict[str, str] | None = None,
@@ -176,7 +200,7 @@ def erasure_report(
         for key, value in _probe_accuracies(train[keep], y_train[keep], test, y_held, max_features, seed, missed).items():
             report[f"{key}_{when}"] = value
         skipped.update({f"{key}_{when}": why for key, why in missed.items()})
-    report["chance"] = float(torch.bincount(y_held.long()).max() / y_held.shape[0])
+    report["chance"] = chance_accuracy(y_train[keep], y_held)
     _warn_skipped(skipped)
     return report
 

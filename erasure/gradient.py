@@ -196,6 +196,7 @@ class GradientEraser(Eraser):
     """The edited training data itself; see the module docstring."""
 
     can_transform_new_data = False
+    erases_quadratic = True
 
     edited: Tensor  # (n, d), input dtype, input row order
     fingerprint: str
@@ -216,6 +217,9 @@ class GradientEraser(Eraser):
     recipe: str = "joint"  # files saved before recipes existed hold joint fits
     exact_means: bool = False
     rms_change: float = float("nan")  # sqrt(mean((x' - x)^2)) over all pixels of the fitting data
+    # rms_change / sqrt(mean((x - mean)^2)): the change relative to the data's own spread (0 = untouched, 1 = as
+    # far as a typical image from the mean image); the "close to the original images" half of Sec. 2.4
+    relative_rms_change: float = float("nan")
 
     # The paper's criterion, checked by the data module against its held-out probes (diagnostics):
     # each of these probe accuracies at most CRITERION_POINTS above chance.
@@ -276,6 +280,7 @@ class GradientEraser(Eraser):
         edited = edited.to(x.dtype)
         final = moment_gaps(edited, y, num_classes)
         rms = math.sqrt(float(((edited - original).double() ** 2).mean()))
+        spread = math.sqrt(float(((original.double() - original.double().mean(0)) ** 2).mean()))
         log.info(
             "gradient erasure (%s) done: loss %.6g -> %.6g, max mean gap %.4g -> %.4g, max cov gap %.4g -> %.4g, "
             "RMS change %.4g", recipe, losses[0], losses[-1], initial["max_mean_gap"], final["max_mean_gap"],
@@ -287,6 +292,7 @@ class GradientEraser(Eraser):
             distance_weight=distance_weight, steps=steps, history_size=history_size, value_range=[lo, hi],
             margin=margin, loss_history=losses, initial_gaps=initial, final_gaps=final, recipe=recipe,
             exact_means=bool(exact_means and recipe == "leace_first"), rms_change=rms,
+            relative_rms_change=rms / spread if spread > 0 else float("nan"),
         )
 
     def targeted_gaps(self) -> tuple[str, ...]:

@@ -183,6 +183,7 @@ class QLeaceEraser(Eraser):
     """Class-dependent affine maps x -> T_z (x - mu_z) + mu onto the Gaussian W2 barycenter."""
 
     requires_labels = True
+    erases_quadratic = True
 
     class_means: Tensor  # (k, d)
     mean: Tensor  # (d,)

@@ -251,13 +251,13 @@ def test_qda_probe_with_five_samples_per_class_is_skipped_not_fatal() -> None:
     x_test, y_test = torch.rand(6, 1, 8, 8, generator=g), torch.arange(6) % 2
     skipped: dict[str, str] = {}
     with pytest.warns(RuntimeWarning, match="probe result.*skipped"):
-        report = erasure_report(x, x, y, x_test, x_test, y_test, skipped=skipped)
+        report = erasure_report(x, x, y, x_test, x_test, y_test, skipped=skipped, max_features=9)  # more dims than samples
     assert "qda_acc_before" not in report and "qda_acc_before" in skipped and "samples" in skipped["qda_acc_before"]
     assert "linear_probe_acc_before" in report and "max_mean_gap_after" in report
 
 
 def test_data_module_records_skipped_probes(tmp_path: Path) -> None:
-    dm = synthetic_module(tmp_path, options={"num_classes": 2, "n_train": 22, "n_test": 10}, val_size=12)
+    dm = synthetic_module(tmp_path, options={"num_classes": 3, "n_train": 16, "n_test": 10}, val_size=12)  # 4 rows, 3 classes
     with pytest.warns(RuntimeWarning, match="skipped"):
         dm.setup()
     assert "qda_acc_before" in dm.diagnostics["erasure_skipped"]

@@ -1,0 +1,78 @@
+"""How a run judges its erasure: the gradient eraser's criterion measured where it can fail (held-out
+rows of the data one fit edited), fitted once on the pool as the original, the relative RMS change,
+a warning when a quadratic eraser leaves a held-out QDA far above chance, chance as the class prior."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datamodules.datamodule import ErasedDataModule
+from erasure.diagnostics import chance_accuracy, probe_dimensions
+
+
+def datamodule(eraser: dict, **kw) -> ErasedDataModule:
+    dm = ErasedDataModule("digits", eraser, device="cpu", cache_dir=None, **kw)
+    dm.setup()
+    return dm
+
+
+GRADIENT_ONE_STEP = {"name": "gradient", "options": {"steps": 1, "log_every": 0},
+                     "checks": {"criterion_points": 0.02, "max_relative_rms_change": 1.0}}
+
+
+def test_a_gradient_fit_that_did_not_erase_fails_its_criterion() -> None:
+    """One L-BFGS step leaves the class covariances almost as they were. The probes are now trained and
+    scored on rows of the one edit (held-out training rows): QDA reads far above chance and the
+    criterion is not met. It was recorded as met (QDA 0.11), scored on a validation split that a
+    second gradient fit had edited on its own."""
+    with pytest.warns(RuntimeWarning, match="did not erase enough to meet the paper's criterion"):
+        dm = datamodule(GRADIENT_ONE_STEP)
+    record = dm.diagnostics["erasure_criterion"]
+    assert record["checked"] and not record["met"]
+    assert record["qda_acc"] > 0.5
+    assert 0 < record["relative_rms_change"] < 1.0
+
+
+def test_gradient_fitted_on_the_pool_edits_train_and_validation_in_one_fit() -> None:
+    pooled = {**GRADIENT_ONE_STEP, "fit_scope": "pool"}
+    dm = datamodule(pooled)
+    n = len(dm.train_set)
+    assert dm.eraser.edited.shape[0] == n + len(dm.val_set)
+    assert torch.equal(dm.train_set.x.flatten(1), dm.eraser.edited[:n].float())
+    assert torch.equal(dm.val_set.x.flatten(1), dm.eraser.edited[n:].float())
+    split = ErasedDataModule("digits", GRADIENT_ONE_STEP, device="cpu")
+    assert split.eraser_key() != ErasedDataModule("digits", pooled, device="cpu").eraser_key()
+    with pytest.raises(ValueError, match=r"fit_scope=pool edits .*eval_labels=predicted"):
+        ErasedDataModule("digits", pooled, device="cpu", eval_labels="predicted")
+    with pytest.raises(ValueError, match="eraser.fit_scope='everything'"):
+        ErasedDataModule("digits", {**pooled, "fit_scope": "everything"}, device="cpu")
+
+
+def test_checks_are_not_part_of_the_cache_key_and_the_rms_bound_warns() -> None:
+    strict = {**GRADIENT_ONE_STEP, "checks": {**GRADIENT_ONE_STEP["checks"], "max_relative_rms_change": 1e-6}}
+    assert ErasedDataModule("digits", strict, device="cpu").eraser_key() == ErasedDataModule("digits", GRADIENT_ONE_STEP, device="cpu").eraser_key()
+    with pytest.warns(RuntimeWarning, match="too far to count as close to the originals"):
+        dm = datamodule(strict)
+    assert dm.diagnostics["erasure_criterion"]["met"] is False
+
+
+def test_qleace_leaving_a_held_out_qda_far_above_chance_is_warned() -> None:
+    """Digits' class covariances are singular: QLEACE equalises them on their span, and a held-out QDA
+    still reads about 96% (chance 10%). Nothing flagged it."""
+    with pytest.warns(RuntimeWarning, match=r"quadratic probe \(QDA\) still reads 0\.9"):
+        datamodule({"name": "qleace", "options": {}, "checks": {"qda_warning_points": 0.1}})
+
+
+def test_chance_is_the_class_prior_not_the_majority_class() -> None:
+    y_train = torch.tensor([0] * 80 + [1] * 20)
+    y_held = torch.tensor([0] * 8 + [1] * 2)
+    assert chance_accuracy(y_train, y_held) == pytest.approx(0.8 * 0.8 + 0.2 * 0.2)  # 0.68, not 0.8
+    assert chance_accuracy(torch.arange(10).repeat(5), torch.arange(10)) == pytest.approx(0.1)
+
+
+def test_probes_see_as_many_dimensions_as_the_classes_support() -> None:
+    y = torch.arange(3).repeat_interleave(300)
+    assert probe_dimensions(y, 3072, None) == 299 > 64  # CIFAR-sized data: not capped at 64 any more
+    assert probe_dimensions(y, 40, None) == 40
+    assert probe_dimensions(y, 3072, 64) == 64
