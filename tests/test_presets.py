@@ -69,6 +69,14 @@ def check_paper_settings(cfg: DictConfig, source: str) -> None:
     assert list(cfg.optimizer.betas) == [BETA1[model], 0.999]
     assert cfg.optimizer.warmup_steps == WARMUP[model] and cfg.optimizer.weight_decay == 0.0
     assert (cfg.model.base_width, cfg.model.base_depth) == (BASE_WIDTH[model], 2)
+    # the erasers as the original fitted them (cli.py load_eraser): QLEACE with concept-erasure's default shrinkage,
+    # LEACE and ALF-QLEACE without, ALF-QLEACE with no rank cap, the gradient eraser once on the pool
+    shrinkage = cfg.eraser.options.get("shrinkage")
+    assert shrinkage == {"qleace": "optimal", "leace": 0.0, "alf_qleace": 0.0}.get(eraser, shrinkage)
+    if eraser == "alf_qleace":
+        assert cfg.eraser.options.max_rank is None
+    if eraser == "gradient":
+        assert cfg.eraser.fit_scope == "pool"
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
