@@ -1,32 +1,31 @@
-"""LeNet, parameter-matched to the MLP of the same width and depth.
+"""LeNet, parameter-matched to the MLP of the same width and depth: two variants (``model.options.variant``).
 
-Architecture: Conv(C, c1, 5x5)-act-MaxPool(2), Conv(c1, c2, 5x5)-act-MaxPool(2), then ``depth``
-dense layers of ``width`` units (Linear(c2 * s^2, width)-act, (depth - 1) x [Linear(width,
-width)-act]) and a MuReadout. At depth 2 that is the classic "two convolutions, two dense layers,
-readout". Depth means the same as for the MLP: the number of dense hidden layers, each of
-``width`` units, so LeNet and MLP differ only in how the input reaches the first hidden layer.
+``original`` (the default): the original code's LeNet (EleutherAI/mdl mdl/lenet_probe.py, commit 2a41748,
+``LeNet5``): Conv(C, c1, 5x5)-relu-MaxPool(2), Conv(c1, c2, 5x5)-relu-MaxPool(2), Linear(c2 s^2, f1)-relu,
+Linear(f1, f2)-relu, and a zero-initialised MuReadout(f2, K): always two convolutions and two dense
+layers. Its sizes come from the original's search (experiments/generate_parameter_matched_conv.py
+``find_closest_config``): c1, c2 in {32, 40, 48, 64, 128} and f1, f2 in {64, 128, 256, 512, 1024, 2048},
+scanned in that order (convolutions outer, dense inner), keeping the first configuration whose parameter
+count is nearest the MLP's (``mlp_parameter_count``: input layer, depth - 1 hidden layers, readout,
+biases included). So ``width`` and ``depth`` change only that target: at width 128, depth 2 on CIFAR-10
+it is conv (128, 40), dense (256, 64). The original counted the MLP at a 3x32x32 input and 10 classes;
+here the run's own input shape and classes (the same numbers on CIFAR-10). The original built its muP
+base model with these same sizes (cli.py passes one conv/fc configuration to both), so muP changes no
+learning rate; here the sizes are fixed at the requested width (``register_model(..., resolve=...)``),
+which gives the same. Learning rate depth scaling (lr * (2 / depth) ** 0.5) applies as in cli.py.
 
-Padding: ``auto`` = 0 (the classic LeNet geometry: 32 -> 28 -> 14 -> 10 -> 5) when the input is
-at least 16 pixels on each side, else 2 ('same': 8 -> 8 -> 4 -> 4 -> 2), so the 5x5 kernels fit
-digits' 8x8 images; an int sets it.
+``dense_stack`` (this project's earlier LeNet): the same two convolutions, then ``depth`` dense layers of
+``width`` units; channels searched so the count matches the MLP's (``lenet_channels``; within 1% on the
+paper's grid). Depth then means what it means for the MLP.
 
-Parameter matching (``lenet_channels``): the dense layers after the first are identical to the
-MLP's, so the convolutions plus the first dense layer must cost what the MLP's input layer costs,
-(d + 1) * width. The search scans c2 = 1, 2, ... with c1 within one channel of
-channel_ratio * c2 (classic LeNet: 6 / 16) and keeps the pair whose total count is nearest the
-MLP's; only if that is more than 1% off does it drop the ratio and try every c1 <= c2. A step of
-c2 changes the count by about s^2 * width, a fraction s^2 / d of the input layer (1/123 on
-CIFAR-10, 1/16 on digits), and c1 refines it, so over the paper's grid (widths 64..2048, depths
-1..8) the match is within 0.3% on 32x32, 0.6% on 64x64 and 0.9% on 8x8 inputs
-(``parameter_match_table``; ``python -m models.lenet`` prints it). It can fail only at tiny
-widths on tiny inputs (e.g. width 1 on 8x8), where the convolutions' own weights outweigh the
-MLP's whole input layer; the builder then warns with the numbers. The channels are fixed at the requested width
-(``register_model(..., resolve=...)``), so muP treats them as finite: the convolutions and the
-first dense layer are input layers (lr unscaled, O(1) init), the dense layers after it hidden.
+Padding: the original's convolutions have none (32 -> 28 -> 14 -> 10 -> 5). ``auto`` keeps that for
+inputs of at least 16 pixels a side and uses 2 ('same': 8 -> 8 -> 4 -> 4 -> 2) below, so the 5x5 kernels
+fit digits' 8x8 images (ours); an int sets it. ``python -m models.lenet`` prints the matching tables.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from typing import Any, Callable, Iterable, Sequence
@@ -38,6 +37,9 @@ from models.mlp import mlp_param_count
 from models.registry import check_image_shape, register_model
 
 KERNEL = 5
+VARIANTS = ("original", "dense_stack")
+CONV_SIZES = (32, 40, 48, 64, 128)  # original: generate_parameter_matched_conv.py find_closest_config
+DENSE_SIZES = (64, 128, 256, 512, 1024, 2048)  # original: the same function
 MATCH_TOLERANCE = 0.05  # warn beyond this
 CLOSE = 0.01  # search: keep LeNet's channel ratio when that gets this close
 
@@ -67,6 +69,33 @@ def feature_grid(input_shape: Sequence[int], padding: int | str) -> tuple[int, i
             f"use inputs of at least 4x4 with padding 2 (model.options.padding=2) or at least 16x16 with padding 0"
         )
     return sh, sw
+
+
+def original_param_count(
+    input_shape: Sequence[int], conv: Sequence[int], dense: Sequence[int], num_classes: int, padding: int | str = "auto"
+) -> int:
+    """Parameters of the original LeNet (two convolutions, two dense layers, readout; biases included)."""
+    in_channels = int(input_shape[0])
+    (c1, c2), (f1, f2) = conv, dense
+    sh, sw = feature_grid(input_shape, padding)
+    return ((in_channels * KERNEL**2 + 1) * c1 + (c1 * KERNEL**2 + 1) * c2
+            + (c2 * sh * sw + 1) * f1 + (f1 + 1) * f2 + (f2 + 1) * num_classes)
+
+
+def original_sizes(
+    input_shape: Sequence[int], width: int, depth: int, num_classes: int, padding: int | str = "auto"
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((c1, c2), (f1, f2)): the original's search (find_closest_config) for the MLP's count at this width
+    and depth: convolutions outer, dense inner, each over its grid in order; the first nearest is kept."""
+    target = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
+    best: tuple[int, tuple[int, int], tuple[int, int]] | None = None
+    for conv in itertools.product(CONV_SIZES, repeat=2):
+        for dense in itertools.product(DENSE_SIZES, repeat=2):
+            gap = abs(original_param_count(input_shape, conv, dense, num_classes, padding) - target)
+            if best is None or gap < best[0]:  # strict: ties keep the earlier configuration, as the original
+                best = (gap, conv, dense)
+    assert best is not None
+    return best[1], best[2]
 
 
 def lenet_param_count(
@@ -123,8 +152,14 @@ def lenet_channels(
 
 
 def parameter_match(input_shape: Sequence[int], width: int, depth: int, num_classes: int = 10, **options: Any) -> dict[str, Any]:
-    """The search's outcome at one grid point: channels, both counts, relative gap."""
+    """The search's outcome at one grid point: channels (and dense sizes), both counts, relative gap."""
     padding = options.get("padding", "auto")
+    mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
+    if options.get("variant", "original") == "original":
+        conv, dense = original_sizes(input_shape, width, depth, num_classes, padding)
+        lenet = original_param_count(input_shape, conv, dense, num_classes, padding)
+        return {"width": width, "depth": depth, "channels": conv, "dense": dense, "lenet": lenet, "mlp": mlp,
+                "rel_gap": lenet / mlp - 1}
     channels = lenet_channels(input_shape, width, depth, num_classes, padding, options.get("channel_ratio", 6 / 16))
     lenet = lenet_param_count(input_shape, channels, width, depth, num_classes, padding)
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
@@ -136,17 +171,19 @@ def parameter_match_table(
     widths: Sequence[int] = (64, 128, 256, 512, 1024, 2048),
     depths: Sequence[int] = tuple(range(1, 9)),
     num_classes: int = 10,
+    variant: str = "original",
 ) -> list[dict[str, Any]]:
-    return [parameter_match(input_shape, w, d, num_classes) for w in widths for d in depths]
+    return [parameter_match(input_shape, w, d, num_classes, variant=variant) for w in widths for d in depths]
 
 
 class LeNet(nn.Module):
+    """Two [5x5 conv, act, 2x2 max-pool] stages, dense layers of the given sizes, a muP readout."""
+
     def __init__(
         self,
         input_shape: Sequence[int],
         channels: Sequence[int],
-        width: int,
-        depth: int,
+        dense: Sequence[int],
         num_classes: int,
         padding: int | str = "auto",
         activation: str = "relu",
@@ -165,12 +202,12 @@ class LeNet(nn.Module):
             nn.Conv2d(in_channels, c1, KERNEL, padding=p), act(), nn.MaxPool2d(2),
             nn.Conv2d(c1, c2, KERNEL, padding=p), act(), nn.MaxPool2d(2),
         )
-        dims = [c2 * sh * sw] + [width] * depth
+        dims = [c2 * sh * sw] + [int(f) for f in dense]
         layers: list[nn.Module] = []
         for a, b in zip(dims[:-1], dims[1:]):
             layers += [nn.Linear(a, b), act()]
         self.dense = nn.Sequential(*layers)
-        self.head = MuReadout(width, num_classes, readout_zero_init=True)
+        self.head = MuReadout(dims[-1], num_classes, readout_zero_init=True)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.dense(self.features(x).flatten(1)))
@@ -184,9 +221,27 @@ def resolve_lenet(
     channels: Sequence[int] | None = None,
     padding: int | str = "auto",
     channel_ratio: float = 6 / 16,
+    variant: str = "original",
+    dense: Sequence[int] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
-    """Choose the channels at the requested width (once, before the muP base models are built)."""
+    """Choose the sizes at the requested width (once, before the muP base models are built)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
+    if variant == "original":
+        if channels is None or dense is None:
+            conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
+            channels, dense = channels or conv, dense or fc
+            lenet = original_param_count(input_shape, channels, dense, num_classes, padding)
+            mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
+            if abs(lenet / mlp - 1) > MATCH_TOLERANCE:
+                warnings.warn(
+                    f"lenet (variant original) at width {width}, depth {depth} on {tuple(input_shape)}: the nearest "
+                    f"configuration on the original's size grid (conv {list(channels)}, dense {list(dense)}) has {lenet} "
+                    f"parameters against the MLP's {mlp} ({lenet / mlp - 1:+.1%}), as in the original code; "
+                    f"model.options.variant=dense_stack matches within 1%", stacklevel=2,
+                )
+        return {"variant": variant, "channels": list(channels), "dense": list(dense), "padding": padding, **options}
     if channels is None:
         channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
         lenet = lenet_param_count(input_shape, channels, width, depth, num_classes, padding)
@@ -198,7 +253,7 @@ def resolve_lenet(
                 f"convolutions cost more than the MLP's input layer here",
                 stacklevel=2,
             )
-    return {"channels": list(channels), "padding": padding, **options}
+    return {"variant": variant, "channels": list(channels), "padding": padding, **options}
 
 
 @register_model("lenet", resolve=resolve_lenet)
@@ -211,22 +266,34 @@ def build_lenet(
     padding: int | str = "auto",
     activation: str = "relu",
     channel_ratio: float = 6 / 16,
+    variant: str = "original",
+    dense: Sequence[int] | None = None,
     **options: Any,
 ) -> LeNet:
     if options:
-        raise ValueError(f"unknown lenet options {sorted(options)}; it takes channels, padding, activation, channel_ratio")
+        raise ValueError(f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "
+                         f"activation, channel_ratio")
+    if variant not in VARIANTS:
+        raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
+    if variant == "original":
+        if channels is None or dense is None:
+            conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
+            channels, dense = channels or conv, dense or fc
+        return LeNet(input_shape, channels, dense, num_classes, padding, activation)
     if channels is None:
         channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
-    return LeNet(input_shape, channels, width, depth, num_classes, padding, activation)
+    return LeNet(input_shape, channels, [width] * depth, num_classes, padding, activation)
 
 
 def main() -> None:
     """Print the LeNet vs MLP parameter-count table for the paper's grid."""
-    for shape in ((3, 32, 32), (3, 64, 64), (1, 8, 8)):
-        rows = parameter_match_table(shape)
-        print(f"input {shape}: LeNet / MLP - 1 (channels c1,c2), widths x depths 1..8")
+    for variant, shape in itertools.product(VARIANTS, ((3, 32, 32), (1, 8, 8))):
+        rows = parameter_match_table(shape, variant=variant)
+        print(f"{variant}, input {shape}: LeNet / MLP - 1 (conv c1,c2{'; dense f1,f2' if variant == 'original' else ''}), "
+              f"widths x depths 1..8")
         for w in sorted({r["width"] for r in rows}):
-            cells = [f"{r['rel_gap']:+.2%} ({r['channels'][0]},{r['channels'][1]})" for r in rows if r["width"] == w]
+            cells = [f"{r['rel_gap']:+.2%} ({r['channels'][0]},{r['channels'][1]}"
+                     + (f"; {r['dense'][0]},{r['dense'][1]})" if "dense" in r else ")") for r in rows if r["width"] == w]
             print(f"  width {w:5d}: " + "  ".join(cells))
         worst = max(rows, key=lambda r: abs(r["rel_gap"]))
         print(f"  worst: width {worst['width']} depth {worst['depth']}: {worst['rel_gap']:+.3%}")

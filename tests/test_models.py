@@ -96,7 +96,8 @@ def single_token_attention_parameters(model) -> set[str]:
 
 @pytest.mark.parametrize("name", available_models())
 def test_mup_base_shapes_and_init(name):
-    model = build(name, width=64, depth=2)
+    # LeNet's original variant has no width dimension (as the original: muP scales nothing; test_lenet_params.py)
+    model = build(name, width=64, depth=2, **({"variant": "dense_stack"} if name == "lenet" else {}))
     assert all(hasattr(p, "infshape") for p in model.parameters())
     heads = [m for m in model.modules() if isinstance(m, MuReadout)]
     assert len(heads) == 1 and not heads[0].weight.any()
