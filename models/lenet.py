@@ -98,6 +98,17 @@ def original_sizes(
     return best[1], best[2]
 
 
+def _original_or_given(
+    input_shape: Sequence[int], width: int, depth: int, num_classes: int, padding: int | str,
+    channels: Sequence[int] | None, dense: Sequence[int] | None,
+) -> tuple[Sequence[int], Sequence[int]]:
+    """The given conv / dense sizes, the original's search filling in what is not given."""
+    if channels is not None and dense is not None:
+        return channels, dense
+    conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
+    return channels or conv, dense or fc
+
+
 def lenet_param_count(
     input_shape: Sequence[int], channels: Sequence[int], width: int, depth: int, num_classes: int, padding: int | str = "auto"
 ) -> int:
@@ -230,8 +241,7 @@ def resolve_lenet(
         raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
     if variant == "original":
         if channels is None or dense is None:
-            conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
-            channels, dense = channels or conv, dense or fc
+            channels, dense = _original_or_given(input_shape, width, depth, num_classes, padding, channels, dense)
             lenet = original_param_count(input_shape, channels, dense, num_classes, padding)
             mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
             if abs(lenet / mlp - 1) > MATCH_TOLERANCE:
@@ -276,9 +286,7 @@ def build_lenet(
     if variant not in VARIANTS:
         raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
     if variant == "original":
-        if channels is None or dense is None:
-            conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
-            channels, dense = channels or conv, dense or fc
+        channels, dense = _original_or_given(input_shape, width, depth, num_classes, padding, channels, dense)
         return LeNet(input_shape, channels, dense, num_classes, padding, activation)
     if channels is None:
         channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)

@@ -237,7 +237,8 @@ def test_engines_agree_within_the_seed_to_seed_spread(tmp_path: Path) -> None:
     for i in range(len(runs["sequential"][0]["blocks"])):
         seq = [r["blocks"][i]["eval_bits"] / r["blocks"][i]["n_eval"] for r in runs["sequential"]]
         stk = [r["blocks"][i]["eval_bits"] / r["blocks"][i]["n_eval"] for r in runs["stacked"]]
-        assert abs(statistics.mean(seq) - statistics.mean(stk)) < max(statistics.stdev(seq), statistics.stdev(stk)), i
+        # a block whose fits never beat the untrained model scores log2 K in both engines (up to summation order)
+        assert abs(statistics.mean(seq) - statistics.mean(stk)) <= max(statistics.stdev(seq), statistics.stdev(stk), 1e-12), i
 
 
 @pytest.mark.parametrize(("name", "options"), [("mlp", {}), ("mlp", {"activation": "gelu"}),
