@@ -10,9 +10,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from mdl.storage import register_resolvers
+
 # Errors that mean "change a setting or a file", reported as one message without a traceback
 # (set MDL_TRACEBACK=1 to see it anyway). Anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportError, FloatingPointError)
+
+
+register_resolvers()  # before Hydra resolves the config (job folder names); light: no torch
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

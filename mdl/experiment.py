@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 # Keys that say where or how a run is recorded or its data is fetched, not what it computes.
 ENGINES = ("stacked", "sequential")
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEFAULT_THREADS = torch.get_num_threads()  # torch's choice for this machine, before any run changes it
 NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
@@ -96,6 +97,20 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
+    """A key added to ``group`` on the command line (``+trainer.patiense=1``) that none of the group's
+    config files defines would be ignored silently: refuse it, naming the nearest known key."""
+    import difflib
+
+    known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml")))
+    for key in cfg.get(group) or {}:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
+            hint = f"did you mean {group}.{near[0]}? " if near else ""
+            raise ValueError(f"{group}.{key}: unknown setting, it would be ignored; {hint}"
+                             f"{group} takes {', '.join(sorted(map(str, known)))}")
+
+
 def _trains_on_cpu(cfg: DictConfig) -> bool:
     """Whether the run's device resolves to the CPU here (a device that cannot be resolved is reported
     by check_trainer_config, not here)."""
@@ -124,6 +139,8 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.mdl.engine not in ENGINES:
         raise ValueError(f"unknown engine mdl.engine={cfg.mdl.engine!r}; choose one of {ENGINES}")
     check_paper_loss(cfg.mdl.paper_loss)
+    for group in ("trainer", "mdl"):
+        refuse_unknown_keys(cfg, group)
     if cfg.model.name not in available_models():
         raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
     if cfg.data.source not in available_sources():

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -56,3 +57,29 @@ def run_lock(store: Path) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+MAX_JOB_DIRNAME = 120  # bytes of a job folder's name kept readable; file systems allow 255 per name
+
+
+def job_dirname(num: Any, overrides: str) -> str:
+    """A multirun job's folder name, ``<num>_<overrides>``; overrides longer than ``MAX_JOB_DIRNAME``
+    are cut and end in a hash of the whole string, so the name stays unique and under the file
+    system's 255-byte limit (long values, e.g. several extensions combined in one sweep, failed with
+    ENAMETOOLONG). Slashes are written %2F. The full overrides are in the job's .hydra/overrides.yaml
+    and results.json."""
+    overrides = overrides.replace("/", "%2F")  # a value holding a path would nest folders (one job, one folder)
+    name = f"{num}_{overrides}" if overrides else str(num)
+    if len(name.encode()) <= MAX_JOB_DIRNAME:
+        return name
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:12]
+    head = name.encode()[: MAX_JOB_DIRNAME - len(digest) - 1].decode(errors="ignore")
+    return f"{head}~{digest}"
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers the configs use (conf/config.yaml's hydra.sweep.subdir); idempotent."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("job_dirname"):
+        OmegaConf.register_new_resolver("job_dirname", job_dirname)

@@ -48,3 +48,17 @@ def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None
                           (["model.name=nope"], "unknown model 'nope'")):
         with pytest.raises(SystemExit, match=message):
             cost_main(args)
+
+
+def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
+    """A job folder's name over 255 bytes failed with ENAMETOOLONG; long overrides are cut and hashed."""
+    from mdl.storage import MAX_JOB_DIRNAME, job_dirname
+
+    lr = "0.003" + "0" * 300 + "1"  # a valid value, 300 characters longer than usual
+    proc = run_launch(["-m", *FAST, "seed=0,1", f"optimizer.lr={lr}", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p.parent for p in (tmp_path / "multirun").rglob("results.json"))
+    assert len(jobs) == 2 and len({j.parent for j in jobs}) == 1  # siblings in the sweep folder, not nested
+    assert all(len(j.name.encode()) <= MAX_JOB_DIRNAME for j in jobs) and jobs[0].name != jobs[1].name
+    assert job_dirname(3, "a=1") == "3_a=1" and "/" not in job_dirname(0, "data.cache_dir=/x/y")
+    assert job_dirname(0, "x=" + "1" * 300) != job_dirname(0, "x=" + "1" * 299 + "2")  # the hash tells them apart

@@ -126,7 +126,9 @@ def test_a_finished_run_keeps_no_checkpoints_and_skip_if_done_false_runs_it_agai
      ("mdl.steps_per_group=2.5", "mdl.steps_per_group=2.5: must be an integer >= 1"),
      ("mdl.steps_per_group=abc", "mdl.steps_per_group='abc'"),
      ("mdl.checkpoint_every_s=inf", "mdl.checkpoint_every_s=inf: must be a finite number"),
-     ("mdl.checkpoint_every_s=abc", "mdl.checkpoint_every_s='abc'")],
+     ("mdl.checkpoint_every_s=abc", "mdl.checkpoint_every_s='abc'"),
+     ("+trainer.patiense=1", "trainer.patiense: unknown setting, it would be ignored; did you mean trainer.patience"),
+     ("+mdl.num_block=3", "did you mean mdl.num_blocks")],
 )
 def test_bad_config_values_are_named(tmp_path: Path, override: str, message: str) -> None:
     cfg = compose_config(FAST + [override], output_root=tmp_path)
