@@ -98,8 +98,17 @@ def run_identity(run_dir: Path) -> str:
 
 def resumable(checkpoint: Path | None, identity: str) -> str | None:
     """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
-    one, or one written by other code or another run, is removed with a warning (the fit starts over)."""
-    if checkpoint is None or not checkpoint.exists():
+    one, or one written by other code or another run, is removed with a warning (the fit starts over).
+    Temporaries of killed writes of this checkpoint (``unique_temporary``) are removed first: the caller
+    holds the run's lock (mdl/storage.py run_lock), so no other writer of them can be alive."""
+    if checkpoint is None:
+        return None
+    stale = sorted(checkpoint.parent.glob(f"{checkpoint.name}.*.tmp"))
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    if stale:
+        log.warning("removed %d temporary file(s) of killed checkpoint writes next to %s", len(stale), checkpoint)
+    if not checkpoint.exists():
         return None
     try:
         written_by = read_identity(checkpoint)

@@ -150,3 +150,15 @@ def test_two_identical_runs_started_together_never_share_a_fit(tmp_path) -> None
     results = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("results.json")]
     assert len(results) == 2 and results[0]["paper_mdl"] == results[1]["paper_mdl"]
     assert not list((tmp_path / "store").rglob("*.tmp"))
+
+
+def test_temporaries_of_killed_checkpoint_writes_are_removed_on_the_next_attempt(reference, tmp_path, monkeypatch, caplog) -> None:
+    """A kill during a checkpoint write leaves its unique temporary (as large as the checkpoint); it was never removed."""
+    cfg = compose_config(SETTINGS, tmp_path)
+    assert run_killed_after(cfg, tmp_path / "a", 2, monkeypatch)
+    (ckpt,) = _store(tmp_path).glob("checkpoints/*.ckpt")
+    left = ckpt.with_name(f"{ckpt.name}.12345.deadbeef.tmp")
+    left.write_bytes(b"half a checkpoint")
+    with caplog.at_level(logging.WARNING):
+        _same(run_experiment(cfg, tmp_path / "b"), reference)
+    assert not left.exists() and "temporary file(s) of killed checkpoint writes" in caplog.text
