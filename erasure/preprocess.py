@@ -71,7 +71,7 @@ def check_shrinkage(shrinkage: Shrinkage) -> None:
 
 def optimal_linear_shrinkage(covariance: Tensor, n: Tensor | int) -> Tensor:
     """alpha S + beta (tr S / d) I with the coefficients that are asymptotically optimal in Frobenius
-    norm as d and n grow together (Bai, Chen and Li, "On the strong convergence of the optimal linear
+    norm as d and n grow together (Bodnar, Gupta and Parolya 2014, "On the strong convergence of the optimal linear
     shrinkage estimator for large dimensional covariance matrix", arXiv:1308.2608). ``covariance`` is the
     biased sample covariance (scatter / n) of n samples, or a (..., d, d) batch with n per matrix. The
     same estimator as concept-erasure's ``optimal_linear_shrinkage`` (tested against it); float64 here."""
