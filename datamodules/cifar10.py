@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from datamodules.data_root import ChecksumError, bad_data, data_root, missing_data, reading
+from datamodules.data_root import ChecksumError, bad_data, data_root, downloading, missing_data, reading
 from datamodules.sources import ImageSet, ImageSource, check_labels, register_source, uint8_images
 
 PIXELS = 3 * 32 * 32
@@ -147,7 +147,9 @@ def load_cifar10(
     folder = base / official.base_folder
     if download:
         base.mkdir(parents=True, exist_ok=True)
-        official(str(base), train=True, download=True)
+        by_hand = f"download {official.url} on a machine with network access and extract it into {base}"
+        with downloading("cifar10", official.url, by_hand):
+            official(str(base), train=True, download=True)
     check_cifar10_files(folder, verify_checksums)
     classes = read_classes(folder / official.meta["filename"])
     train = _read_split(folder, [name for name, _ in official.train_list], len(classes))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datamodules.data_root import bad_data, data_root, missing_data, reading
+from datamodules.data_root import bad_data, data_root, downloading, missing_data, reading
 from datamodules.sources import ImageSet, ImageSource, check_labels, register_source, uint8_images
 
 IMAGE_COLUMN = "img"
@@ -75,7 +75,10 @@ def load_cifarnet(
     with reading("cifarnet", folder, resave):
         exists = folder.exists()
     if not exists and download:
-        _save_from_hub(hub_id, folder)
+        by_hand = (f"on a machine with network access run `datasets.load_dataset('{hub_id}').save_to_disk('{folder}')` "
+                   f"and copy the folder here")
+        with downloading("cifarnet", f"{hub_id} from the Hugging Face hub", by_hand):
+            _save_from_hub(hub_id, folder)
         exists = True
     if not exists:
         raise missing_data(

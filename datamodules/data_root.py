@@ -85,3 +85,35 @@ def reading(source: str, path: Path, fix: str) -> Iterator[None]:
         if isinstance(err, IsADirectoryError) or os.path.isdir(culprit):
             raise bad_data(source, culprit, "is a folder, expected a file", fix) from err
         raise bad_data(source, culprit, f"could not be read ({reason})", fix) from err
+
+
+@contextmanager
+def downloading(source: str, what: str, by_hand: str) -> Iterator[None]:
+    """Turn a failed download (no network, DNS, proxy, HTTP error: ``data.options.download=true``)
+    into a MissingDataError that says what was fetched from where and how to put the files by hand."""
+    try:
+        yield
+    except (MissingDataError, UnreadableDataError, BadDataError):
+        raise
+    except Exception as err:  # urllib's URLError, requests' and huggingface_hub's errors: no common base
+        if not _looks_like_network(err):
+            raise
+        raise MissingDataError(
+            f"{source}: data.options.download=true could not fetch {what} ({type(err).__name__}: {err}). "
+            f"This machine may have no network access (compute nodes often have none).\n"
+            f"To get it by hand: {by_hand}; then run without data.options.download=true.\n{OTHER_FOLDER}"
+        ) from err
+
+
+def _looks_like_network(err: BaseException) -> bool:
+    """Whether ``err`` (or what caused it) is a network failure rather than a bug or a disk error."""
+    import urllib.error
+
+    network_names = ("ConnectionError", "Timeout", "HTTPError", "LocalEntryNotFoundError", "OfflineModeIsEnabled")
+    while err is not None:
+        if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError)):
+            return True
+        if any(name in type(err).__name__ for name in network_names):
+            return True
+        err = err.__cause__ or err.__context__
+    return False

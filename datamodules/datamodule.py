@@ -159,6 +159,13 @@ def apply_transform(transform: CovariancePower, x: Tensor) -> Tensor:
     out = torch.empty_like(x)
     for start in range(0, x.shape[0], ERASE_CHUNK):
         out[start : start + ERASE_CHUNK] = transform(x[start : start + ERASE_CHUNK])
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:  # the data were finite when loaded (sources.check_source): the transform made these
+        raise ValueError(
+            f"data.transform (covariance_power, p={transform.p:g}, eps={transform.eps:g}) made {bad} values NaN or "
+            f"infinite in {out.dtype} (the covariance's condition number is {transform.condition_before:.3g}, and "
+            f"Sigma^(p/2) spreads it to the power |p|/2); choose p closer to 0 (-1 whitens) or a larger eps"
+        )
     return out
 
 
@@ -498,7 +505,10 @@ class ErasedDataModule(L.LightningDataModule):
         assert cfg is not None
         log.info("fitting the %s transform (p=%g, eps=%g, %s) on %d training examples",
                  cfg["name"], cfg["p"], cfg["eps"], cfg["order"], x.shape[0])
-        self._transform = fit_covariance_power(x.to(self.device), p=cfg["p"], eps=cfg["eps"])
+        try:
+            self._transform = fit_covariance_power(x.to(self.device), p=cfg["p"], eps=cfg["eps"])
+        except ValueError as err:  # name the setting: the math layer knows only p and eps
+            raise ValueError(f"data.transform: {err}") from err
         return self._transform
 
     def _transform_before(self, splits: Splits) -> Splits:

@@ -13,6 +13,8 @@ split, where no eraser looks at it, stops the run at load time.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -76,9 +78,27 @@ def load_source(name: str, **options: Any) -> ImageSource:
             f"unknown data source {name!r} (data.source); choose one of {available_sources()} "
             f"with data=<name>, e.g. `data=digits`"
         )
+    check_source_options(name, options)
     source = _SOURCES[name](**options)
     check_source(source)
     return source
+
+
+def source_options(name: str) -> list[str]:
+    """The options a registered source takes (its loader's named parameters)."""
+    parameters = inspect.signature(_SOURCES[name]).parameters.values()
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_source_options(name: str, options: dict[str, Any]) -> None:
+    """An option the source does not take (``+data.options.n_tset=0``) would be ignored silently: refuse it."""
+    known = source_options(name)
+    for key in options:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean data.options.{near[0]}? " if near else ""
+            raise ValueError(f"data.options.{key}: data source {name!r} takes no such option, it would be ignored; "
+                             f"{hint}it takes {', '.join(known) or 'none'}")
 
 
 def check_labels(y: Tensor, num_classes: int, where: str, fix: str) -> None:

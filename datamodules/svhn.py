@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datamodules.data_root import ChecksumError, bad_data, data_root, missing_data, reading
+from datamodules.data_root import ChecksumError, bad_data, data_root, downloading, missing_data, reading
 from datamodules.sources import ImageSet, ImageSource, check_labels, register_source, uint8_images
 
 
@@ -82,7 +82,9 @@ def _read_mat(folder: Path, split: str, verify_checksums: bool) -> Any:
 def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> ImageSet:
     if download:
         folder.mkdir(parents=True, exist_ok=True)
-        svhn_reader(True)(str(folder), split=split, download=True)
+        url, name, _ = svhn_reader(True).split_list[split]
+        with downloading("svhn", url, f"download {url} on a machine with network access and copy it to {folder / name}"):
+            svhn_reader(True)(str(folder), split=split, download=True)
     check_svhn_file(folder, split, verify_checksums)
     data = _read_mat(folder, split, verify_checksums)
     path = folder / data.filename

@@ -60,7 +60,7 @@ def _check_real(source: str, low: float = -math.inf, **values: Any) -> None:
 
 def _as_source(name: str, splits: Sequence[tuple[Tensor, Tensor]]) -> ImageSource:
     """Vectors (n, d) and 0/1 labels -> an ImageSource of (n, 1, 1, d) float32 "images"."""
-    sets = [ImageSet(x.to(torch.float32).reshape(len(x), 1, 1, -1), y) for x, y in splits]
+    sets = [ImageSet(x.to(torch.float32).reshape(len(x), 1, 1, x.shape[-1]), y) for x, y in splits]  # n_test=0: no rows
     test = sets[1] if len(sets) > 1 and len(sets[1]) > 0 else None
     return ImageSource(name=name, train=sets[0], test=test, classes=["negative", "positive"])
 

@@ -20,6 +20,7 @@ no variance, are mapped to the mean; a warning gives the rank. Pure torch, like 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -100,6 +101,12 @@ class CovariancePower:
         scale = (float(eigvals.sum()) / float(after.sum())) ** 0.5 if p != 0 else 1.0
         matrix = (eigvecs * (scale * powered)) @ eigvecs.T
         matrix = (matrix + matrix.T) / 2
+        if not (math.isfinite(scale) and scale > 0 and bool(torch.isfinite(matrix).all())):
+            raise ValueError(
+                f"covariance_power: p={p:g}, eps={eps:g} overflows float64 on this covariance (eigenvalues from "
+                f"{float(kept.min()):.3g} to {float(kept.max()):.3g}, powered to p/2); choose p closer to 0 "
+                f"(p = -1 whitens) or a larger eps"
+            )
         after_kept = (scale**2 * after)[keep]
         return cls(
             mean=moments.mean, matrix=matrix, p=float(p), eps=float(eps), dim=d, scale=scale, rank=rank,

@@ -125,6 +125,7 @@ def validate_config(cfg: DictConfig) -> None:
     not exist and sizes that cannot work, with the setting, the smallest value that works and a usual one."""
     from datamodules import available_sources
     from datamodules.datamodule import check_data_settings
+    from datamodules.sources import check_source_options
 
     def require_int(key: str, low: int, usual: str, allowed: tuple[Any, ...] = ()) -> None:
         value = OmegaConf.select(cfg, key)
@@ -139,6 +140,8 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.mdl.engine not in ENGINES:
         raise ValueError(f"unknown engine mdl.engine={cfg.mdl.engine!r}; choose one of {ENGINES}")
     check_paper_loss(cfg.mdl.paper_loss)
+    check_precision(cfg.trainer.precision)
+    check_compile(cfg.trainer.compile)
     for group in ("trainer", "mdl"):
         refuse_unknown_keys(cfg, group)
     if cfg.model.name not in available_models():
@@ -147,6 +150,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(
             f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
         )
+    check_source_options(cfg.data.source, cfg.data.get("options") or {})
     for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
                             ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
                             ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2"), ("mdl.steps_per_group", 1, "16")):

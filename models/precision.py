@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 PRECISIONS = ("fp32", "bf16")
+COMMON_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # built into torch (torch._dynamo.list_backends)
 
 
 def check_precision(precision: Any) -> str:
@@ -53,7 +54,15 @@ def check_compile(compile: Any) -> str | None:
     if compile is True:
         return "inductor"
     if isinstance(compile, str):
-        return compile
+        if compile in COMMON_BACKENDS:
+            return compile
+        import torch._dynamo  # 1.5 s to import: only for a backend name we do not know
+
+        backends = torch._dynamo.list_backends(exclude_tags=())
+        if compile in backends:
+            return compile
+        raise ValueError(f"trainer.compile={compile!r}: not a torch.compile backend here; use true (inductor), "
+                         f"false, or one of {[b for b in backends if 'TESTING' not in b]}")
     raise ValueError(f"trainer.compile must be false, true or a torch.compile backend name, got {compile!r}")
 
 

@@ -293,6 +293,68 @@ def test_working_eraser_does_not_warn(tmp_path: Path) -> None:
     assert dm.diagnostics["not_erased"] == []
 
 
+# --- settings that used to be accepted and ignored, or fail late --------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["+data.options.foo=1"], "data.options.foo"),
+        (["data=synthetic", "+data.options.n_tset=5"], "did you mean data.options.n_test"),
+        (["trainer.compile=foo"], "trainer.compile='foo'"),
+        (["trainer.precision=fp16"], "trainer.precision"),
+    ],
+)
+def test_unknown_option_or_backend_is_refused_before_loading(overrides: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        validate_config(compose_config(FAST + overrides))
+
+
+def test_every_shipped_data_config_passes_the_option_check() -> None:
+    for path in sorted((REPO / "conf" / "data").glob("*.yaml")):
+        validate_config(compose_config(FAST + [f"data={path.stem}"]))
+
+
+@pytest.mark.parametrize("source", ["single_index", "multiscale_linear"])
+def test_teacher_student_without_a_test_split(source: str) -> None:
+    """n_test=0: no official test split (the data module holds data.test_size out instead)."""
+    loaded = load_source(source, n_train=50, n_test=0)
+    assert loaded.test is None and len(loaded.train) == 50
+
+
+def test_covariance_power_that_overflows_names_the_setting(tmp_path: Path) -> None:
+    """digits' covariance spans 2e-6..0.7: its 25th inverse power overflows float64."""
+    dm = ErasedDataModule(source="digits", eraser={"name": "leace", "options": {}}, val_size=100, test_size=100, device="cpu",
+                          transform={"name": "covariance_power", "p": -50, "eps": 1e-6, "order": "before_eraser"})
+    with pytest.raises(ValueError, match=r"data\.transform.*p=-50.*closer to 0"):
+        dm.setup()
+
+
+def test_download_without_network_says_how_to_get_the_files(tmp_path: Path) -> None:
+    """A real download through a proxy that refuses every connection, as a node without network does."""
+    script = "from datamodules import load_source; load_source('cifar10', root=r'%s', download=True)" % (tmp_path / "data")
+    env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "no_proxy": "", "NO_PROXY": ""}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()
+    message = "\n".join(last[-4:])
+    assert "MissingDataError" in message and "cifar-10-python.tar.gz" in message and "by hand" in message, done.stderr
+
+
+def test_download_errors_that_are_not_the_network_pass_through() -> None:
+    from datamodules.data_root import MissingDataError, downloading
+
+    with pytest.raises(MissingDataError, match="by hand: copy it"):
+        with downloading("x", "http://example/x", "copy it"):
+            import urllib.error
+
+            raise urllib.error.URLError("Name or service not known")
+    with pytest.raises(KeyError):
+        with downloading("x", "http://example/x", "copy it"):
+            raise KeyError("a bug, not the network")
+
+
 # --- the cache: dead writers' temporaries, unwritable folders ------------------------------------
 
 
