@@ -25,6 +25,7 @@ def main(cfg: DictConfig) -> float | None:
     from mdl.experiment import quiet_lightning, run_experiment, summary  # after Hydra parsed the command line
     from mdl.preemption import EXIT_CODE, Preempted
     from mdl.results import RESULTS_FILE
+    from mdl.storage import StalledLockHolder
 
     quiet_lightning()
 
@@ -35,7 +36,7 @@ def main(cfg: DictConfig) -> float | None:
     except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job
         print(f"preempted: {err}. Run the same command again to resume.", file=sys.stderr, flush=True)
         sys.exit(EXIT_CODE)
-    except USER_ERRORS as err:
+    except (*USER_ERRORS, StalledLockHolder) as err:
         if os.environ.get("MDL_TRACEBACK"):
             raise
         print(f"error: {err}", file=sys.stderr, flush=True)

@@ -53,6 +53,10 @@ def write_checksummed(path: Path, payload: bytes, identity: str = "") -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # a full disk fails in write() with no file name: name the checkpoint
+        if err.filename is None:
+            raise type(err)(err.errno, err.strerror or str(err), str(path)) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -34,7 +34,7 @@ from mdl.stacked import run_prequential_stacked
 from mdl.results import (
     RESULTS_FILE, BlockResult, DamagedRecord, code_version, git_sha, read_checked_json, write_checked_json,
 )
-from mdl.storage import require_writable, run_lock
+from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
 from models import Classifier, available_models, create_model, depth_scaled_lr
 from models.losses import SpectralDecoupling, loss_from_options
@@ -52,7 +52,7 @@ OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",
 # How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
 # trainer.torch_threads is not among them: on a CPU the thread count changes the last bits of every reduction, so a
 # CPU run's identity holds the thread count it resolves to (``cpu_threads``; see config_hash).
-NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group"), "trainer": ("torch_threads", "threads_by_engine")}
+NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group", "lock_lease_s"), "trainer": ("torch_threads", "threads_by_engine")}
 NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
 
@@ -159,6 +159,9 @@ def validate_config(cfg: DictConfig) -> None:
     if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
         raise ValueError(f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
                          f"e.g. mdl.checkpoint_every_s=30")
+    lease = cfg.mdl.get("lock_lease_s")
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
+        raise ValueError(f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300")
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
     lr = cfg.optimizer.get("lr")
@@ -309,7 +312,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
     store = Path(cfg.paths.store_dir) / key
     require_writable(run_dir, "paths.output_root")
     require_writable(store, "paths.output_root (or paths.store_dir)")
-    with run_lock(store), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
+    with run_lock(store, cfg.mdl.lock_lease_s), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
         # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/preemption.py)
         done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
         if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
@@ -318,7 +321,13 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
             write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
             return {**done, "skipped": True}
-        return _run(cfg, run_dir, overrides, device, key, store)
+        try:
+            return _run(cfg, run_dir, overrides, device, key, store)
+        except OSError as err:  # a disk that filled mid-run: say which, and that the checkpoints are kept
+            clear = no_space_error(err, (store, run_dir), "paths.output_root")
+            if clear is None:
+                raise
+            raise clear from err
 
 
 def finished_results(path: Path) -> dict[str, Any] | None:
@@ -352,6 +361,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     eraser_path = None
     if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
+
+    require_space(store, checkpoint_bytes(cfg, dm), "this run's checkpoints", "paths.output_root")
 
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
     torch.set_num_threads(training_threads(cfg))
@@ -419,6 +430,23 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     write_checked_json(store / RESULTS_FILE, results)
     discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
     return results
+
+
+# Measured (digits MLP, widths 32 and 256; tests/test_disk_full.py checks it): a single model's checkpoint
+# holds 16 bytes per parameter (float32 weights, best weights and two optimizer moments), a stacked fit's
+# 8 per parameter and member, and either some tens of KiB of Lightning state.
+CHECKPOINT_BYTES_PER_PARAMETER = {"sequential": 16, "stacked": 8}
+CHECKPOINT_OVERHEAD_BYTES = 64 * 1024
+
+
+def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
+    """Room the run's checkpoints need at once: the largest checkpoint file, twice over while a new one
+    is written next to the old one (a stacked fit holds every block's member in one file)."""
+    model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
+    parameters = sum(p.numel() for p in model.parameters())
+    members = cfg.mdl.num_blocks + 1 if cfg.mdl.engine == "stacked" else 1
+    largest = CHECKPOINT_BYTES_PER_PARAMETER[cfg.mdl.engine] * parameters * members + CHECKPOINT_OVERHEAD_BYTES
+    return 2 * largest
 
 
 def discard_resume_state(store: Path) -> None:

@@ -134,7 +134,8 @@ def run_prequential_stacked(
     identity = run_identity(run_dir)
     trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, identity=identity)
     trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, identity))
-    checkpoint.unlink(missing_ok=True)
+    # the checkpoint stays until the results are written (experiment.discard_resume_state): a disk that fills
+    # while they are written must not cost the whole fit
 
     outcomes = protocol.outcomes
     blocks = [_block(outcomes[m], boundaries) for m in range(num_blocks)]

@@ -14,11 +14,19 @@ import errno
 import hashlib
 import logging
 import os
+import shutil
+import socket
+import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
+from hydra.experimental.callback import Callback
+
+from mdl.results import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 LOCK_FILE = "run.lock"
@@ -27,8 +35,10 @@ NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 def storage_error(folder: Path, setting: str, err: OSError) -> OSError:
     """An OSError whose message names the folder, the cause and the setting that moves it."""
-    cause = "the disk is full" if err.errno in NO_SPACE else f"it is not writable ({err.strerror or err})"
-    return type(err)(err.errno, f"cannot write to {folder}: {cause}. Free space or choose another folder with {setting}=<dir>")
+    if err.errno in NO_SPACE:
+        return type(err)(err.errno, f"cannot write to {folder}: the disk is full. Free space or choose another folder with {setting}=<dir>")
+    return type(err)(err.errno, f"cannot write to {folder}: it is not writable ({err.strerror or err}). Choose another folder "
+                                f"with {setting}=<dir>")
 
 
 def require_writable(folder: Path, setting: str) -> None:
@@ -44,19 +54,151 @@ def require_writable(folder: Path, setting: str) -> None:
             probe.unlink()
 
 
+HOLDER_FILE = "run.lock.holder.json"  # who holds the lock; its modification time is the holder's heartbeat
+
+
+class StalledLockHolder(RuntimeError):
+    """The process holding a run's lock stopped renewing its lease (suspended or hung)."""
+
+
+def lock_holder() -> dict[str, Any]:
+    """What identifies this process to someone waiting for its lock: host, pid, Slurm job, start time."""
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        slurm = f"{os.environ.get('SLURM_ARRAY_JOB_ID', slurm)}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm, "started": time.time()}
+
+
+def describe_holder(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process (it left no holder record: an older version of this code?)"
+    job = f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else ""
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"pid {holder.get('pid')} on host {holder.get('host')}{job}, started {started}"
+
+
+def read_holder(store: Path) -> tuple[dict[str, Any] | None, float | None]:
+    """The holder record and the age of its heartbeat in seconds (None, None when there is none)."""
+    path = store / HOLDER_FILE
+    try:
+        age = time.time() - path.stat().st_mtime
+        return read_json(path), age
+    except (OSError, ValueError):
+        return None, None
+
+
+class Heartbeat:
+    """Touches the holder record every ``interval`` seconds from a daemon thread. A suspended
+    process (SIGSTOP, Slurm's gang scheduling) stops its threads too, so the heartbeat ages."""
+
+    def __init__(self, path: Path, interval: float) -> None:
+        self.path, self.interval = path, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(OSError):  # a full or vanished disk must not kill the run
+                os.utime(self.path)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class NotEnoughRoom(OSError):
+    """Too little free space for a run, found before it trains (its message is complete)."""
+
+
+class OutputRootCheck(Callback):
+    """Hydra callback: check ``paths.output_root`` before Hydra creates the run or sweep folder in it,
+    so a read-only, full or missing root (or a regular file) reads as one message, not Hydra's traceback."""
+
+    def _check(self, config: Any) -> None:
+        root = Path(str(config.paths.output_root))
+        try:
+            if root.exists() and not root.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"paths.output_root={root} is a file, not a folder; "
+                                         f"choose a folder with paths.output_root=<dir>")
+            require_writable(root, "paths.output_root")
+        except OSError as err:
+            print(f"error: {err.strerror or err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(config)
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self._check(config)
+
+
+def require_space(folder: Path, needed_bytes: int, what: str, setting: str) -> None:
+    """Fail before training when ``folder``'s file system has less room than ``needed_bytes``
+    (e.g. the checkpoints' estimated size), instead of at the first checkpoint."""
+    free = shutil.disk_usage(folder).free
+    if free < needed_bytes:
+        raise NotEnoughRoom(
+            errno.ENOSPC,
+            f"not enough room in {folder}: {what} need about {needed_bytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are "
+            f"free. Free space or choose another folder with {setting}=<dir>",
+        )
+
+
+def no_space_error(err: OSError, folders: tuple[Path, ...], setting: str) -> OSError | None:
+    """A full disk met while writing under ``folders`` (checkpoints, results), as one message naming the
+    folder, the setting and what is kept; None for any other error (a cache folder reports its own)."""
+    if err.errno not in NO_SPACE or isinstance(err, NotEnoughRoom):
+        return None
+    where = Path(err.filename) if err.filename else None
+    if where is not None and not any(where.is_relative_to(f) for f in folders):
+        return None
+    message = storage_error(where.parent if where else folders[0], setting, err).strerror
+    return OSError(err.errno, f"{message}; the run resumes from its last checkpoint when launched again")
+
+
 @contextlib.contextmanager
-def run_lock(store: Path) -> Iterator[None]:
-    """Hold the run's lock; if another process holds it, say so and wait for it."""
+def run_lock(store: Path, lease_s: float = 300.0) -> Iterator[None]:
+    """Hold the run's lock; if another process holds it, name it and wait for it.
+
+    The holder renews a lease (``mdl.lock_lease_s``) by touching its holder record. A waiter whose
+    holder's heartbeat is older than the lease stops waiting with StalledLockHolder, naming the
+    holder and what to do, instead of hanging for ever; it never takes the lock over, since a
+    suspended holder may be resumed and would then write the same run at the same time."""
     lock = FileLock(str(store / LOCK_FILE))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        log.warning("another process is running this config (%s); waiting for it to finish", store / LOCK_FILE)
-        lock.acquire()
+        _wait_for(lock, store, lease_s)
     try:
-        yield
+        atomic_write_json(store / HOLDER_FILE, lock_holder())
+        with Heartbeat(store / HOLDER_FILE, interval=max(lease_s / 10, 0.05)):
+            yield
     finally:
+        with contextlib.suppress(OSError):
+            (store / HOLDER_FILE).unlink()
         lock.release()
+
+
+def _wait_for(lock: FileLock, store: Path, lease_s: float) -> None:
+    holder, _ = read_holder(store)
+    log.warning("%s is running this config (%s); waiting for it to finish", describe_holder(holder), store / LOCK_FILE)
+    while True:
+        try:
+            lock.acquire(timeout=min(lease_s / 4, 5.0))
+            return
+        except Timeout:
+            holder, age = read_holder(store)
+            if age is not None and age > lease_s:
+                raise StalledLockHolder(
+                    f"the run in {store} is locked by {describe_holder(holder)}, whose heartbeat stopped {age:.0f} s "
+                    f"ago (mdl.lock_lease_s={lease_s:g}): it is suspended (SIGSTOP, Slurm gang scheduling) or hung. "
+                    f"Resume it (kill -CONT <pid>, scontrol resume <job>) or end it (kill <pid>, scancel <job>): "
+                    f"its checkpoints are resumed by the next launch. This launch waits no longer."
+                ) from None
 
 
 MAX_JOB_DIRNAME = 120  # bytes of a job folder's name kept readable; file systems allow 255 per name

@@ -1,0 +1,104 @@
+"""A full disk: checked before training from the checkpoints' estimated size, reported as one
+message naming the folder and the setting when it fills mid-run, and never the cause of lost work
+(a stacked run's checkpoint outlives a failed results write, so the re-run trains nothing again)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, compose_config, run_launch
+from mdl import checkpoints, experiment
+from mdl.experiment import CHECKPOINT_BYTES_PER_PARAMETER, checkpoint_bytes, run_experiment
+from mdl.results import RESULTS_FILE
+
+STACKED = FAST + ["mdl.engine=stacked", "mdl.checkpoint_every_s=0", "trainer.torch_threads=1"]
+NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss")
+
+
+def test_results_write_on_a_full_disk_keeps_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = run_experiment(compose_config(STACKED, tmp_path / "ref"), tmp_path / "ref" / "run")
+
+    real_write = experiment.write_checked_json
+
+    def full_disk(path, payload):
+        if Path(path).name == RESULTS_FILE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_write(path, payload)
+
+    cfg = compose_config(STACKED, tmp_path / "full")
+    monkeypatch.setattr(experiment, "write_checked_json", full_disk)
+    sizes: list[int] = []
+    real_save = checkpoints.write_checksummed
+    monkeypatch.setattr(checkpoints, "write_checksummed", lambda path, payload, identity="": (
+        sizes.append(len(payload)), real_save(path, payload, identity))[1])
+    with pytest.raises(OSError) as err:
+        run_experiment(cfg, tmp_path / "full" / "run")
+    message = str(err.value)
+    assert "the disk is full" in message and "paths.output_root" in message and "resumes from its last checkpoint" in message
+    (checkpoint,) = (tmp_path / "full" / "store").glob("*/checkpoints/stacked.ckpt")
+
+    # the estimate covers the largest checkpoint written (twice over for the write beside the old one), within 3x
+    size = max(sizes)
+    estimate = checkpoint_bytes(cfg, experiment.make_datamodule(cfg, experiment.check_trainer_config(cfg)))
+    assert size <= estimate / 2 <= 3 * size, (size, estimate, CHECKPOINT_BYTES_PER_PARAMETER)
+
+    monkeypatch.setattr(experiment, "write_checked_json", real_write)
+    resumed = run_experiment(compose_config(STACKED, tmp_path / "full"), tmp_path / "full" / "run2")
+    assert {k: resumed[k] for k in NUMBERS} == {k: reference[k] for k in NUMBERS}
+    assert resumed["blocks"] == reference["blocks"]
+    assert not checkpoint.exists()  # finished: the checkpoint is removed once the results are safe
+
+
+def mount_tmpfs(folder: Path, size: str) -> bool:
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True).returncode == 0
+
+
+def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Path) -> None:
+    """A real 1 MiB file system: the stacked run's checkpoints need more, so it stops before the first epoch."""
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, "1M"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        done = run_launch(FAST + ["mdl.engine=stacked", "width=256", "model.base_width=256", f"paths.output_root={small}",
+                                  f"paths.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "not enough room" in done.stderr and "paths.output_root" in done.stderr and "Traceback" not in done.stderr
+    assert not list(small.glob("**/*.ckpt"))  # stopped before training
+
+
+@pytest.mark.parametrize("kind", ["file", "full", "read-only"])
+def test_bad_output_root_is_reported_before_hydra_writes(tmp_path: Path, kind: str) -> None:
+    """A regular file, a full file system or a read-only one as paths.output_root: one message, exit 2,
+    from the check that runs before Hydra creates the run folder (Hydra's own mkdir gave a traceback)."""
+    root = tmp_path / "root"
+    if kind == "file":
+        root.write_text("not a folder")
+        words = "is a file, not a folder"
+    else:
+        if not mount_tmpfs(root, "64k" if kind == "full" else "1M"):
+            pytest.skip("needs root to mount a small tmpfs")
+        if kind == "full":
+            subprocess.run(["dd", "if=/dev/zero", f"of={root / 'fill'}", "bs=1k", "count=128"], capture_output=True)
+            words = "the disk is full"
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+            words = "not writable"
+    try:
+        for multirun in ([], ["-m", "seed=0,1"]):
+            done = run_launch(multirun[:1] + FAST + multirun[1:] + [f"paths.output_root={root}"], cwd=tmp_path)
+            assert done.returncode == 2, done.stderr[-2000:]
+            assert words in done.stderr and "paths.output_root" in done.stderr and "Traceback" not in done.stderr
+    finally:
+        if kind != "file":
+            subprocess.run(["umount", str(root)], check=False)
