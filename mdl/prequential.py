@@ -177,6 +177,10 @@ def run_prequential(
     if not progress_path.exists():  # from the start, so a later attempt by other code knows not to resume this one
         write_progress(progress_path, boundaries, [])
     blocks = [BlockResult(**b) for b in done]
+    if blocks and on_block is not None:  # a resumed run's logger is new: give it the series of the blocks done before
+        log.info("resuming: logging the %d block(s) finished before the interruption again", len(blocks))
+        for i, block in enumerate(blocks):
+            on_block(i, block)
     identity = run_identity(run_dir)
 
     for i in range(len(blocks), len(boundaries) - 1):

@@ -96,6 +96,8 @@ def run_prequential_stacked(
     module = StackedClassifier(
         build_members(make_model, member_seeds(seed, len(boundaries)), dm.device), optimizer, lr, precision, loss=loss,
     )
+    logged: set[int] = set()  # blocks given to on_block by this process
+
     def on_finish(outcome: MemberOutcome) -> None:
         """Record every member finished so far (restored ones included; members finish in any order)."""
         done = {m: _block(o, boundaries).to_dict() for m, o in sorted(protocol.outcomes.items()) if m < num_blocks}
@@ -110,6 +112,7 @@ def run_prequential_stacked(
             )
             if on_block is not None:
                 on_block(outcome.member, block)
+                logged.add(outcome.member)
         else:
             log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", n_total, outcome.epochs, outcome.best_val_loss)
 
@@ -139,6 +142,11 @@ def run_prequential_stacked(
 
     outcomes = protocol.outcomes
     blocks = [_block(outcomes[m], boundaries) for m in range(num_blocks)]
+    restored = [m for m in range(num_blocks) if m not in logged]
+    if restored and on_block is not None:  # finished before an interruption: this process's logger lacks them
+        log.info("resumed: logging the %d block(s) finished before the interruption", len(restored))
+        for m in restored:
+            on_block(m, blocks[m])
     final = outcomes[num_blocks]
     return prequential_results(
         boundaries, k, blocks, final.best_val_loss, final.epochs,

@@ -118,3 +118,50 @@ def assert_resumes_exactly(
         resumed = run_experiment(cfg, root / "b")
         for key in keys:
             assert resumed[key] == reference[key], (saves, key)
+
+
+# --- a resumed run's logger gets the series of the blocks finished before the kill ------------------
+
+
+def block_series(run_dir: Path) -> dict[str, list[float]]:
+    """``block*/val_loss`` per block from a run's CSV log (logger=csv, the default)."""
+    import csv
+
+    series: dict[str, list[float]] = {}
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key.startswith("block") and key.endswith("/val_loss") and value:
+                    series.setdefault(key.split("/")[0], []).append(float(value))
+    return series
+
+
+def count_saves(cfg, run_dir: Path, monkeypatch) -> int:
+    original = SaveLastCheckpoint.on_train_epoch_end
+    count = [0]
+
+    def counted(self, trainer, module) -> None:
+        original(self, trainer, module)
+        count[0] += 1
+
+    with monkeypatch.context() as m:
+        m.setattr(SaveLastCheckpoint, "on_train_epoch_end", counted)
+        run_experiment(cfg, run_dir)
+    return count[0]
+
+
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_resumed_run_logs_every_block(engine: str, tmp_path: Path, monkeypatch) -> None:
+    """The CSV (and W&B, the same on_block) series of blocks finished before a kill are logged again by the
+    resumed run: its log holds every block's curve, equal to an uninterrupted run's."""
+    settings = [*KILL_SETTINGS, "trainer.patience=2", f"mdl.engine={engine}"]
+    saves = count_saves(compose_config(settings, tmp_path / "ref"), tmp_path / "ref" / "run", monkeypatch)
+    reference = block_series(tmp_path / "ref" / "run")
+    assert len(reference) == 2  # blocks 0 and 1 (num_blocks=3: the final fit is not a block)
+
+    cfg = compose_config(settings, tmp_path / "kill")
+    assert run_killed_after(cfg, tmp_path / "kill" / "a", saves - 1, monkeypatch)
+    (progress,) = (tmp_path / "kill" / "store").glob("*/progress.json")
+    assert json.loads(progress.read_text())["blocks"], "killed before any block finished; kill later"
+    run_experiment(cfg, tmp_path / "kill" / "b")
+    assert block_series(tmp_path / "kill" / "b") == reference
