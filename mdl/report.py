@@ -39,6 +39,7 @@ from mdl.report_figures import (
 )
 from mdl.report_paper import available_tables, load_paper_table, paper_section, write_comparison_csv
 from mdl.report_runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
+from mdl.sweep_jobs import MissingJob, missing_jobs
 from mdl.report_stats import (
     METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
     mdl_backfire, mdl_increase, row_differences, rows_of,
@@ -177,6 +178,10 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                                 f"{len(sweep.problems)} unreadable. Did the jobs finish?")
     if sweep.mixed_versions and echo is not None:
         echo(f"note: {sweep.code_version_line().replace('`', '')}")
+    missing = missing_jobs(dirs)
+    if missing and echo is not None:
+        echo(f"note: {len(missing)} planned job(s) have no results.json (interrupted, failed or still running); "
+             f"report.md lists them: " + "; ".join(m.describe() for m in missing[:3]) + ("; ..." if len(missing) > 3 else ""))
     out = Path(out) if out is not None else Path(dirs[0]) / "report"
     out.mkdir(parents=True, exist_ok=True)
     cells = build_cells(sweep)
@@ -194,10 +199,21 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     csvs = write_csvs(sweep, cells, cov, flags, out)
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
-    text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction, paper_md)
+    text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
+                  [*paper_md, *_missing(missing)])
     path = out / "report.md"
     path.write_text(text)
     return path
+
+
+def _missing(missing: list[MissingJob]) -> list[str]:
+    """The jobs a sweep planned that wrote no results: the table above averages only what is there."""
+    if not missing:
+        return []
+    return ["## Missing jobs\n",
+            f"{len(missing)} job(s) of the sweep(s) have no results.json (interrupted, failed or still running); the "
+            "tables leave them out. Launch the same command again to run them (finished jobs are skipped):\n",
+            *[f"- {m.describe()}" for m in missing], ""]
 
 
 def render(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], figures: list[FigureFile],
@@ -342,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             merge_code_versions=args.merge_code_versions, compare_to=args.compare_to)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # --out read-only, full or a file
+        where = args.out or Path(args.sweep_dirs[0]) / "report"
+        print(f"error: cannot write the report to {where} ({err.strerror or err}); choose a writable folder with "
+              f"--out DIR", file=sys.stderr)
         return 2
     print(f"report: {path}")
     return 0

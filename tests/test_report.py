@@ -434,3 +434,44 @@ def test_one_code_version_no_column_no_console_line(tmp_path: Path, capsys):
     [row] = read_csv(tmp_path / "r" / "table.csv")
     assert row["n_seeds"] == "2" and "code_version" not in row
     assert "Code version (results.json `code_version`, else `git_sha`): `c0de0000aaaa`." in (tmp_path / "r" / "report.md").read_text()
+
+
+def test_report_over_an_interrupted_sweep_names_the_missing_jobs(tmp_path: Path, capsys):
+    """A real multirun killed after its first two jobs: the report says which of the planned jobs are
+    missing, by their own overrides (Hydra's basic sweeper replayed from multirun.yaml)."""
+    import signal
+    import time
+
+    from conftest import FAST, python_path
+
+    args = [sys.executable, str(REPO / "launch.py"), "-m", *FAST, "trainer.torch_threads=1",
+            "eraser=none,leace", "seed=0,1", f"paths.output_root={tmp_path}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": python_path()},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(list(tmp_path.glob("multirun/*/*/*/results.json"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    finished = {p.parent.name.split("_")[0] for p in sweep.glob("*/results.json")}
+    assert len(finished) >= 2 and len(finished) < 4, "the sweep ended before it could be interrupted"
+
+    assert main([str(sweep), "--images", "0"]) == 0
+    expected = [f"job #{n}: eraser={e} seed={s}" for n, (e, s) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1))
+                if str(n) not in finished]
+    text = (sweep / "report" / "report.md").read_text()
+    assert "## Missing jobs" in text
+    for job in expected:
+        assert job in text
+    assert f"{len(expected)} planned job(s) have no results.json" in capsys.readouterr().out
+
+
+def test_report_to_an_unwritable_folder_is_one_message(tmp_path: Path, capsys):
+    sweep = tmp_path / "multirun"
+    write_run(sweep, 0, "mlp", "none", 128, 2, 0)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main([str(sweep), "--out", str(blocker / "report"), "--images", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the report to" in err and "--out DIR" in err

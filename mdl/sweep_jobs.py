@@ -1,0 +1,64 @@
+"""Which jobs of a Hydra multirun have no results yet: the jobs its sweeper would launch (read
+back from the sweep's ``multirun.yaml``) against the job folders holding a results.json. A report
+over an interrupted sweep names the missing ones instead of silently averaging what is there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from mdl.results import RESULTS_FILE
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+@dataclass(frozen=True)
+class MissingJob:
+    sweep_dir: Path
+    num: int
+    overrides: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.sweep_dir} job #{self.num}: {' '.join(self.overrides) or '(no overrides)'}"
+
+
+def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
+    """Every job's overrides, in job-number order, as Hydra's basic sweeper expands the sweep's command
+    line; None when the folder is not a multirun or another sweeper made it (it cannot be replayed)."""
+    from omegaconf import OmegaConf
+
+    path = sweep_dir / "multirun.yaml"
+    if not path.is_file():
+        return None
+    hydra = OmegaConf.load(path).hydra
+    if OmegaConf.select(hydra, "sweeper._target_") != BASIC_SWEEPER:
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = hydra.sweeper.get("params") or {}  # a preset's sweep (hydra.sweeper.params) comes first, as in BasicSweeper
+    task = [f"{key}={value}" for key, value in params.items()] + list(hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(task)
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def job_folder(sweep_dir: Path, num: int) -> Path | None:
+    """Job ``num``'s folder (``<num>`` or ``<num>_<overrides>``, mdl/storage.py job_dirname), if it exists."""
+    for candidate in sweep_dir.glob(f"{num}*"):
+        if candidate.is_dir() and (candidate.name == str(num) or candidate.name.startswith(f"{num}_")):
+            return candidate
+    return None
+
+
+def missing_jobs(dirs: Iterable[str | Path]) -> list[MissingJob]:
+    """The planned jobs of every multirun folder among ``dirs`` that wrote no results.json."""
+    missing = []
+    for sweep_dir in map(Path, dirs):
+        jobs = planned_jobs(sweep_dir) or []
+        shared = set.intersection(*(set(job) for job in jobs)) if jobs else set()
+        for num, overrides in enumerate(jobs):
+            folder = job_folder(sweep_dir, num)
+            if folder is None or not (folder / RESULTS_FILE).is_file():  # the job's own values: what the sweep varies
+                missing.append(MissingJob(sweep_dir, num, tuple(o for o in overrides if o not in shared)))
+    return missing
