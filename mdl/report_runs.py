@@ -157,7 +157,16 @@ def load_run(path: Path, extra_ignored: Iterable[str] = ()) -> Run:
 
 
 def _value(run: Run, key: str) -> Any:
-    return json.loads(run.flat[key]) if key in run.flat else None
+    """A config value as the report compares it: lists as tuples (``optimizer.betas`` keys rows and cells)."""
+    return hashable(json.loads(run.flat[key])) if key in run.flat else None
+
+
+def hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
+    return value
 
 
 def _varying_within(runs: list[Run], group_of, keys_of) -> dict[Any, list[str]]:

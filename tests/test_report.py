@@ -475,3 +475,17 @@ def test_report_to_an_unwritable_folder_is_one_message(tmp_path: Path, capsys):
     assert main([str(sweep), "--out", str(blocker / "report"), "--images", "0"]) == 2
     err = capsys.readouterr().err
     assert "cannot write the report to" in err and "--out DIR" in err
+
+
+def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path: Path):
+    """optimizer.betas differing between runs (a list-valued key) is a row key like any other
+    (it raised TypeError: unhashable type: 'list')."""
+    sweep = tmp_path / "multirun"
+    for job, (betas, seed) in enumerate((b, s) for b in ([0.9, 0.999], [0.95, 0.99]) for s in (0, 1)):
+        run = write_run(sweep, job, "mlp", "none", 128, 2, seed)
+        results = json.loads((run / "results.json").read_text())
+        results["config"]["optimizer"] = {"betas": betas}
+        (run / "results.json").write_text(json.dumps(results))
+    path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
+    rows = read_csv(path.parent / "table.csv")
+    assert len(rows) == 2 and {r["n_seeds"] for r in rows} == {"2"} and {r["optimizer.betas"] for r in rows} == {"(0.9, 0.999)", "(0.95, 0.99)"}
