@@ -254,7 +254,8 @@ class SweepCost(Callback):
         try:
             print(cost_report(config, CostTable(self.table)), flush=True)
         except InvalidJob as err:  # stop before the first job: a later one would fail after hours of the others
-            raise SystemExit(f"error: {err} (no job was run)") from err
+            print(f"error: {err} (no job was run)", file=sys.stderr, flush=True)
+            raise SystemExit(2) from err  # launch.py's exit code for a setting to change
         except Exception as err:  # an estimate must never stop a sweep that Hydra can run
             print(f"sweep cost: no estimate ({type(err).__name__}: {err})", flush=True)
 
@@ -276,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             table = OmegaConf.select(master, "hydra.callbacks.sweep_cost.table", default=SweepCost().table)
             print(cost_report(master, CostTable(table)))
         except (ValueError, KeyError, HydraException) as err:  # a setting to change, not a bug: one message
-            raise SystemExit(f"error: {err}") from err
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from err  # launch.py's exit code for a setting to change
     print("(cost only: nothing was launched)")
 
 

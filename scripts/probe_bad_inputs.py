@@ -1,9 +1,12 @@
-"""Run every known bad input through `python launch.py` and check how it ends.
+"""Run every known bad input and fault through `python launch.py` (or another entry point) and class how it ends.
 
 Each case is a real subprocess in a temporary output, cache and data folder, with the fast
 settings of tests/conftest.py. A bad input must end in one paragraph: exit code 2, `error: ...`
 on stderr naming the setting or the file, and no traceback. Inputs that a run survives (a probe
 that cannot be fitted, an eraser that did not erase) must exit 0 with a warning that says so.
+Each case is printed with its class: ok (as it should), raw (a traceback or another exit code),
+silent (exit 0 where the input should have been refused), unclear (refused, but the message does
+not name the setting and the fix), hang (still running after the time limit); then the counts.
 
     python scripts/probe_bad_inputs.py            # all cases, two at a time
     python scripts/probe_bad_inputs.py -k cifar   # the cases whose name contains "cifar"
@@ -103,6 +106,9 @@ class Case:
     expect_error: bool = True
     prepare: Callable[[Path], list[str]] | None = None  # builds files in the case's folder, returns more overrides
     extra: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=lambda: ["launch.py"])  # or ["-m", "mdl.sweep_cost"], ...
+    env: dict[str, str] = field(default_factory=dict)
+    fast: bool = True  # prepend the fast settings (tests/conftest.py FAST)
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -122,6 +128,19 @@ def read_only_cache(tmp: Path) -> list[str]:
     """A cache folder that cannot be created (a file is in the way: root ignores chmod)."""
     (tmp / "not-a-folder").write_text("")
     return [f"data.cache_dir={tmp / 'not-a-folder' / 'erased'}"]
+
+
+def one_result(tmp: Path) -> list[str]:
+    """A sweep folder holding one results.json (what the report reads) and a file where --out should go."""
+    (tmp / "0_seed=0").mkdir()
+    (tmp / "0_seed=0" / "results.json").write_text('{"config": {"seed": 0}, "paper_mdl": 1.0}')
+    return a_file(tmp)
+
+
+def a_file(tmp: Path) -> list[str]:
+    """A regular file where a folder is expected ({tmp}/a-file)."""
+    (tmp / "a-file").write_text("")
+    return []
 
 
 CASES = [
@@ -151,6 +170,28 @@ CASES = [
          ["skipped"], expect_error=False),
     Case("gradient eraser, one step", ["eraser=gradient", "eraser.options.steps=1"],
          ["did not erase", "eraser.options.steps"], expect_error=False),
+    # --- issue "Preemption, run identity and disks": raw or silent before ---
+    Case("unknown data option", ["+data.options.foo=1"], ["data.options.foo"]),
+    Case("misspelled trainer key", ["+trainer.patiense=1"], ["trainer.patiense", "patience"]),
+    Case("single_index n_test=0", ["data=single_index", "data.options.n_test=0", "data.test_size=100"], [], expect_error=False),
+    Case("multiscale_linear n_test=0", ["data=multiscale_linear", "data.options.n_test=0", "data.test_size=100"], [],
+         expect_error=False),
+    Case("steps_per_group=abc", ["mdl.steps_per_group=abc"], ["mdl.steps_per_group"]),
+    Case("steps_per_group=2.5", ["mdl.steps_per_group=2.5"], ["mdl.steps_per_group"]),
+    Case("checkpoint_every_s=abc", ["mdl.checkpoint_every_s=abc"], ["mdl.checkpoint_every_s"]),
+    Case("checkpoint_every_s=inf", ["mdl.checkpoint_every_s=inf"], ["mdl.checkpoint_every_s"]),
+    Case("trainer.compile=foo", ["trainer.compile=foo"], ["trainer.compile"]),
+    Case("covariance power p=-50", ["data.transform={name:covariance_power,p:-50,eps:1.0e-6,order:before_eraser}"],
+         ["data.transform", "p closer to 0"]),
+    Case("download without network", ["data=cifar10", "data.options.download=true"], ["could not fetch", "by hand"],
+         env={k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}),
+    Case("output root is a file", ["paths.output_root={tmp}/a-file"], ["paths.output_root", "not a folder"],
+         prepare=a_file),
+    Case("sweep_cost unknown model", ["model=nope"], ["model"], command=["-m", "mdl.sweep_cost"], fast=False),
+    Case("sweep_cost width=0", ["width=0"], ["width=0"], command=["-m", "mdl.sweep_cost"], fast=False),
+    Case("sweep_cost num_blocks=1", ["mdl.num_blocks=1"], ["mdl.num_blocks"], command=["-m", "mdl.sweep_cost"], fast=False),
+    Case("report --out in a file", ["{tmp}", "--out", "{tmp}/a-file/report"], ["--out"], command=["-m", "mdl.report"],
+         fast=False, prepare=one_result),
 ]
 
 
@@ -170,9 +211,15 @@ def run_case(case: Case, timeout: float = 600) -> Outcome:
         overrides = [o.replace("{tmp}", str(tmp)) for o in case.overrides]
         overrides = (case.prepare(tmp) if case.prepare else []) + overrides
         env = {**os.environ, "PYTHONPATH": str(REPO), "SLOWING_OUTPUT_ROOT": str(tmp / "outputs"),
-               "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline"}
-        cmd = [sys.executable, str(REPO / "launch.py"), *FAST, *overrides]
-        done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+               "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline",
+               **case.env}
+        entry = [str(REPO / case.command[0])] if case.command[0].endswith(".py") else case.command
+        cmd = [sys.executable, *entry, *(FAST if case.fast else []), *overrides]
+        try:
+            done = subprocess.run(cmd, cwd=REPO if entry[0] == "-m" else tmp, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            return Outcome(case, -1, str(err.stdout or ""), str(err.stderr or ""), [f"still running after {timeout:.0f} s"])
     return Outcome(case, done.returncode, done.stdout, done.stderr, judge(case, done))
 
 
@@ -194,8 +241,24 @@ def judge(case: Case, done: subprocess.CompletedProcess) -> list[str]:
     return problems
 
 
+CLASSES = ("ok", "raw", "silent", "unclear", "hang")
+
+
+def classify(outcome: Outcome) -> str:
+    """One word for how a case ended (see the module docstring)."""
+    if not outcome.problems:
+        return "ok"
+    if outcome.returncode == -1:
+        return "hang"
+    if outcome.case.expect_error and outcome.returncode == 0:
+        return "silent"
+    if "Traceback" in outcome.stderr or outcome.returncode != (ERROR_EXIT if outcome.case.expect_error else 0):
+        return "raw"
+    return "unclear"
+
+
 def report(outcome: Outcome) -> str:
-    status = "ok  " if not outcome.problems else "FAIL"
+    status = classify(outcome).ljust(7)
     lines = [f"{status} {outcome.case.name} (exit {outcome.returncode})"]
     if outcome.problems:
         lines += [f"     - {p}" for p in outcome.problems]
@@ -219,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     for outcome in outcomes:
         print(report(outcome), flush=True)
     failed = [o for o in outcomes if o.problems]
+    counts = {c: sum(classify(o) == c for o in outcomes) for c in CLASSES}
+    print("classes: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
     print(f"{len(outcomes) - len(failed)} of {len(outcomes)} cases end as they should")
     return 1 if failed else 0
 

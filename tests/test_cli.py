@@ -34,7 +34,7 @@ def test_unknown_model_name_is_named(tmp_path: Path) -> None:
 def test_a_sweep_with_one_invalid_job_runs_none_of_them(tmp_path: Path) -> None:
     """Every job is checked before the first runs (the sweep_cost callback), not after hours of the valid ones."""
     proc = run_launch(["-m", *FAST, "depth=2,0", f"paths.output_root={tmp_path}"], cwd=tmp_path)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "depth=0" in proc.stderr and "must be an integer >= 1" in proc.stderr and "no job was run" in proc.stderr
     assert not list(tmp_path.rglob("results.json"))
 
@@ -46,8 +46,9 @@ def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None
 
     for args, message in ((["model=nope"], "Could not find 'model/nope'"), (["mdl.num_blocks=1"], "mdl.num_blocks=1: must be"),
                           (["model.name=nope"], "unknown model 'nope'")):
-        with pytest.raises(SystemExit, match=message):
+        with pytest.raises(SystemExit) as stop:
             cost_main(args)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
