@@ -19,6 +19,12 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportEr
 
 register_resolvers()  # before Hydra resolves the config (job folder names); light: no torch
 
+# Before torch loads its OpenMP runtime: idle worker threads sleep instead of spinning. On a machine where
+# other work runs (a shared node, CI) spinning threads fight it for the cores: the default run with 2
+# threads took 31-37 s spinning against 17 s passive (16-25 s with 1 thread) under a load of 4.5 on 2 cores;
+# results are unchanged (same threads, same reduction order). benchmarks/bench_threads.py measures it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
@@ -45,5 +51,15 @@ def main(cfg: DictConfig) -> float | None:
     return results["paper_mdl"]
 
 
+def without_null_groups(argv: list[str]) -> list[str]:
+    """``logger=null`` (the template's way to turn a group off) as Hydra 1.3 spells it, ``~logger``:
+    Hydra refuses a null group choice with a ValueError."""
+    return [f"~{a.split('=', 1)[0]}" if a.split("=", 1)[0] in NULLABLE_GROUPS and a.split("=", 1)[1:] == ["null"] else a
+            for a in argv]
+
+
+NULLABLE_GROUPS = ("logger",)
+
 if __name__ == "__main__":
+    sys.argv = sys.argv[:1] + without_null_groups(sys.argv[1:])
     main()

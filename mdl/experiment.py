@@ -45,7 +45,20 @@ log = logging.getLogger(__name__)
 # Keys that say where or how a run is recorded or its data is fetched, not what it computes.
 ENGINES = ("stacked", "sequential")
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-DEFAULT_THREADS = torch.get_num_threads()  # torch's choice for this machine, before any run changes it
+def allocated_cpus() -> int:
+    """The CPUs this process may use: torch's default (the machine's cores), capped by the process's CPU
+    affinity (taskset, cgroups, Slurm's binding) and Slurm's SLURM_CPUS_PER_TASK. More threads than
+    the allocation only wait on each other (benchmarks/bench_threads.py)."""
+    count = torch.get_num_threads()
+    if hasattr(os, "sched_getaffinity"):
+        count = min(count, len(os.sched_getaffinity(0)))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        count = min(count, int(slurm))
+    return max(count, 1)
+
+
+DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: this machine's allocation, before any run changes it
 NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
@@ -67,7 +80,7 @@ def quiet_lightning() -> None:
 
 
 def training_threads(cfg: DictConfig) -> int:
-    """The CPU threads a run trains with: trainer.torch_threads, or torch's default for this machine."""
+    """The CPU threads a run trains with: trainer.torch_threads, or the CPUs allocated to this process."""
     return int(cfg.trainer.get("torch_threads") or DEFAULT_THREADS)
 
 
@@ -142,6 +155,7 @@ def validate_config(cfg: DictConfig) -> None:
     check_paper_loss(cfg.mdl.paper_loss)
     check_precision(cfg.trainer.precision)
     check_compile(cfg.trainer.compile)
+    check_logger(cfg)
     for group in ("trainer", "mdl"):
         refuse_unknown_keys(cfg, group)
     if cfg.model.name not in available_models():
@@ -273,6 +287,16 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
         return Classifier(model, optimizer, lr=lr, loss=loss, **options)
 
     return make
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """A logger whose package is missing fails here, before the data are loaded, not after the eraser fit."""
+    import importlib.util
+
+    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+    if "TensorBoardLogger" in target and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+        raise ImportError("logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
+                          "(or choose logger=csv, logger=wandb or logger=null)")
 
 
 def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:

@@ -63,3 +63,27 @@ def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
     assert all(len(j.name.encode()) <= MAX_JOB_DIRNAME for j in jobs) and jobs[0].name != jobs[1].name
     assert job_dirname(3, "a=1") == "3_a=1" and "/" not in job_dirname(0, "data.cache_dir=/x/y")
     assert job_dirname(0, "x=" + "1" * 300) != job_dirname(0, "x=" + "1" * 299 + "2")  # the hash tells them apart
+
+
+def test_logger_null_turns_logging_off(tmp_path: Path) -> None:
+    """`logger=null`, the template's spelling (Hydra 1.3 itself wants `~logger`)."""
+    proc = run_launch(["logger=null", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (results,) = tmp_path.glob("runs/*/*/results.json")
+    assert not (results.parent / "csv").exists()
+
+
+def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
+    import importlib.util
+
+    import pytest
+
+    from conftest import compose_config
+    from mdl.experiment import validate_config
+
+    cfg = compose_config([*FAST, "logger=tensorboard"])
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
+        validate_config(cfg)
+        return
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
+        validate_config(cfg)
