@@ -17,6 +17,8 @@ def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> N
     combos = {(json.loads(r.read_text())["config"]["eraser"]["name"], json.loads(r.read_text())["config"]["seed"]) for r in results}
     assert combos == {("none", 0), ("none", 1), ("leace", 0), ("leace", 1)}
     assert "paper MDL" in proc.stdout
+    (report,) = (tmp_path / "multirun").glob("*/*/report/report.md")  # every multirun ends with its report
+    assert "leace" in report.read_text()
 
 
 def test_unknown_eraser_stops_with_the_available_names(tmp_path: Path) -> None:
