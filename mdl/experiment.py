@@ -32,7 +32,8 @@ from mdl.preemption import sigterm_guard
 from mdl.prequential import PROGRESS_FILE, run_prequential
 from mdl.stacked import run_prequential_stacked
 from mdl.results import (
-    RESULTS_FILE, BlockResult, DamagedRecord, code_version, git_sha, read_checked_json, write_checked_json,
+    RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
+    read_checked_json, write_checked_json,
 )
 from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
@@ -345,6 +346,9 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
             write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
             return {**done, "skipped": True}
+        # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
+        atomic_write_json(store / RUN_CONFIG_FILE, {"config": OmegaConf.to_container(cfg, resolve=True),
+                                                     "config_hash": key, "code_version": code_version()})
         try:
             return _run(cfg, run_dir, overrides, device, key, store)
         except OSError as err:  # a disk that filled mid-run: say which, and that the checkpoints are kept

@@ -20,6 +20,7 @@ from typing import Any
 from datamodules.code_digest import source_digest
 
 RESULTS_FILE = "results.json"
+RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
 
 
 @dataclass
