@@ -37,6 +37,10 @@ def main(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    if cfg.get("print_config", False):
+        from omegaconf import OmegaConf
+
+        print(f"config ({run_dir}; print_config=false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
     try:
         results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
     except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job

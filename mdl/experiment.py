@@ -60,7 +60,7 @@ def allocated_cpus() -> int:
 
 
 DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: this machine's allocation, before any run changes it
-NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra")
+NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra", "print_config")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
 # How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
@@ -318,8 +318,9 @@ def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
 
 
 def log_block(logger: Any, index: int, block: BlockResult) -> None:
-    """Each block's curves as their own series (block03/val_loss against block03/epoch)."""
-    prefix = f"block{index:02d}"
+    """Each block's curves as their own series (block03/val_loss against block03/epoch), numbered from 1
+    as in the log lines ("block 3/9") and the progress display."""
+    prefix = f"block{index + 1:02d}"
     define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
     if callable(define_metric):  # W&B: plot the block against its own epoch axis
         define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
@@ -426,6 +427,7 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
             final_curves=final_curves, callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group,
             paper_loss=cfg.mdl.paper_loss,
         )
+    warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
     results = {
         **({"preconditioning": preconditioning} if preconditioning is not None else {}),
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -475,6 +477,20 @@ def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
     members = cfg.mdl.num_blocks + 1 if cfg.mdl.engine == "stacked" else 1
     largest = CHECKPOINT_BYTES_PER_PARAMETER[cfg.mdl.engine] * parameters * members + CHECKPOINT_OVERHEAD_BYTES
     return 2 * largest
+
+
+def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int) -> None:
+    """Fits that ended at ``trainer.kwargs.max_epochs`` were still improving (early stopping had not
+    stopped them): their code lengths are those of under-trained models."""
+    if max_epochs is None or max_epochs < 0:
+        return
+    capped = [f"block {i + 1}" for i, b in enumerate(outcome["blocks"]) if b["epochs"] >= max_epochs]
+    if outcome.get("final_epochs", 0) >= max_epochs:
+        capped.append("the final fit")
+    if capped:
+        log.warning("%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
+                    "they may still have been improving (under-trained models code longer); raise "
+                    "trainer.kwargs.max_epochs (or -1: until early stopping)", ", ".join(capped), max_epochs, patience)
 
 
 def discard_resume_state(store: Path) -> None:

@@ -84,9 +84,13 @@ class MemberProgress(L.Callback):
             steps.append(epochs * s.steps_per_epoch - s.step)
         return per_step * max(steps, default=0)
 
+    def member_name(self, m: int) -> str:
+        """1-based block numbers, as the log lines, CSV and W&B series ("block 3"); the last member is the final fit."""
+        return "final" if m == max(self.protocol.members) else f"block {m + 1}"
+
     def line(self) -> str:
         p = self.protocol
-        parts = [f"m{m} e{s.epoch} best {s.best_score:.4f}" for m, s in ((m, p.members[m]) for m in p.active)]
+        parts = [f"{self.member_name(m)} e{s.epoch} best {s.best_score:.4f}" for m, s in ((m, p.members[m]) for m in p.active)]
         return (
             f"stacked fit: {len(p.active)}/{len(p.members)} members training, {_duration(time.monotonic() - self.started)} "
             f"elapsed, about {_duration(self.seconds_left())} left | " + ", ".join(parts)
@@ -103,5 +107,5 @@ class MemberProgress(L.Callback):
             table.add_column(column, justify="right")
         for m in p.active:
             s = p.members[m]
-            table.add_row(str(m), str(s.n_train), str(s.epoch), f"{s.best_score:.4f}", f"{s.wait}/{p.patience}")
+            table.add_row(self.member_name(m), str(s.n_train), str(s.epoch), f"{s.best_score:.4f}", f"{s.wait}/{p.patience}")
         return table

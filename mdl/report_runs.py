@@ -30,7 +30,7 @@ from typing import Any, Iterable
 RESULTS_NAME = "results.json"
 REQUIRED_KEYS = ("config",)
 # The same bookkeeping keys mdl.experiment.NON_SCIENTIFIC_KEYS leaves out of a run's config hash.
-IGNORED_PREFIXES = ("hydra", "logger", "paths", "skip_if_done")
+IGNORED_PREFIXES = ("hydra", "logger", "paths", "skip_if_done", "print_config")
 PATHLIKE_SUFFIXES = ("dir", "path", "root", "file", "dirname")
 CONTROL = "none"
 AXIS_ORDER = ("width", "depth")

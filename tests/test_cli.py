@@ -89,3 +89,19 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
         return
     with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
         validate_config(cfg)
+
+
+def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path) -> None:
+    proc = run_launch([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30", f"paths.output_root={tmp_path}"],
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "config (" in proc.stdout and "\neraser:\n" in proc.stdout  # the resolved config, before the run
+    text = proc.stdout + proc.stderr
+    assert "stopped at trainer.kwargs.max_epochs=2 before early stopping" in text and "the final fit" in text
+
+
+def test_print_config_is_not_part_of_a_runs_identity() -> None:
+    from conftest import compose_config
+    from mdl.experiment import config_hash
+
+    assert config_hash(compose_config(FAST)) == config_hash(compose_config([*FAST, "print_config=false"]))

@@ -40,7 +40,7 @@ def test_log_lines_name_every_member_still_training(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="mdl.progress_display"):
         display.on_train_batch_end(None, None)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "2/3 members training" in line and "m1 e7 best 0.4321" in line and "m0 " not in line
+    assert "2/3 members training" in line and "block 2 e7 best 0.4321" in line and "block 1 " not in line and "final e0" in line
 
 
 def test_live_table_shows_members_epochs_and_best_losses() -> None:
