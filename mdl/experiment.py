@@ -66,7 +66,7 @@ OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",
 # How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
 # trainer.torch_threads is not among them: on a CPU the thread count changes the last bits of every reduction, so a
 # CPU run's identity holds the thread count it resolves to (``cpu_threads``; see config_hash).
-NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group", "lock_lease_s"), "trainer": ("torch_threads", "threads_by_engine")}
+NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group", "lock_lease_s"), "trainer": ("torch_threads", "threads_by_engine", "profiler")}
 NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
 
@@ -157,6 +157,8 @@ def validate_config(cfg: DictConfig) -> None:
     check_precision(cfg.trainer.precision)
     check_compile(cfg.trainer.compile)
     check_logger(cfg)
+    if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
+        raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
     for group in ("trainer", "mdl"):
         refuse_unknown_keys(cfg, group)
     if cfg.model.name not in available_models():
@@ -402,6 +404,9 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     for key_set_by_device in ("accelerator", "devices", "precision"):
         trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl/device.py and models/precision.py own them
     t = cfg.trainer
+    profiler = make_profiler(t.get("profiler"), run_dir / "profile")
+    if profiler is not None:
+        trainer_kwargs["profiler"] = profiler
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         key, cfg.mdl.engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
@@ -428,6 +433,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
             paper_loss=cfg.mdl.paper_loss,
         )
     warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
+    if profiler is not None:
+        show_profile(run_dir / "profile")
     results = {
         **({"preconditioning": preconditioning} if preconditioning is not None else {}),
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -477,6 +484,31 @@ def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
     members = cfg.mdl.num_blocks + 1 if cfg.mdl.engine == "stacked" else 1
     largest = CHECKPOINT_BYTES_PER_PARAMETER[cfg.mdl.engine] * parameters * members + CHECKPOINT_OVERHEAD_BYTES
     return 2 * largest
+
+
+PROFILERS = ("simple", "advanced", "pytorch")
+
+
+def make_profiler(name: str | None, folder: Path) -> Any:
+    """Lightning's profiler writing every fit's report into ``folder`` (appended, one file per kind)."""
+    if name is None:
+        return None
+    if name not in PROFILERS:
+        raise ValueError(f"trainer.profiler={name!r}: choose one of {PROFILERS} or null")
+    from lightning.pytorch import profilers
+
+    kind = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
+            "pytorch": profilers.PyTorchProfiler}[name]
+    return kind(dirpath=str(folder), filename="profile")
+
+
+def show_profile(folder: Path, lines: int = 25) -> None:
+    """The head of the profiler's report (its slowest actions first), and where the rest is."""
+    reports = sorted(folder.glob("*.txt"))
+    if not reports:
+        return
+    head = reports[0].read_text().splitlines()[:lines]
+    print(f"profile ({reports[0]}, first {lines} lines):\n" + "\n".join(head), flush=True)
 
 
 def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int) -> None:

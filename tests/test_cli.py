@@ -105,3 +105,19 @@ def test_print_config_is_not_part_of_a_runs_identity() -> None:
     from mdl.experiment import config_hash
 
     assert config_hash(compose_config(FAST)) == config_hash(compose_config([*FAST, "print_config=false"]))
+
+
+def test_debug_fast_is_the_fast_settings() -> None:
+    """debug=fast composes the same run as the FAST override list the tests use (same identity)."""
+    from conftest import compose_config
+    from mdl.experiment import config_hash
+
+    assert config_hash(compose_config(["debug=fast"])) == config_hash(compose_config(FAST))
+    assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(compose_config([*FAST, "model=lenet"]))
+
+
+def test_debug_profile_writes_and_shows_the_profile(tmp_path: Path) -> None:
+    proc = run_launch(["debug=profile", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (report,) = tmp_path.glob("runs/*/*/profile/fit-profile.txt")
+    assert "run_training_epoch" in report.read_text() and f"profile ({report}" in proc.stdout
