@@ -35,6 +35,7 @@ from mdl.results import (
     RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
     read_checked_json, write_checked_json,
 )
+from mdl.run_logging import check_logger, log_block, log_results, log_stored_run, make_logger
 from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
 from models import Classifier, available_models, create_model, depth_scaled_lr
@@ -292,45 +293,6 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
     return make
 
 
-def check_logger(cfg: DictConfig) -> None:
-    """A logger whose package is missing fails here, before the data are loaded, not after the eraser fit."""
-    import importlib.util
-
-    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
-    if "TensorBoardLogger" in target and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
-        raise ImportError("logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
-                          "(or choose logger=csv, logger=wandb or logger=null)")
-
-
-def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
-    if cfg.get("logger") is None:
-        return None
-    extra: dict[str, Any] = {"save_dir": cfg.logger.get("save_dir") or str(run_dir)}
-    if "WandbLogger" in str(cfg.logger.get("_target_", "")):
-        if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
-            os.environ["WANDB_MODE"] = "offline"
-        extra |= {
-            "group": cfg.logger.group or run_dir.parent.name,
-            "job_type": cfg.logger.job_type or cfg.eraser.name,
-            "name": cfg.logger.name or (",".join(overrides) or run_dir.name),
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
-    params = {**OmegaConf.to_container(cfg.logger, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
-    return instantiate(params)  # a dict, since 'config' is also instantiate's own argument name
-
-
-def log_block(logger: Any, index: int, block: BlockResult) -> None:
-    """Each block's curves as their own series (block03/val_loss against block03/epoch), numbered from 1
-    as in the log lines ("block 3/9") and the progress display."""
-    prefix = f"block{index + 1:02d}"
-    define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
-    if callable(define_metric):  # W&B: plot the block against its own epoch axis
-        define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
-    for epoch, value in enumerate(block.val_loss_curve):
-        logger.log_metrics({f"{prefix}/val_loss": value, f"{prefix}/epoch": epoch})
-    logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
-
-
 def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
     run_dir = Path(run_dir)
     overrides = list(overrides or [])
@@ -348,6 +310,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
             write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
+            log_stored_run(cfg, run_dir, overrides, done, store)
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
         atomic_write_json(store / RUN_CONFIG_FILE, {"config": OmegaConf.to_container(cfg, resolve=True),
@@ -450,21 +413,10 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     }
     if final_curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
         results |= {**final_curves.results(), "maxent_probes": final_curves.info}
-    if logger is not None:
-        for epoch, value in enumerate(outcome["val_loss_curve"]):
-            logger.log_metrics({"final/val_loss": value, "final/epoch": epoch})
-        for name, curve in (final_curves.results() if final_curves is not None else {}).items():
-            for epoch, value in enumerate(curve):
-                logger.log_metrics({f"final/{name.removesuffix('_curve')}": value, "final/epoch": epoch})
-        logger.log_metrics({k: outcome[k] for k in ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min",
-                                                    "online_codelength_bits", "online_bits_per_example", "final_val_loss")})
-        logger.log_metrics({f"erasure/{k}": v for k, v in dm.diagnostics.get("erasure", {}).items()})
-        logger.finalize("success")
-        finish = getattr(getattr(logger, "experiment", None), "finish", None)
-        if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
-            finish()
     write_checked_json(run_dir / RESULTS_FILE, results)
     write_checked_json(store / RESULTS_FILE, results)
+    if logger is not None:
+        log_results(logger, results, run_dir)
     discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
     return results
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from conftest import FAST, run_launch
@@ -25,3 +26,46 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
         assert eraser.encode() in record  # job type
         for series in (b"block01/val_loss", b"block01/epoch", b"block02/val_loss", b"paper_mdl"):
             assert series in record, series
+
+
+def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> None:
+    """Read from the run files W&B writes: the summary holds the paper's numbers and every erasure
+    diagnostic, tags come from the config, the name has no logger=wandb, results.json and the eraser
+    are an artifact, the blocks a table."""
+    from wandb_records import artifacts, run_record, summary
+
+    proc = run_launch(["-m", "logger=wandb", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
+                      cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_file,) = tmp_path.glob("multirun/*/*/*/wandb/offline-run-*/run-*.wandb")
+    results = json.loads((run_file.parents[2] / "results.json").read_text())
+    values = summary(run_file)
+    assert values["paper_mdl"] == results["paper_mdl"] and values["final_val_loss"] == results["final_val_loss"]
+    for key, value in results["data_diagnostics"]["erasure"].items():
+        if isinstance(value, (int, float)):
+            assert values[f"erasure/{key}"] == value, key
+    run = run_record(run_file)
+    assert {"data:digits", "model:mlp", "eraser:leace", "engine:stacked"} <= set(run.tags)
+    assert "logger=wandb" not in run.display_name and "eraser=leace" in run.display_name
+    assert run_file.parents[3].name in run.run_group  # the sweep's time
+    logged = artifacts(run_file)
+    (files,) = [v for k, v in logged.items() if k.startswith("results-")]
+    assert sorted(files) == ["eraser.safetensors", "results.json"]
+    assert any(k.endswith("-blocks") for k in logged) and values["blocks/nrows"] == len(results["blocks"])
+
+
+def test_a_skipped_run_is_logged_from_its_stored_results_once(tmp_path: Path) -> None:
+    """A sweep re-launched with logger=wandb after CSV runs shows every run in W&B (skipped ones from the
+    store), and a third launch does not log them again."""
+    from wandb_records import summary
+
+    env = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+    first = run_launch([f"paths.output_root={tmp_path / 'a'}", *FAST], cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    for attempt in ("b", "c"):
+        again = run_launch(["logger=wandb", f"paths.output_root={tmp_path / 'a'}", *FAST], cwd=tmp_path / "a", env=env)
+        assert again.returncode == 0, again.stderr[-3000:]
+    run_files = sorted((tmp_path / "a" / "runs").glob("*/*/wandb/offline-run-*/run-*.wandb"))
+    assert len(run_files) == 1  # the second wandb launch found the marker
+    (stored,) = (tmp_path / "a" / "store").glob("*/results.json")
+    assert summary(run_files[0])["paper_mdl"] == json.loads(stored.read_text())["paper_mdl"]

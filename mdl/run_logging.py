@@ -1,0 +1,159 @@
+"""What a run sends to its logger (CSV, W&B, TensorBoard): one place for the series, the summary and
+the W&B extras, for runs that train and for runs skipped as already done.
+
+- every prequential block's validation curve as its own series, numbered from 1 (``block03/val_loss``
+  against ``block03/epoch``), and the final fit's curves (``final/val_loss`` against ``final/epoch``);
+- the numbers a reader compares (paper MDL, online code, final loss, every erasure diagnostic) as
+  metrics, and in W&B also as the run *summary* (one value per run, not a one-point chart);
+- W&B only: tags from the config (data, model, eraser, preset), a readable group (preset, sweep date and
+  time), a name made of the job's own overrides, a table of the blocks, and results.json and the fitted
+  eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
+  results, once per project (a marker in its run-store folder).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from mdl.results import BlockResult, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits",
+                "online_bits_per_example", "final_val_loss")
+WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
+
+
+def is_wandb(cfg: DictConfig) -> bool:
+    return "WandbLogger" in str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+
+
+def preset_name() -> str | None:
+    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("experiment")
+    except (ValueError, AttributeError):  # not inside a Hydra job (tests, scripts)
+        return None
+
+
+def run_name(overrides: list[str], run_dir: Path) -> str:
+    """The job's own overrides, without those that do not change what it computes (logger=wandb, paths...)."""
+    from mdl.experiment import NON_SCIENTIFIC_KEYS
+
+    def kept(override: str) -> bool:
+        key = override.split("=", 1)[0].lstrip("+~")
+        return key.split(".")[0].split("/")[0] not in (*NON_SCIENTIFIC_KEYS, "experiment", "report", "debug")
+
+    return ",".join(o for o in overrides if kept(o)) or run_dir.name
+
+
+def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
+        os.environ["WANDB_MODE"] = "offline"
+    preset = preset_name()
+    sweep = run_dir.parent
+    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{cfg.mdl.engine}"]
+    return {
+        "group": cfg.logger.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
+        "job_type": cfg.logger.job_type or cfg.eraser.name,
+        "name": cfg.logger.name or run_name(overrides, run_dir),
+        "tags": list(cfg.logger.get("tags") or []) + tags + ([f"preset:{preset}"] if preset else []),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def check_logger(cfg: DictConfig) -> None:
+    """A logger whose package is missing fails here, before the data are loaded, not after the eraser fit."""
+    import importlib.util
+
+    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+    if "TensorBoardLogger" in target and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+        raise ImportError("logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
+                          "(or choose logger=csv, logger=wandb or logger=null)")
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
+    if cfg.get("logger") is None:
+        return None
+    extra: dict[str, Any] = {"save_dir": cfg.logger.get("save_dir") or str(run_dir)}
+    if is_wandb(cfg):
+        extra |= wandb_settings(cfg, run_dir, overrides)
+    params = {**OmegaConf.to_container(cfg.logger, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
+    return instantiate(params)  # a dict, since 'config' is also instantiate's own argument name
+
+
+def log_block(logger: Any, index: int, block: BlockResult) -> None:
+    """Each block's curves as their own series, numbered from 1 as in the log lines ("block 3/9")."""
+    prefix = f"block{index + 1:02d}"
+    define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
+    if callable(define_metric):  # W&B: plot the block against its own epoch axis
+        define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
+    for epoch, value in enumerate(block.val_loss_curve):
+        logger.log_metrics({f"{prefix}/val_loss": value, f"{prefix}/epoch": epoch})
+    logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
+
+
+def log_results(logger: Any, results: dict[str, Any], run_dir: Path) -> None:
+    """The final fit's curves, the summary numbers and (W&B) the block table and artifacts; then close the run."""
+    experiment = getattr(logger, "experiment", None)
+    define_metric = getattr(experiment, "define_metric", None)
+    if callable(define_metric):
+        define_metric("final/*", step_metric="final/epoch")
+    curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
+    for name, curve in curves.items():
+        for epoch, value in enumerate(curve):
+            if value is not None:
+                logger.log_metrics({f"final/{name}": value, "final/epoch": epoch})
+    numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
+    erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if experiment is not None and hasattr(experiment, "summary"):  # W&B: one value per run, not one-point charts
+        experiment.summary.update({**numbers, **erasure})
+        _wandb_extras(experiment, results, run_dir)
+    else:
+        logger.log_metrics({**numbers, **erasure})
+    logger.finalize("success")
+    finish = getattr(experiment, "finish", None)
+    if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
+        finish()
+
+
+def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> None:
+    import wandb
+
+    columns = ["block", "n_train", "n_eval", "eval_bits_per_example", "epochs", "best_after_epochs", "last_block_bits"]
+    table = wandb.Table(columns=columns)
+    for i, b in enumerate(results.get("blocks", [])):
+        table.add_data(i + 1, b["n_train"], b["n_eval"], b["eval_bits"] / b["n_eval"], b["epochs"],
+                       b.get("best_after_epochs"), b.get("heldout_bits_per_example"))
+    experiment.log({"blocks": table})
+    artifact = wandb.Artifact(f"results-{results.get('config_hash', 'run')}", type="results")
+    for path in (run_dir / "results.json", Path(results["eraser_path"]) if results.get("eraser_path") else None):
+        if path is not None and path.is_file():
+            artifact.add_file(str(path))
+    experiment.log_artifact(artifact)
+
+
+def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results: dict[str, Any], store: Path) -> None:
+    """A run skipped as already finished is logged to W&B from its stored results, once per project, so a
+    sweep re-launched with ``logger=wandb`` after CSV runs shows every run of it in the dashboard."""
+    if not is_wandb(cfg):
+        return
+    project = str(cfg.logger.get("project"))
+    marker = store / WANDB_MARKER
+    logged = read_json(marker).get("projects", []) if marker.is_file() else []
+    if project in logged:
+        return
+    logger = make_logger(cfg, run_dir, overrides)
+    for i, block in enumerate(results.get("blocks", [])):
+        log_block(logger, i, BlockResult(**block))
+    log_results(logger, results, run_dir)
+    atomic_write_json(marker, {"projects": [*logged, project]})
+    log.info("logged the stored results of this finished run to W&B project %s", project)

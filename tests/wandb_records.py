@@ -1,0 +1,61 @@
+"""Read a W&B offline run file (run-*.wandb) back: the records W&B itself writes, for tests.
+
+The format is W&B's datastore: a 7-byte header (":W&B", 0xBEE1, version 0) and then LevelDB-log
+framing in 32 KiB blocks (per chunk: CRC32C, 2-byte length, type FULL/FIRST/MIDDLE/LAST), each record
+a ``wandb_internal_pb2.Record`` protobuf. wandb >= 0.2x no longer ships a Python reader for it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+BLOCK = 32768
+HEADER = 7
+
+
+def records(path: str | Path):
+    """Records of a W&B run file (.wandb): a 7-byte header, then LevelDB-log framing in 32 KiB blocks."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw = Path(path).read_bytes()
+    assert raw[:4] == b":W&B", raw[:7]
+    pos, pending = HEADER, b""
+    while pos + HEADER <= len(raw):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + HEADER])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        data = raw[pos + HEADER:pos + HEADER + length]
+        pos += HEADER + length
+        pending = data if kind in (1, 2) else pending + data
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def run_record(path: str | Path):
+    """The run's own record (group, display name, tags, job type)."""
+    return next(r.run for r in records(path) if r.WhichOneof("record_type") == "run")
+
+
+def summary(path: str | Path) -> dict[str, object]:
+    """The run summary as W&B accumulates it: the last value set for every key."""
+    values: dict[str, object] = {}
+    for r in records(path):
+        if r.WhichOneof("record_type") == "summary":
+            for item in r.summary.update:
+                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return values
+
+
+def artifacts(path: str | Path) -> dict[str, list[str]]:
+    """Logged artifacts: name -> the files in it."""
+    return {r.artifact.name: [m.path for m in r.artifact.manifest.contents]
+            for r in records(path) if r.WhichOneof("record_type") == "artifact"}
