@@ -35,7 +35,7 @@ from mdl.results import (
     RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
     read_checked_json, write_checked_json,
 )
-from mdl.run_logging import check_logger, log_block, log_results, log_stored_run, make_logger
+from mdl.run_logging import check_logger, live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
 from models import Classifier, available_models, create_model, depth_scaled_lr
@@ -374,7 +374,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         key, cfg.mdl.engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
     )
-    on_block = (lambda i, b: log_block(logger, i, b)) if logger is not None else None
+    on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
+    on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
     if cfg.mdl.engine == "stacked":
@@ -386,14 +387,14 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
             t.precision, trainer_kwargs, t.patience, cfg.seed, store, on_block=on_block,
             checkpoint_every_s=cfg.mdl.checkpoint_every_s, steps_per_group=cfg.mdl.steps_per_group,
             loss=make_loss(cfg, dm.num_classes),
-            final_curves=final_curves, callbacks=precondition, paper_loss=cfg.mdl.paper_loss,
+            final_curves=final_curves, callbacks=precondition, paper_loss=cfg.mdl.paper_loss, on_epoch=on_epoch,
         )
     else:
         outcome = run_prequential(
             dm, boundaries, make_module_factory(cfg, dm.num_classes, dm.input_shape), trainer_kwargs, t.patience,
             cfg.seed, store, on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
             final_curves=final_curves, callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group,
-            paper_loss=cfg.mdl.paper_loss,
+            paper_loss=cfg.mdl.paper_loss, on_epoch=on_epoch,
         )
     warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
     if profiler is not None:

@@ -25,6 +25,7 @@ from mdl.callbacks import EpochProtocol, SaveLastCheckpoint
 from mdl.checkpoints import RunCheckpointIO, resumable, run_identity
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import check_paper_loss, heldout_block, online_codelength, paper_mdl, uniform_codelength
+from mdl.progress_display import EpochHook, FitProgress
 from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
 from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
@@ -151,12 +152,13 @@ def run_prequential(
     patience: int,
     seed: int,
     run_dir: str | Path,
-    on_block: Callable[[int, BlockResult], None] | None = None,
+    on_block: Callable[..., None] | None = None,  # (block index, result[, restored])
     checkpoint_every_s: float = 0.0,
     final_curves: L.Callback | None = None,
     callbacks: Sequence[L.Callback] = (),
     steps_per_group: int = 1,
     paper_loss: str = "last_block",
+    on_epoch: EpochHook | None = None,
 ) -> dict[str, Any]:
     """Run every block (resuming finished ones from ``run_dir/progress.json``) and the final fit;
     ``final_curves`` (e.g. the max-ent probes, mdl/final_fit_curves.py) is a callback of the final fit only;
@@ -180,15 +182,16 @@ def run_prequential(
     if blocks and on_block is not None:  # a resumed run's logger is new: give it the series of the blocks done before
         log.info("resuming: logging the %d block(s) finished before the interruption again", len(blocks))
         for i, block in enumerate(blocks):
-            on_block(i, block)
+            on_block(i, block, True)  # restored: with its curves
     identity = run_identity(run_dir)
 
     for i in range(len(blocks), len(boundaries) - 1):
         n_train, n_next = boundaries[i], boundaries[i + 1]
         L.seed_everything(seed * 1000 + i, verbose=False)
         ckpt = run_dir / "checkpoints" / f"block{i:02d}.ckpt"
-        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s, callbacks,
-                         steps_per_group, untrained_candidate, identity)
+        progress = FitProgress(i, f"block {i + 1}/{len(boundaries) - 1}", patience, trainer_kwargs.get("max_epochs"), on_epoch)
+        fit = fit_prefix(dm, n_train, make_module, trainer_kwargs, patience, ckpt, checkpoint_every_s,
+                         [*callbacks, progress], steps_per_group, untrained_candidate, identity)
         eval_bits, n_eval = total_bits(fit.module, dm.eval_loader(n_train, n_next))
         held_start, held_stop = heldout_block(boundaries)
         held_bits, n_held = (eval_bits, n_eval) if n_train == held_start else total_bits(fit.module, dm.eval_loader(held_start, held_stop))
@@ -213,7 +216,9 @@ def run_prequential(
     L.seed_everything(seed * 1000 + len(boundaries), verbose=False)
     final = fit_prefix(
         dm, None, make_module, trainer_kwargs, patience, run_dir / "checkpoints" / "final.ckpt", checkpoint_every_s,
-        extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else [])], steps_per_group=steps_per_group,
+        extra_callbacks=[*callbacks, *([final_curves] if final_curves is not None else []),
+                         FitProgress(len(boundaries) - 1, "final fit", patience, trainer_kwargs.get("max_epochs"), on_epoch)],
+        steps_per_group=steps_per_group,
         untrained_candidate=untrained_candidate, identity=identity,
     )
     test_bits, n_test = total_bits(final.module, dm.test_dataloader())

@@ -77,8 +77,10 @@ class PrequentialCallback(L.Callback):
         on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] | None = None,
         heldout_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]] | None] = lambda m: None,
         untrained_candidate: bool = False,
+        on_epoch: Callable[[int, int, float, float], None] | None = None,
     ) -> None:
         self.loader = loader
+        self.on_epoch = on_epoch  # (member, epoch from 0, train loss, val loss) at each member's epoch end: live logging
         self.val_batches, self.score_batches = val_batches, score_batches
         self.heldout_batches = heldout_batches  # member -> its held-out chunk, or None: the same as score_batches
         self.untrained_candidate = untrained_candidate
@@ -101,6 +103,11 @@ class PrequentialCallback(L.Callback):
     def on_train_start(self, trainer: L.Trainer, module: StackedClassifier) -> None:
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
+        if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger
+            for m in self.active:
+                state = self.members[m]
+                for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
+                    self.on_epoch(m, epoch, train, val)
         fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
         if self.untrained_candidate and fresh:  # not again on a resume
             self._validate_untrained(module, fresh)
@@ -152,6 +159,8 @@ class PrequentialCallback(L.Callback):
             self._require_finite(val_means[j], "validation", state)
             state.train_loss_curve.append(train[j])
             state.val_loss_curve.append(val_means[j])
+            if self.on_epoch is not None:
+                self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j])
             if m in self.on_member_epoch:
                 self.on_member_epoch[m](module, ({n: t[j : j + 1] for n, t in weights[0].items()},
                                                  {n: t[j : j + 1] for n, t in weights[1].items()}))

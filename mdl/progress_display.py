@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 
@@ -109,3 +109,57 @@ class MemberProgress(L.Callback):
             s = p.members[m]
             table.add_row(self.member_name(m), str(s.n_train), str(s.epoch), f"{s.best_score:.4f}", f"{s.wait}/{p.patience}")
         return table
+
+
+EpochHook = Callable[[int, int, float, float], None]  # (member, epoch from 0, train loss, val loss), nats
+
+
+class FitProgress(L.Callback):
+    """One model's fit (the sequential engine's block ``member`` or its final fit): every finished
+    epoch goes to ``on_epoch`` as it happens (live logging), and a line is logged every ``interval``
+    seconds with the epoch, the losses, the patience left and the time left, so a long ConvNeXt or
+    Swin fit is not silent between blocks. A Lightning callback after the protocol (mdl/callbacks.py
+    EpochProtocol); an epoch is complete once the module has recorded its training loss, which
+    Lightning does after the callbacks' epoch-end hooks, so epochs are handed on at the next start."""
+
+    def __init__(self, member: int, name: str, patience: int, max_epochs: int | None,
+                 on_epoch: EpochHook | None = None, interval: float = 30.0) -> None:
+        self.member, self.name, self.on_epoch, self.interval = member, name, on_epoch, interval
+        self.patience, self.max_epochs = patience, (max_epochs if max_epochs and max_epochs > 0 else None)
+        self.reported = 0  # epochs handed to on_epoch
+        self.started = self.last = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.started = self.last = time.monotonic()
+        self.first_epoch = min(len(pl_module.train_loss_curve), len(pl_module.val_loss_curve))  # > 0: resumed
+        self.reported = 0  # a resumed fit hands on its earlier epochs too: this process's logger has not seen them
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._flush(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._flush(trainer, pl_module)
+
+    def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        train, val = pl_module.train_loss_curve, pl_module.val_loss_curve
+        done = min(len(train), len(val))
+        if self.on_epoch is not None:
+            for epoch in range(self.reported, done):
+                self.on_epoch(self.member, epoch, train[epoch], val[epoch])
+        self.reported = done
+        now = time.monotonic()
+        if done and now - self.last > self.interval:
+            log.info(self.line(trainer, done, val[done - 1], now))
+            self.last = now
+
+    def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
+        from mdl.callbacks import EpochProtocol
+
+        protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
+        per_epoch = (now - self.started) / max(epochs - self.first_epoch, 1)
+        best = f", best {protocol.best_val_loss:.4f}, {protocol.wait}/{self.patience} without improving" if protocol else ""
+        left = max(self.patience - (protocol.wait if protocol else 0), 1)
+        if self.max_epochs is not None:
+            left = min(left, self.max_epochs - epochs)
+        return (f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "
+                f"{_duration(now - self.started)} elapsed, at most about {_duration(per_epoch * left)} left")

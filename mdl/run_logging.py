@@ -1,8 +1,9 @@
 """What a run sends to its logger (CSV, W&B, TensorBoard): one place for the series, the summary and
 the W&B extras, for runs that train and for runs skipped as already done.
 
-- every prequential block's validation curve as its own series, numbered from 1 (``block03/val_loss``
-  against ``block03/epoch``), and the final fit's curves (``final/val_loss`` against ``final/epoch``);
+- every prequential block's training and validation loss as its own series, numbered from 1
+  (``block03/val_loss``), and the final fit's (``final/val_loss``), all against one ``epoch`` axis so
+  they overlay in one chart, logged live at each epoch's end by both engines;
 - the numbers a reader compares (paper MDL, online code, final loss, every erasure diagnostic) as
   metrics, and in W&B also as the run *summary* (one value per run, not a one-point chart);
 - W&B only: tags from the config (data, model, eraser, preset), a readable group (preset, sweep date and
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -89,28 +90,54 @@ def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
     return instantiate(params)  # a dict, since 'config' is also instantiate's own argument name
 
 
-def log_block(logger: Any, index: int, block: BlockResult) -> None:
-    """Each block's curves as their own series, numbered from 1 as in the log lines ("block 3/9")."""
-    prefix = f"block{index + 1:02d}"
+def series_name(member: int, num_blocks: int) -> str:
+    """``block03`` (numbered from 1, as the log lines' "block 3/9") or ``final``."""
+    return "final" if member == num_blocks else f"block{member + 1:02d}"
+
+
+def share_epoch_axis(logger: Any) -> None:
+    """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart."""
     define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
-    if callable(define_metric):  # W&B: plot the block against its own epoch axis
-        define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
-    for epoch, value in enumerate(block.val_loss_curve):
-        logger.log_metrics({f"{prefix}/val_loss": value, f"{prefix}/epoch": epoch})
+    if callable(define_metric):
+        define_metric("epoch")
+        for pattern in ("block*", "final/*"):
+            define_metric(pattern, step_metric="epoch")
+
+
+def log_epoch(logger: Any, name: str, epoch: int, train_loss: float, val_loss: float) -> None:
+    logger.log_metrics({f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch})
+
+
+def live_epochs(logger: Any, num_blocks: int) -> Callable[[int, int, float, float], None]:
+    """The engines' per-epoch hook (member, epoch, train loss, val loss): logged as it happens, so a
+    multi-hour fit shows its curves live."""
+    share_epoch_axis(logger)
+    return lambda member, epoch, train, val: log_epoch(logger, series_name(member, num_blocks), epoch, train, val)
+
+
+def log_block(logger: Any, index: int, block: BlockResult, curves: bool = False) -> None:
+    """A finished block's code length; with ``curves`` also its loss curves (a block restored from an
+    interrupted attempt, or a stored run: their epochs were not logged live by this process)."""
+    prefix = f"block{index + 1:02d}"
+    if curves:
+        share_epoch_axis(logger)
+        for epoch, (train, val) in enumerate(zip(block.train_loss_curve, block.val_loss_curve)):
+            log_epoch(logger, prefix, epoch, train, val)
     logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
 
 
-def log_results(logger: Any, results: dict[str, Any], run_dir: Path) -> None:
-    """The final fit's curves, the summary numbers and (W&B) the block table and artifacts; then close the run."""
+def log_results(logger: Any, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
+    """The final fit's curves (without the losses logged ``live``), the summary numbers and (W&B) the
+    block table and artifacts; then close the run."""
     experiment = getattr(logger, "experiment", None)
-    define_metric = getattr(experiment, "define_metric", None)
-    if callable(define_metric):
-        define_metric("final/*", step_metric="final/epoch")
+    share_epoch_axis(logger)
     curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
     for name, curve in curves.items():
+        if live and name in ("val_loss", "train_loss"):
+            continue
         for epoch, value in enumerate(curve):
             if value is not None:
-                logger.log_metrics({f"final/{name}": value, "final/epoch": epoch})
+                logger.log_metrics({f"final/{name}": value, "epoch": epoch})
     numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -153,7 +180,7 @@ def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results
         return
     logger = make_logger(cfg, run_dir, overrides)
     for i, block in enumerate(results.get("blocks", [])):
-        log_block(logger, i, BlockResult(**block))
-    log_results(logger, results, run_dir)
+        log_block(logger, i, BlockResult(**block), curves=True)
+    log_results(logger, results, run_dir, live=False)
     atomic_write_json(marker, {"projects": [*logged, project]})
     log.info("logged the stored results of this finished run to W&B project %s", project)

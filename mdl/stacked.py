@@ -63,13 +63,14 @@ def run_prequential_stacked(
     patience: int,
     seed: int,
     run_dir: str | Path,
-    on_block: Callable[[int, BlockResult], None] | None = None,
+    on_block: Callable[..., None] | None = None,  # (block index, result[, restored])
     checkpoint_every_s: float = 0.0,
     steps_per_group: int = 1,
     loss: SpectralDecoupling | None = None,
     final_curves: FinalFitCurves | None = None,
     callbacks: Sequence[L.Callback] = (),
     paper_loss: str = "last_block",
+    on_epoch: Callable[[int, int, float, float], None] | None = None,
 ) -> dict[str, Any]:
     """Every block's model and the final one in one fit; returns the sequential engine's results schema.
     ``paper_loss`` as in ``run_prequential`` (with ``last_block`` the untrained model is a candidate).
@@ -127,7 +128,7 @@ def run_prequential_stacked(
     protocol = PrequentialCallback(
         loader, dm.val_dataloader, score_batches, patience, trainer_kwargs.get("max_epochs"), lr, on_finish=on_finish,
         on_member_epoch={num_blocks: final_curves} if final_curves is not None else None,
-        heldout_batches=heldout_batches, untrained_candidate=paper_loss == "last_block",
+        heldout_batches=heldout_batches, untrained_candidate=paper_loss == "last_block", on_epoch=on_epoch,
     )
     checkpoint = run_dir / CHECKPOINT
     callbacks = [protocol, MemberProgress(protocol), *callbacks, SaveLastCheckpoint(checkpoint, checkpoint_every_s)]
@@ -146,7 +147,7 @@ def run_prequential_stacked(
     if restored and on_block is not None:  # finished before an interruption: this process's logger lacks them
         log.info("resumed: logging the %d block(s) finished before the interruption", len(restored))
         for m in restored:
-            on_block(m, blocks[m])
+            on_block(m, blocks[m], True)  # restored: with its curves
     final = outcomes[num_blocks]
     return prequential_results(
         boundaries, k, blocks, final.best_val_loss, final.epochs,

@@ -58,3 +58,57 @@ def test_speed_counts_every_optimizer_step_of_a_group() -> None:
     for group in loader:  # one pass: 10 steps, in groups cut short at the 2- and 5-step epoch ends
         display.on_train_batch_end(None, None, None, group, 0)
     assert display.steps == 10 and display.steps > len(list(loader)) > 0
+
+
+import pytest  # noqa: E402
+
+from conftest import FAST, compose_config  # noqa: E402
+
+
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_path, monkeypatch) -> None:
+    """Both engines call the per-epoch hook at each epoch's end of every member (blocks and final fit),
+    before that block is reported finished: what W&B shows live equals results.json's curves."""
+    from mdl import experiment
+
+    events: list[tuple] = []
+    real_live, real_block = experiment.live_epochs, experiment.log_block
+
+    def recording_live(logger, num_blocks):
+        hook = real_live(logger, num_blocks)
+        return lambda m, e, tr, va: (events.append(("epoch", m, e, tr, va)), hook(m, e, tr, va))
+
+    monkeypatch.setattr(experiment, "live_epochs", recording_live)
+    monkeypatch.setattr(experiment, "log_block", lambda logger, i, b, curves=False: (events.append(("block", i)), real_block(logger, i, b, curves)))
+    results = experiment.run_experiment(compose_config([*FAST, f"mdl.engine={engine}"], tmp_path), tmp_path / "run")
+    num_blocks = len(results["blocks"])
+    for m in range(num_blocks + 1):
+        block = results["blocks"][m] if m < num_blocks else results
+        got = [(tr, va) for kind, mm, *rest in events if kind == "epoch" and mm == m for _, tr, va in [rest]]
+        assert got == list(zip(block["train_loss_curve"], block["val_loss_curve"])), m
+        if m < num_blocks:  # live: the block's epochs came before its end
+            last_epoch = max(i for i, ev in enumerate(events) if ev[0] == "epoch" and ev[1] == m)
+            assert last_epoch < events.index(("block", m))
+
+
+def test_one_model_fit_logs_a_progress_line(caplog) -> None:
+    """The sequential engine's fits (ConvNeXt, Swin) are not silent between blocks."""
+    from types import SimpleNamespace
+
+    from mdl.callbacks import EpochProtocol
+    from mdl.progress_display import FitProgress
+
+    protocol = EpochProtocol(lambda: [], patience=10, device="cpu")
+    protocol.best_val_loss, protocol.wait = 0.5, 3
+    module = SimpleNamespace(train_loss_curve=[], val_loss_curve=[])
+    trainer = SimpleNamespace(callbacks=[protocol])
+    seen: list = []
+    progress = FitProgress(2, "block 3/9", patience=10, max_epochs=200, on_epoch=lambda *a: seen.append(a), interval=0.0)
+    progress.on_train_start(trainer, module)
+    module.train_loss_curve += [0.9, 0.7]
+    module.val_loss_curve += [0.8, 0.6]
+    with caplog.at_level(logging.INFO, logger="mdl.progress_display"):
+        progress.on_train_epoch_start(trainer, module)
+    assert seen == [(2, 0, 0.9, 0.8), (2, 1, 0.7, 0.6)]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "block 3/9: epoch 2, val loss 0.6000 nats, best 0.5000, 3/10 without improving" in line and "left" in line
