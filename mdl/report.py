@@ -109,6 +109,7 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
         table_rows.append([arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))])
     paths = [write_csv(out / "table.csv", ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
                        table_rows)]
+    paths.append(write_latex_table(out / "table.tex", sweep, cells))
 
     run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
     paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs", "git_sha",
@@ -142,6 +143,36 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                            ([f.arch, *f.row, f.eraser, _num(f.result.early_gap), _num(f.result.late_gap),
                              f.result.crossing_epoch, f.result.epochs] for f in flags)))
     return paths
+
+
+LATEX_METRICS = ("paper_mdl", "online_bits_per_example", "final_val_loss")
+
+
+def latex_escape(text: Any) -> str:
+    return "".join("\\" + ch if ch in "&%$#_{}" else ch for ch in str(text))
+
+
+def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
+    """The table as a booktabs LaTeX tabular (mean ± sample std over seeds, n when seeds are missing),
+    erasers under the paper's names; paste it into a paper with \\usepackage{booktabs}."""
+    from mdl.report_figures import display_name
+
+    keys = list(sweep.row_keys)
+    header = ["architecture", *keys, "eraser", *(f"{METRICS[m][0]} ({METRICS[m][1]})" for m in LATEX_METRICS)]
+    max_n = max((c.n for c in cells), default=0)
+    lines = [f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}", "\\toprule",
+             " & ".join(map(latex_escape, header)) + " \\\\", "\\midrule"]
+    for c in cells:
+        values = []
+        for metric in LATEX_METRICS:
+            mean, std, n = c.mean_std(metric)
+            text = "--" if n == 0 else f"{mean:.3f}" + (f" $\\pm$ {std:.3f}" if n > 1 else "")
+            values.append(text + (f" ($n$={n})" if 0 < n < max_n else ""))
+        lines.append(" & ".join([latex_escape(c.arch), *map(latex_escape, c.row), latex_escape(display_name(c.eraser)),
+                                 *values]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    path.write_text("\n".join(lines))
+    return path
 
 
 def _triple(cell: Cell, metric: str) -> list[str]:

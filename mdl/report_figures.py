@@ -1,8 +1,10 @@
 """The report's figures: MDL against width / depth, Figure 3 (MDL increase over the control per
 width), final-fit loss curves, and Figure 1.
 
-Everything is drawn with matplotlib's Agg backend (no display needed) into PNG files; each
-function returns the files it wrote with a caption, plus notes on what it had to skip and why.
+Everything is drawn with matplotlib's Agg backend (no display needed), each figure as PNG (shown in
+report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends outside
+the axes, erasers under the paper's names and a dashed chance line where one is defined. Each function
+returns the files it wrote with a caption, plus notes on what it had to skip and why.
 """
 
 from __future__ import annotations
@@ -34,6 +36,47 @@ class FigureFile:
     caption: str
 
 
+# config names -> the paper's names (legends only; tables and CSVs keep the config names)
+ERASER_NAMES = {"none": "control", "leace": "LEACE", "qleace": "QLEACE", "alf_qleace": "ALF-QLEACE",
+                "gradient": "gradient eraser", "random": "random projection"}
+PANEL_SIZE = (3.3, 2.5)  # inches: a one-column figure of a two-column paper is about 3.3 in wide
+FORMATS = ("png", "pdf", "svg")
+
+
+def display_name(label: str) -> str:
+    """``qleace (shrinkage=optimal)`` -> ``QLEACE (shrinkage=optimal)``; unknown names unchanged."""
+    base, sep, rest = label.partition(" ")
+    return ERASER_NAMES.get(base, base) + sep + rest
+
+
+def legend(ax) -> None:
+    """Outside the axes on the right, so it never covers the data; eraser names as the paper writes them."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [display_name(label) for label in labels], fontsize=6, loc="upper left",
+                  bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def chance_level(cells: list[Cell], metric: str) -> float | None:
+    """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
+    paper MDL log2 K * sum(t_2..t_S) / N (mdl/experiment.py summary), online code log2 K, loss ln K nats."""
+    runs = [r.results for c in cells for r in c.runs]
+    keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
+    if len(keys) != 1:
+        return None
+    (k, boundaries), = keys
+    if not k:
+        return None
+    if metric == "paper_mdl":
+        return math.log2(k) * sum(boundaries[1:]) / boundaries[-1] if len(boundaries) > 1 else None
+    return {"online_bits_per_example": math.log2(k), "val_loss": math.log(k)}.get(metric)
+
+
+def chance_line(ax, value: float | None) -> None:
+    if value is not None:
+        ax.axhline(value, color="grey", lw=0.8, ls=":", label="chance")
+
+
 def eraser_colors(cells: list[Cell]) -> dict[str, Any]:
     cmap = plt.get_cmap("tab10")
     return {e: cmap(i % 10) for i, e in enumerate(erasers_of(cells))}
@@ -43,7 +86,7 @@ def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text).strip("_") or "x"
 
 
-def _grid(n: int, width: float = 4.2, height: float = 3.2, rows_per_panel: int = 1):
+def _grid(n: int, width: float = PANEL_SIZE[0], height: float = PANEL_SIZE[1], rows_per_panel: int = 1):
     cols = min(n, MAX_COLUMNS)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel),
@@ -57,8 +100,10 @@ def _title(arch: str, setting: str, width: int = 50) -> str:
 
 
 def _save(fig, path: Path) -> Path:
+    """``path`` (PNG) and the same figure as PDF and SVG beside it; returns the PNG."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    for fmt in FORMATS:
+        fig.savefig(path.with_suffix(f".{fmt}"), dpi=200, bbox_inches="tight")  # tight: the legends outside
     plt.close(fig)
     return path
 
@@ -90,6 +135,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                 for m, (metric, ylabel) in enumerate(SCALING_METRICS):
                     ax = axes[(p // cols) * len(SCALING_METRICS) + m][p % cols]
                     _scaling_panel(ax, members, a, metric, colors, max_seeds)
+                    chance_line(ax, chance_level(members, metric))
                     ax.set_xscale("log", base=2)
                     ticks = sorted({c.row[a] for c in members})
                     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
@@ -97,7 +143,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ax.set_xlabel(axis)
                     ax.set_ylabel(ylabel)
                     ax.set_title(_title(arch, sweep.describe(_insert(other, a, None), skip=axis)), fontsize=8)
-                    ax.legend(fontsize=7)
+                    legend(ax)
             _hide_unused(axes, len(panels), cols, len(SCALING_METRICS))
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
             figures.append(FigureFile(path, f"MDL vs {axis}: {arch}",
@@ -169,7 +215,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
         ax.set_xlabel("width")
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
         ax.set_title(_title(arch, setting), fontsize=8)
-        ax.legend(fontsize=7)
+        legend(ax)
     _hide_unused(axes, len(panels), cols)
     path = _save(fig, out / FIGURE3_NAME)
     return [FigureFile(path, "Figure 3: MDL increase over the control, per width",
@@ -207,10 +253,11 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                 if stats.n_seeds > 1:
                     ax.fill_between(epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2)
                 drawn += 1
+            chance_line(ax, chance_level(members, "val_loss"))
             ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("validation loss (nats)")
-            ax.legend(fontsize=7)
+            legend(ax)
         _hide_unused(axes, len(rows), cols)
         if not drawn:
             plt.close(fig)
@@ -264,7 +311,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
             ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("accuracy")
-            ax.legend(fontsize=6)
+            legend(ax)
         _hide_unused(axes, len(rows), cols)
         path = _save(fig, out / f"maxent_probes_{slug(arch)}.png")
         figures.append(FigureFile(path, f"Max-ent probes over the final fit: {arch}",

@@ -489,3 +489,29 @@ def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path:
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     rows = read_csv(path.parent / "table.csv")
     assert len(rows) == 2 and {r["n_seeds"] for r in rows} == {"2"} and {r["optimizer.betas"] for r in rows} == {"(0.9, 0.999)", "(0.95, 0.99)"}
+
+
+def test_figures_for_a_paper_and_a_latex_table(report: Path):
+    """Every figure also as PDF and SVG, a column wide; the table as booktabs LaTeX with the paper's eraser names."""
+    out = report.parent
+    for png in out.glob("*.png"):
+        assert png.with_suffix(".pdf").stat().st_size > 0 and png.with_suffix(".svg").stat().st_size > 0, png
+    tex = (out / "table.tex").read_text()
+    assert tex.startswith("\\begin{tabular}") and "\\toprule" in tex and "\\bottomrule" in tex
+    assert "LEACE" in tex and "control" in tex and " & leace & " not in tex
+
+
+def test_chance_levels_of_a_uniform_predictor():
+    """paper MDL's chance is log2 K times the share of examples the blocks after the first code; loss ln K."""
+    from types import SimpleNamespace
+
+    from mdl.report_figures import chance_level, display_name
+
+    run = SimpleNamespace(results={"num_classes": 4, "boundaries": [10, 30, 100]})
+    cells = [SimpleNamespace(runs=[run])]
+    assert chance_level(cells, "paper_mdl") == pytest.approx(2.0 * 130 / 100)
+    assert chance_level(cells, "online_bits_per_example") == 2.0
+    assert chance_level(cells, "val_loss") == pytest.approx(math.log(4))
+    other = SimpleNamespace(results={"num_classes": 10, "boundaries": [10, 30, 100]})
+    assert chance_level([SimpleNamespace(runs=[run, other])], "paper_mdl") is None  # no one chance level
+    assert display_name("qleace (shrinkage=optimal)") == "QLEACE (shrinkage=optimal)" and display_name("foo") == "foo"

@@ -204,7 +204,7 @@ def test_report_group_composes_to_the_callback():
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+report=table16"], return_hydra_config=True)
+        cfg = compose("config", overrides=["report=table16"], return_hydra_config=True)
     node = cfg.hydra.callbacks.report
     assert node._target_ == "mdl.report_callback.ReportAfterMultirun"
     assert (node.enabled, node.compare_to, node.images) == (True, "table16", 4)
@@ -228,7 +228,7 @@ def test_callback_refuses_unknown_table_and_writes_the_report(tmp_path: Path):
 
 
 def test_multirun_with_report_group_writes_the_comparison(tmp_path: Path):
-    proc = run_launch(["-m", "+report=table16", "hydra.callbacks.report.images=0", "eraser=none,leace",
+    proc = run_launch(["-m", "report=table16", "hydra.callbacks.report.images=0", "eraser=none,leace",
                        f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [report] = (tmp_path / "multirun").glob("*/*/report/report.md")
