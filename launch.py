@@ -28,19 +28,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    if cfg.get("print_config", False):  # first, before the seconds torch and lightning take to import
+        from omegaconf import OmegaConf
+
+        print(f"config ({run_dir}; print_config=false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
+    print(f"run: {run_dir} (loading torch and lightning)", flush=True)
+
     from mdl.experiment import quiet_lightning, run_experiment, summary  # after Hydra parsed the command line
     from mdl.preemption import EXIT_CODE, Preempted
     from mdl.results import RESULTS_FILE
     from mdl.storage import StalledLockHolder
 
     quiet_lightning()
-
-    hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    if cfg.get("print_config", False):
-        from omegaconf import OmegaConf
-
-        print(f"config ({run_dir}; print_config=false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
     try:
         results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
     except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job
