@@ -19,11 +19,6 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportEr
 
 register_resolvers()  # before Hydra resolves the config (job folder names); light: no torch
 
-# Before torch loads its OpenMP runtime: idle worker threads sleep instead of spinning. On a machine where
-# other work runs (a shared node, CI) spinning threads fight it for the cores: the default run with 2
-# threads took 31-37 s spinning against 17 s passive (16-25 s with 1 thread) under a load of 4.5 on 2 cores;
-# results are unchanged (same threads, same reduction order). benchmarks/bench_threads.py measures it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

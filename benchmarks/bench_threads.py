@@ -3,10 +3,10 @@
     python benchmarks/bench_threads.py [hydra overrides...] [--repeats 2] [--load N]
 
 Runs ``python launch.py`` (default: the embedded default run) as a subprocess, as a user would, with
-``trainer.torch_threads=1`` and with the default (``null``: the CPUs allocated to the process,
-mdl/experiment.py allocated_cpus), each with OpenMP's idle threads sleeping (``OMP_WAIT_POLICY=PASSIVE``,
-what launch.py sets) and spinning (``ACTIVE``, torch's own default before). Then again while N
-busy processes (default: one per core) compete for the cores, as on a shared node or in CI.
+the default thread count (``trainer.torch_threads=null``: Slurm's allocation, else 1; mdl/experiment.py
+allocated_cpus), with one thread, and with one thread per core, OpenMP's idle threads spinning
+(``OMP_WAIT_POLICY=ACTIVE``, torch's default) or sleeping (``PASSIVE``). Then again while N busy
+processes (default: one per core) compete for the cores, as on a shared node or in CI.
 Prints each wall time (median of the repeats, the configurations interleaved) and its ratio to the
 one-thread run in the same condition. The erased data are cached by an untimed first run.
 """
@@ -23,15 +23,20 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SETTINGS = {  # name: (trainer.torch_threads, OMP_WAIT_POLICY)
-    "1 thread": ("1", "PASSIVE"),
-    "default, passive": ("null", "PASSIVE"),
-    "default, spinning": ("null", "ACTIVE"),
+CORES = str(os.cpu_count() or 1)
+SETTINGS = {  # name: (trainer.torch_threads, OpenMP environment)
+    "default": ("null", {}),
+    "1 thread": ("1", {}),
+    f"{CORES} threads, spinning": (CORES, {"OMP_WAIT_POLICY": "ACTIVE"}),
+    f"{CORES} threads, sleeping": (CORES, {"OMP_WAIT_POLICY": "PASSIVE"}),
+}
+EXTRA = {  # --spincounts: GNU OpenMP's spin before sleeping, between the two (libgomp's GOMP_SPINCOUNT)
+    f"{CORES} threads, spin {n}": (CORES, {"GOMP_SPINCOUNT": str(n)}) for n in (1000, 30000, 300000)
 }
 
 
-def run_once(overrides: list[str], threads: str, policy: str, root: Path, cache: Path) -> float:
-    env = {**os.environ, "OMP_WAIT_POLICY": policy, "PYTHONPATH": str(REPO)}
+def run_once(overrides: list[str], threads: str, omp: dict[str, str], root: Path, cache: Path) -> float:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}, **omp, "PYTHONPATH": str(REPO)}
     args = [sys.executable, str(REPO / "launch.py"), *overrides, f"trainer.torch_threads={threads}",
             f"paths.output_root={root}", f"paths.cache_dir={cache}", "skip_if_done=false"]
     start = time.perf_counter()
@@ -45,11 +50,11 @@ def busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def measure(overrides: list[str], repeats: int, tmp: Path) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in SETTINGS}
+def measure(overrides: list[str], repeats: int, tmp: Path, settings: dict) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in settings}
     for r in range(repeats):
-        for name, (threads, policy) in SETTINGS.items():
-            times[name].append(run_once(overrides, threads, policy, tmp / f"out-{r}", tmp / "cache"))
+        for name, (threads, omp) in settings.items():
+            times[name].append(run_once(overrides, threads, omp, tmp / f"out-{r}", tmp / "cache"))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -57,14 +62,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--load", type=int, default=os.cpu_count() or 1, help="busy processes in the loaded condition")
+    parser.add_argument("--spincounts", action="store_true", help="also GOMP_SPINCOUNT 1e3, 3e4, 3e5 (default spin)")
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory(prefix="bench-threads-") as name:
         tmp = Path(name)
-        run_once(overrides, "1", "PASSIVE", tmp / "warm", tmp / "cache")  # fits and caches the eraser, untimed
-        conditions = {"quiet": measure(overrides, args.repeats, tmp)}
+        run_once(overrides, "1", {}, tmp / "warm", tmp / "cache")  # fits and caches the eraser, untimed
+        settings = {**SETTINGS, **(EXTRA if args.spincounts else {})}
+        conditions = {"quiet": measure(overrides, args.repeats, tmp, settings)}
         load = busy(args.load)
         try:
-            conditions[f"loaded ({args.load} busy processes)"] = measure(overrides, args.repeats, tmp)
+            conditions[f"loaded ({args.load} busy processes)"] = measure(overrides, args.repeats, tmp, settings)
         finally:
             for p in load:
                 p.kill()
@@ -72,7 +79,7 @@ def main() -> None:
     print(f"launch.py {' '.join(overrides) or '(embedded default)'}; {os.cpu_count()} cores; "
           f"median of {args.repeats}; ratio = time / time with 1 thread in the same condition")
     for condition, medians in conditions.items():
-        base = medians["1 thread"]
+        base = medians["1 thread"]  # the default outside Slurm: compare the others with it
         for name, seconds in medians.items():
             print(f"  {condition:28s} {name:18s} {seconds:6.1f} s  {seconds / base:5.2f}x")
 

@@ -48,19 +48,24 @@ log = logging.getLogger(__name__)
 ENGINES = ("stacked", "sequential")
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 def allocated_cpus() -> int:
-    """The CPUs this process may use: torch's default (the machine's cores), capped by the process's CPU
-    affinity (taskset, cgroups, Slurm's binding) and Slurm's SLURM_CPUS_PER_TASK. More threads than
-    the allocation only wait on each other (benchmarks/bench_threads.py)."""
-    count = torch.get_num_threads()
+    """The CPU threads a run trains with by default: the CPUs Slurm allocated to the task
+    (SLURM_CPUS_PER_TASK, capped by the process's CPU affinity), which no other job uses; elsewhere 1.
+
+    On a machine whose cores other work shares (a login node, CI, a workstation) more threads than one
+    only fight that work: the default run took 18.1 s with 2 spinning threads and 13.0 s with 2 sleeping
+    ones against 10.1 s with one, while 2 busy processes ran on 2 cores (benchmarks/bench_threads.py; on a
+    quiet machine 2 threads saved 7%). The thread count is part of a CPU run's identity, so it must not
+    depend on the load of the moment: set trainer.torch_threads=N where N cores are yours."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if not (slurm.isdigit() and int(slurm) > 0):
+        return 1
+    count = int(slurm)
     if hasattr(os, "sched_getaffinity"):
         count = min(count, len(os.sched_getaffinity(0)))
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        count = min(count, int(slurm))
     return max(count, 1)
 
 
-DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: this machine's allocation, before any run changes it
+DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: the CPUs allocated to this task (1 outside Slurm)
 NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra", "print_config")
 NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
