@@ -39,6 +39,7 @@ from mdl.report_figures import (
 )
 from mdl.report_paper import available_tables, load_paper_table, paper_section, write_comparison_csv
 from mdl.report_runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
+from mdl.report_lr import lr_section
 from mdl.sweep_jobs import MissingJob, missing_jobs
 from mdl.report_stats import (
     METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
@@ -231,7 +232,7 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
     text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
-                  [*paper_md, *_missing(missing)])
+                  [*paper_md, *lr_section(sweep, cells), *_missing(missing)])
     path = out / "report.md"
     path.write_text(text)
     return path

@@ -208,3 +208,14 @@ def test_every_smoke_preset_runs(tmp_path: Path) -> None:
                 c = r["config"]
                 assert c["data"]["source"] == "digits", name
                 assert c["optimizer"]["lr"] == pytest.approx(expected_lr(c["model"]["name"], c["eraser"]["name"], PRESETS[name][0]))
+
+
+def test_lr_search_preset_trains_the_base_width_over_an_lr_grid() -> None:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for model in ("mlp", "lenet", "convnext"):
+            cfg = compose("config", overrides=["+experiment=lr_search", f"model={model}"], return_hydra_config=True)
+            assert cfg.width == cfg.model.base_width  # muP: tune at the base width, transfer to the others
+            lrs = [float(v) for v in str(cfg.hydra.sweeper.params["optimizer.lr"]).split(",")]
+            assert len(lrs) >= 4 and lrs == sorted(lrs)

@@ -515,3 +515,27 @@ def test_chance_levels_of_a_uniform_predictor():
     other = SimpleNamespace(results={"num_classes": 10, "boundaries": [10, 30, 100]})
     assert chance_level([SimpleNamespace(runs=[run, other])], "paper_mdl") is None  # no one chance level
     assert display_name("qleace (shrinkage=optimal)") == "QLEACE (shrinkage=optimal)" and display_name("foo") == "foo"
+
+
+def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path):
+    """A sweep over optimizer.lr: report.md's "Learning rate" section picks the lr of lowest mean paper MDL
+    per architecture and eraser, and says when it is at the edge of the grid."""
+    from mdl.report_lr import best_learning_rates
+
+    sweep = tmp_path / "multirun"
+    job = 0
+    for lrs, eraser in (((1e-3, 3e-3, 1e-2), "none"), ((1e-3, 3e-3), "leace")):
+        for lr in lrs:
+            for seed in (0, 1):
+                run = write_run(sweep, job, "mlp", eraser, 128, 2, seed)
+                job += 1
+                results = json.loads((run / "results.json").read_text())
+                results["config"]["optimizer"] = {"lr": lr}
+                results["paper_mdl"] = (math.log10(lr) + 2.5) ** 2 + 0.01 * seed  # lowest near 10^-2.5
+                (run / "results.json").write_text(json.dumps(results))
+    path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
+    choices = {c.eraser: c for c in best_learning_rates(load_sweep([sweep]), build_cells(load_sweep([sweep])))}
+    assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
+    assert choices["leace"].lr == 3e-3 and choices["leace"].at_edge  # its grid ends at 3e-3
+    text = path.read_text()
+    assert "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.003 (at the edge of the grid" in text
