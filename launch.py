@@ -37,6 +37,18 @@ def main(cfg: DictConfig) -> float | None:
     from mdl.storage import StalledLockHolder
 
     quiet_lightning()
+    if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl/debug_checks.py)
+        from mdl.debug_checks import overfit_one_batch
+
+        try:
+            check = overfit_one_batch(cfg, cfg.overfit_one_batch)
+        except USER_ERRORS as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        print(check.describe(), flush=True)
+        if not check.fits:
+            sys.exit(1)
+        return None
     try:
         results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
     except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job

@@ -121,3 +121,12 @@ def test_debug_profile_writes_and_shows_the_profile(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (report,) = tmp_path.glob("runs/*/*/profile/fit-profile.txt")
     assert "run_training_epoch" in report.read_text() and f"profile ({report}" in proc.stdout
+
+
+def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
+    ok = run_launch(["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert ok.returncode == 0 and "the model fits it" in ok.stdout, ok.stdout[-1000:] + ok.stderr[-2000:]
+    stuck = run_launch(["debug=overfit", "optimizer.lr=1e-7", "print_config=false", f"paths.output_root={tmp_path}"],
+                       cwd=tmp_path)
+    assert stuck.returncode == 1 and "does NOT fit it" in stuck.stdout and "optimizer.lr" in stuck.stdout
+    assert not list(tmp_path.rglob("results.json"))  # a check, not a run

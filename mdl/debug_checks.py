@@ -1,0 +1,80 @@
+"""``debug=overfit``: can the configured model, optimizer and learning rate fit one batch?
+
+A model that cannot drive the loss on a single batch of 128 (erased) training examples towards
+zero will not learn the data set either: a broken architecture, a learning rate off by orders of
+magnitude, an eraser that left no signal in the batch's labels (then fitting needs memorising).
+The check trains the run's own Classifier (muP groups, the configured optimizer and lr) on the
+first ``data.batch_size`` examples of the prequential order for ``overfit_one_batch`` steps and
+reports the loss and accuracy on that batch before and after, with a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from models.module import set_optimizer_mode
+
+FITS_LOSS_FRACTION = 0.05  # the batch is fitted when its loss fell below 5% of the untrained loss ...
+FITS_ACCURACY = 0.99  # ... and (nearly) every example is classified right (our choice)
+
+
+@dataclass(frozen=True)
+class OverfitResult:
+    steps: int
+    examples: int
+    initial_loss: float
+    final_loss: float
+    final_accuracy: float
+
+    @property
+    def fits(self) -> bool:
+        return self.final_loss <= FITS_LOSS_FRACTION * self.initial_loss and self.final_accuracy >= FITS_ACCURACY
+
+    def describe(self) -> str:
+        verdict = ("fits it" if self.fits else
+                   "does NOT fit it: check the learning rate (optimizer.lr), the architecture, or whether erasure left "
+                   "the labels learnable")
+        return (f"overfit check: {self.steps} steps on one batch of {self.examples} examples: loss "
+                f"{self.initial_loss:.4f} -> {self.final_loss:.4g} nats, accuracy {self.final_accuracy:.3f}; the model {verdict}")
+
+
+def batch_metrics(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    with torch.no_grad():
+        logits = module(x).float()
+        return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).float().mean())
+
+
+def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
+    from mdl.experiment import check_trainer_config, make_datamodule, make_module_factory, validate_config
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"overfit_one_batch={steps!r}: the number of steps, an integer >= 1; e.g. overfit_one_batch=300")
+    validate_config(cfg)
+    device = check_trainer_config(cfg)
+    torch.manual_seed(cfg.seed)
+    dm = make_datamodule(cfg, device)
+    module = make_module_factory(cfg, dm.num_classes, dm.input_shape)().to(device)
+    n = min(int(cfg.data.batch_size), len(dm.train_set))
+    x, y = dm.train_set.x[:n].to(device), dm.train_set.y[:n].to(device)
+    optimizer = module.configure_optimizers()
+    module.eval()
+    set_optimizer_mode(optimizer, False)
+    initial_loss, _ = batch_metrics(module, x, y)
+    module.train()
+    set_optimizer_mode(optimizer, True)
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = module.step_loss(x, y)
+        if not math.isfinite(float(loss)):
+            break
+        loss.backward()
+        optimizer.step()
+    module.eval()
+    set_optimizer_mode(optimizer, False)  # schedule-free: evaluate the averaged weights, as every fit does
+    final_loss, accuracy = batch_metrics(module, x, y)
+    return OverfitResult(steps, n, initial_loss, final_loss, accuracy)
