@@ -7,8 +7,8 @@ the W&B extras, for runs that train and for runs skipped as already done.
 - the numbers a reader compares (paper MDL, online code, final loss, every erasure diagnostic) as
   metrics, and in W&B also as the run *summary* (one value per run, not a one-point chart);
 - W&B only: tags from the config (data, model, eraser, preset), a readable group (preset, sweep date and
-  time), a name made of the job's own overrides, a table of the blocks, and results.json and the fitted
-  eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
+  time), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
+  as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
   results, once per project (a marker in its run-store folder).
 """
 
@@ -166,6 +166,28 @@ def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> No
         if path is not None and path.is_file():
             artifact.add_file(str(path))
     experiment.log_artifact(artifact)
+    for path, caption in erased_images(run_dir):
+        experiment.log({"erased_images": wandb.Image(str(path), caption=caption)})
+
+
+def erased_images(run_dir: Path) -> list[tuple[Path, str]]:
+    """This run's panel of the paper's Figure 1 (a few training images as given, under the run's fitted
+    eraser and under a random projection of equal rank), drawn as the report draws it, in
+    ``<run dir>/figures``; none for the control or when the images cannot be loaded."""
+    try:
+        from mdl.report_figures import figure1
+        from mdl.report_runs import load_sweep
+
+        figures, _ = figure1(load_sweep([run_dir]), _mkdir(run_dir / "figures"), n_images=4)
+    except Exception as err:  # noqa: BLE001 - a picture must never fail a finished run
+        log.warning("no erased-image panel for W&B (%s: %s)", type(err).__name__, err)
+        return []
+    return [(f.path, f.title) for f in figures]
+
+
+def _mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results: dict[str, Any], store: Path) -> None:

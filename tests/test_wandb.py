@@ -52,6 +52,8 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     (files,) = [v for k, v in logged.items() if k.startswith("results-")]
     assert sorted(files) == ["eraser.safetensors", "results.json"]
     assert any(k.endswith("-blocks") for k in logged) and values["blocks/nrows"] == len(results["blocks"])
+    assert values["erased_images/_type"] == "image-file"  # Figure 1's panel for this run
+    assert (run_file.parents[2] / "figures" / "figure1_digits.png").stat().st_size > 0
 
 
 def test_a_skipped_run_is_logged_from_its_stored_results_once(tmp_path: Path) -> None:
