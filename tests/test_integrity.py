@@ -1,4 +1,4 @@
-"""Honest numbers after damage, code changes and concurrency (README: "Interruptions lose nothing").
+"""Honest numbers after damage, code changes and concurrency (docs/slurm.md: "Interruptions lose nothing").
 
 Each test fails on a framework that trusts what it finds on disk: a damaged checkpoint, progress
 file or stored result, progress made by other code, or a second process running the same run.
