@@ -35,6 +35,7 @@ from mdl.results import (
     RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
     read_checked_json, write_checked_json,
 )
+from mdl.identity import without_bookkeeping
 from mdl.run_logging import check_logger, live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
@@ -66,14 +67,7 @@ def allocated_cpus() -> int:
 
 
 DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: the CPUs allocated to this task (1 outside Slurm)
-NON_SCIENTIFIC_KEYS = ("paths", "logger", "skip_if_done", "hydra", "print_config")
-NON_SCIENTIFIC_DATA_KEYS = ("cache_dir",)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
-# How fast or how often, not what: the resolved mdl.engine stays in the hash (its numbers differ in the last bits).
-# trainer.torch_threads is not among them: on a CPU the thread count changes the last bits of every reduction, so a
-# CPU run's identity holds the thread count it resolves to (``cpu_threads``; see config_hash).
-NON_SCIENTIFIC_GROUP_KEYS = {"mdl": ("checkpoint_every_s", "default_engine", "steps_per_group", "lock_lease_s"), "trainer": ("torch_threads", "threads_by_engine", "profiler")}
-NON_SCIENTIFIC_SOURCE_OPTIONS = ("root", "download")
 
 
 def quiet_lightning() -> None:
@@ -98,21 +92,13 @@ def config_hash(cfg: DictConfig) -> str:
     data = OmegaConf.to_container(cfg, resolve=True)
     if _trains_on_cpu(cfg):
         data["cpu_threads"] = training_threads(cfg)
-    for key in NON_SCIENTIFIC_KEYS:
-        data.pop(key, None)
+    without_bookkeeping(data)  # mdl/identity.py: where and how, not what
     if not (data.get("probes") or {}).get("enabled", False):
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
-    for key in NON_SCIENTIFIC_DATA_KEYS:
-        data.get("data", {}).pop(key, None)
     for group, keys in OPTIONAL_KEYS.items():
         for key in keys:
             if (data.get(group) or {}).get(key, "absent") is None:
                 data[group].pop(key)  # off: the hash runs had before the option existed
-    for group, keys in NON_SCIENTIFIC_GROUP_KEYS.items():
-        for key in keys:
-            (data.get(group) or {}).pop(key, None)
-    for key in NON_SCIENTIFIC_SOURCE_OPTIONS:
-        (data.get("data", {}).get("options") or {}).pop(key, None)
     blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mdl.identity import is_bookkeeping
+
 RESULTS_NAME = "results.json"
 REQUIRED_KEYS = ("config",)
-# The same bookkeeping keys mdl.experiment.NON_SCIENTIFIC_KEYS leaves out of a run's config hash.
-IGNORED_PREFIXES = ("hydra", "logger", "paths", "skip_if_done", "print_config")
 PATHLIKE_SUFFIXES = ("dir", "path", "root", "file", "dirname")
 CONTROL = "none"
 AXIS_ORDER = ("width", "depth")
@@ -126,7 +126,9 @@ def is_replicate_key(key: str) -> bool:
 
 def is_ignored_key(key: str, encoded: str, extra_ignored: Iterable[str] = ()) -> bool:
     """Bookkeeping that differs between runs of one condition: paths, logger, hydra, --ignore."""
-    for prefix in (*IGNORED_PREFIXES, *extra_ignored):
+    if is_bookkeeping(key):  # mdl/identity.py: the keys a run's identity leaves out
+        return True
+    for prefix in extra_ignored:
         if key == prefix or key.startswith(prefix + "."):
             return True
     if key.rsplit(".", 1)[-1].lower().endswith(PATHLIKE_SUFFIXES):

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from mdl.identity import is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -46,11 +47,9 @@ def preset_name() -> str | None:
 
 def run_name(overrides: list[str], run_dir: Path) -> str:
     """The job's own overrides, without those that do not change what it computes (logger=wandb, paths...)."""
-    from mdl.experiment import NON_SCIENTIFIC_KEYS
-
     def kept(override: str) -> bool:
         key = override.split("=", 1)[0].lstrip("+~")
-        return key.split(".")[0].split("/")[0] not in (*NON_SCIENTIFIC_KEYS, "experiment", "report", "debug")
+        return not is_bookkeeping(key.split("/")[0]) and key.split("/")[0] not in ("experiment", "report")
 
     return ",".join(o for o in overrides if kept(o)) or run_dir.name
 

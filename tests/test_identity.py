@@ -1,0 +1,42 @@
+"""One definition of the settings that do not change what a run computes (mdl/identity.py), used by the
+run's identity, the report, W&B names and (checked here) Hydra's job folder names."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from conftest import CONF, FAST, compose_config
+from mdl.experiment import config_hash
+from mdl.identity import BOOKKEEPING_KEYS, is_bookkeeping
+from mdl.report_runs import is_ignored_key
+
+GROUP_CHOICES = {"hydra/launcher", "logger", "experiment", "+experiment", "report", "+report"}  # same for a whole sweep
+
+
+def exclude_keys() -> list[str]:
+    return list(OmegaConf.load(CONF / "config.yaml").hydra.job.config.override_dirname.exclude_keys)
+
+
+def test_job_folder_names_leave_out_exactly_the_bookkeeping_settings() -> None:
+    excluded = exclude_keys()
+    for key in excluded:
+        assert key in GROUP_CHOICES or is_bookkeeping(key), f"{key}: excluded from folder names but part of a run's identity"
+    cfg = OmegaConf.to_container(compose_config(FAST), resolve=False)
+    for dotted in BOOKKEEPING_KEYS:
+        node = OmegaConf.select(OmegaConf.create(cfg), dotted)
+        if node is None or OmegaConf.is_config(node) or dotted in ("hydra", "logger", "paths"):
+            continue  # a group (its choice is excluded) or a subtree: its leaves are listed one by one
+        assert dotted in excluded, f"{dotted}: does not change results but would name job folders"
+    for leaf in OmegaConf.load(CONF / "paths" / "default.yaml"):
+        assert f"paths.{leaf}" in excluded
+
+
+def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
+    base = config_hash(compose_config(FAST))
+    for override in ("mdl.checkpoint_every_s=5", "mdl.steps_per_group=4", "mdl.lock_lease_s=60", "trainer.profiler=simple",
+                     "print_config=false", "skip_if_done=false", "paths.output_root=/elsewhere", "logger=wandb"):
+        assert config_hash(compose_config([*FAST, override])) == base, override
+        key = override.split("=")[0]
+        assert is_ignored_key(key, '"x"'), key
+    for override in ("width=64", "eraser=qleace", "mdl.engine=sequential", "trainer.patience=3", "data.options.n_test=5"):
+        assert not is_bookkeeping(override.split("=")[0]), override
