@@ -304,7 +304,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
             log_stored_run(cfg, run_dir, overrides, done, store)
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
-        atomic_write_json(store / RUN_CONFIG_FILE, {"config": OmegaConf.to_container(cfg, resolve=True),
+        atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
                                                      "config_hash": key, "code_version": code_version()})
         try:
             return _run(cfg, run_dir, overrides, device, key, store)
@@ -313,6 +313,18 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
             if clear is None:
                 raise
             raise clear from err
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as strings ("nan"): a bad setting is reported by the check that owns
+    it (e.g. the data source), not by the JSON writer of the run store's config record."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def finished_results(path: Path) -> dict[str, Any] | None:

@@ -452,3 +452,12 @@ def test_probe_script_every_bad_input_ends_in_one_message() -> None:
         capture_output=True, text=True, timeout=1800,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nan_setting_is_reported_by_its_check_not_by_the_run_store(tmp_path: Path) -> None:
+    """The run store's config record writes a NaN setting as text; the data source's check names it."""
+    from mdl.experiment import run_experiment
+
+    cfg = compose_config(FAST + ["data=synthetic", "data.options.center=nan"], tmp_path)
+    with pytest.raises(ValueError, match="data.options.center"):
+        run_experiment(cfg, tmp_path / "run")
