@@ -35,6 +35,7 @@ from torch import Tensor
 
 from datamodules.code_digest import source_digest
 from erasure import Eraser, load_eraser
+from erasure.base import save_file_as_oserror
 
 CACHE_FORMAT_VERSION = 1
 
@@ -160,7 +161,7 @@ def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[s
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = _temporary(path)
-            save_file(tensors, tmp, metadata=meta)
+            save_file_as_oserror(save_file, tensors, tmp, meta)  # a full disk: OSError, so cache_writes explains it
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the cache is shared by a sweep's jobs
             os.replace(tmp, path)
         finally:

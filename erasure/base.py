@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
@@ -201,12 +202,26 @@ def save_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor], metada
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        save_file_as_oserror(save_file, tensors, tmp, metadata)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def save_file_as_oserror(save_file: Any, tensors: dict[str, Tensor], filename: str, metadata: dict[str, str]) -> None:
+    """safetensors' ``save_file``, its I/O failures raised as the OSError they are (it raises its own
+    SafetensorError, "... No space left on device (os error 28)"), so callers report a full or read-only
+    disk as one; anything else passes through."""
+    try:
+        save_file(tensors, filename, metadata=metadata)
+    except Exception as err:
+        match = re.search(r"\(os error (\d+)\)", str(err))
+        if type(err).__name__ != "SafetensorError" or match is None:
+            raise
+        code = int(match.group(1))
+        raise OSError(code, os.strerror(code), filename) from err
 
 
 def load_safetensors(path: str | os.PathLike, what: str) -> tuple[dict[str, Any], dict[str, Tensor]]:

@@ -102,3 +102,18 @@ def test_bad_output_root_is_reported_before_hydra_writes(tmp_path: Path, kind: s
     finally:
         if kind != "file":
             subprocess.run(["umount", str(root)], check=False)
+
+
+def test_cache_on_a_real_full_disk_is_one_message(tmp_path: Path) -> None:
+    """safetensors raises its own SafetensorError ("os error 28") on a full disk: reported as the cache's
+    full disk with the settings that move or disable it, not as a traceback."""
+    small = tmp_path / "small"
+    if not mount_tmpfs(small, "64k"):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        done = run_launch([*FAST, f"paths.output_root={tmp_path / 'out'}", f"data.cache_dir={small / 'erased'}"], cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "erasure cache: cannot write to" in done.stderr and "the disk is full" in done.stderr
+    assert "data.cache_dir=null" in done.stderr and "Traceback" not in done.stderr
