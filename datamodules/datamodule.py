@@ -377,7 +377,6 @@ class ErasedDataModule(L.LightningDataModule):
         balance: str | None = None,
         transform: dict[str, Any] | None = None,
         zscore: bool = False,
-        **unused: Any,
     ) -> None:
         super().__init__()
         check_data_settings(val_size, test_size, batch_size, eval_batch_size, qda_regularization, padding_fraction)

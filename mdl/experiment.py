@@ -68,6 +68,7 @@ def allocated_cpus() -> int:
 
 DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: the CPUs allocated to this task (1 outside Slurm)
 OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
+DATA_KEYS_READ_ELSEWHERE = ("lr", "first_block")  # conf/data values read through optimizer.lr and mdl.first_block
 
 
 def quiet_lightning() -> None:
@@ -108,7 +109,7 @@ def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
     config files defines would be ignored silently: refuse it, naming the nearest known key."""
     import difflib
 
-    known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml")))
+    known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml"))) - {"defaults"}
     for key in cfg.get(group) or {}:
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
@@ -151,7 +152,7 @@ def validate_config(cfg: DictConfig) -> None:
     check_logger(cfg)
     if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
         raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
-    for group in ("trainer", "mdl"):
+    for group in ("trainer", "mdl", "data"):
         refuse_unknown_keys(cfg, group)
     if cfg.model.name not in available_models():
         raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
@@ -342,6 +343,8 @@ def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> Eras
     """The run's data module, set up (split, eraser fitted or read from the cache, splits erased),
     its splits on ``device`` (None: where ``data.device`` says)."""
     data_options = OmegaConf.to_container(cfg.data, resolve=True)
+    for key in DATA_KEYS_READ_ELSEWHERE:  # a data set's defaults for the optimizer and the block schedule
+        data_options.pop(key, None)
     if device is not None:
         data_options["device"] = str(device)
     dm = ErasedDataModule(

@@ -300,6 +300,7 @@ def test_working_eraser_does_not_warn(tmp_path: Path) -> None:
     "overrides, named",
     [
         (["+data.options.foo=1"], "data.options.foo"),
+        (["+data.batch_sise=64"], "did you mean data.batch_size"),
         (["data=synthetic", "+data.options.n_tset=5"], "did you mean data.options.n_test"),
         (["trainer.compile=foo"], "trainer.compile='foo'"),
         (["trainer.precision=fp16"], "trainer.precision"),

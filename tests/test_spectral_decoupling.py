@@ -15,11 +15,9 @@ import pytest
 import schedulefree
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from conftest import FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
-from datamodules.datamodule import ErasedDataModule
 from mdl.experiment import make_loss, make_model_factory, make_optimizer, run_experiment
 from models import Classifier, create_model
 from models.losses import SpectralDecoupling, loss_from_options, spectral_penalty
@@ -324,9 +322,9 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
                 "trainer.patience=6", "mdl.checkpoint_every_s=0"]
     cfg = compose_config(settings, tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
-    dm = ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
-                          **OmegaConf.to_container(cfg.data, resolve=True))
-    dm.setup()
+    from mdl.experiment import make_datamodule
+
+    dm = make_datamodule(cfg)  # the run's own data module, set up
     model, sd = make_model_factory(cfg, dm.num_classes, dm.input_shape)(), make_loss(cfg, dm.num_classes)
     assert len(scored) == len(results["blocks"]) + 1
     for i, block in enumerate(results["blocks"]):

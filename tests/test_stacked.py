@@ -202,11 +202,9 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
         else:
             assert blocks[i]["val_bits_per_example"] * math.log(2) <= min(curve)
     # the scored weights give the best epoch's validation loss again
-    from datamodules.datamodule import ErasedDataModule
-    from omegaconf import OmegaConf
+    from mdl.experiment import make_datamodule
 
-    dm = ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), **OmegaConf.to_container(cfg.data, resolve=True))
-    dm.setup()
+    dm = make_datamodule(cfg)  # the run's own data module, set up
     model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
     for i in stopped_early:
         model.load_state_dict(scored[i]["best"])
