@@ -25,6 +25,10 @@ register_resolvers()  # before Hydra resolves the config (job folder names); lig
 def main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    if hc.runtime.choices.get("debug") and hc.runtime.choices.get("experiment"):
+        print(f"warning: +experiment={hc.runtime.choices['experiment']} is applied after debug={hc.runtime.choices['debug']}: "
+              "the preset's values win; for a quick smoke use the preset's smoke version or set the keys on the command line",
+              file=sys.stderr, flush=True)
     if cfg.get("print_config", False):  # first, before the seconds torch and lightning take to import
         from omegaconf import OmegaConf
 

@@ -302,7 +302,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
             write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
-            log_stored_run(cfg, run_dir, overrides, done, store)
+            logging_never_fails(log_stored_run, cfg, run_dir, overrides, done, store)
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
         atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
@@ -326,6 +326,14 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [json_safe(v) for v in value]
     return value
+
+
+def logging_never_fails(fn: Callable[..., None], *args: Any) -> None:
+    """A logger that fails (W&B down, a full disk under its files) after the results are safe must not fail the run."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - results.json is written; the log can be made again (skip + logger)
+        log.error("logging the results failed (%s: %s); results.json is complete", type(err).__name__, err)
 
 
 def finished_results(path: Path) -> dict[str, Any] | None:
@@ -422,9 +430,9 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         results |= {**final_curves.results(), "maxent_probes": final_curves.info}
     write_checked_json(run_dir / RESULTS_FILE, results)
     write_checked_json(store / RESULTS_FILE, results)
-    if logger is not None:
-        log_results(logger, results, run_dir)
     discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
+    if logger is not None:
+        logging_never_fails(log_results, logger, results, run_dir)
     return results
 
 

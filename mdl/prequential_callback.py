@@ -104,7 +104,8 @@ class PrequentialCallback(L.Callback):
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
         if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger
-            for m in self.active:
+            final = max(self.members)  # finished blocks are re-logged by the driver (on_block); the final fit is not
+            for m in [m for m in self.members if m in self.active or m == final]:
                 state = self.members[m]
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
                     self.on_epoch(m, epoch, train, val)

@@ -125,9 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--status", choices=STATUSES, default=None)
     parser.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV")
     args = parser.parse_args(argv)
+    from hydra.errors import HydraException
+
     try:
         runs = list_runs(store_dir(args.overrides), args.where, args.status)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, HydraException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(format_table(runs))

@@ -87,6 +87,19 @@ def read_holder(store: Path) -> tuple[dict[str, Any] | None, float | None]:
         return None, None
 
 
+def _dead_here(holder: dict[str, Any]) -> bool:
+    """Whether the record's process ran on this host and no longer exists (its record is a leftover)."""
+    if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
+        return False
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class Heartbeat:
     """Touches the holder record every ``interval`` seconds from a daemon thread. A suspended
     process (SIGSTOP, Slurm's gang scheduling) stops its threads too, so the heartbeat ages."""
@@ -186,13 +199,20 @@ def run_lock(store: Path, lease_s: float = 300.0) -> Iterator[None]:
 def _wait_for(lock: FileLock, store: Path, lease_s: float) -> None:
     holder, _ = read_holder(store)
     log.warning("%s is running this config (%s); waiting for it to finish", describe_holder(holder), store / LOCK_FILE)
+    first_seen: dict[tuple, float] = {}  # record -> when this waiter first saw it
     while True:
         try:
             lock.acquire(timeout=min(lease_s / 4, 5.0))
             return
         except Timeout:
             holder, age = read_holder(store)
-            if age is not None and age > lease_s:
+            if holder is None or age is None:
+                continue
+            key = (holder.get("host"), holder.get("pid"), holder.get("started"))
+            # a record left by a killed holder is old before the live holder has written its own: age counts
+            # from when this waiter first saw the record, and a dead holder on this host is not blamed
+            age = min(age, time.monotonic() - first_seen.setdefault(key, time.monotonic()))
+            if age > lease_s and not _dead_here(holder):
                 raise StalledLockHolder(
                     f"the run in {store} is locked by {describe_holder(holder)}, whose heartbeat stopped {age:.0f} s "
                     f"ago (mdl.lock_lease_s={lease_s:g}): it is suspended (SIGSTOP, Slurm gang scheduling) or hung. "

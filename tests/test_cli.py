@@ -130,3 +130,18 @@ def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
                        cwd=tmp_path)
     assert stuck.returncode == 1 and "does NOT fit it" in stuck.stdout and "optimizer.lr" in stuck.stdout
     assert not list(tmp_path.rglob("results.json"))  # a check, not a run
+
+
+def test_debug_profile_runs_even_when_the_config_is_done(tmp_path: Path) -> None:
+    """The profiler is not part of a run's identity: debug=profile re-runs a finished config to profile it."""
+    first = run_launch(["debug=fast", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_launch(["debug=profile", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert again.returncode == 0 and list(tmp_path.glob("runs/*/*/profile/fit-profile.txt")), again.stderr[-2000:]
+
+
+def test_runs_listing_with_a_misspelled_override_is_one_message(capsys) -> None:
+    from mdl.runs import main as runs_main
+
+    assert runs_main(["paths.output_rot=/x"]) == 2
+    assert "error:" in capsys.readouterr().err

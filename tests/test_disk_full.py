@@ -117,3 +117,14 @@ def test_cache_on_a_real_full_disk_is_one_message(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr[-2000:]
     assert "erasure cache: cannot write to" in done.stderr and "the disk is full" in done.stderr
     assert "data.cache_dir=null" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_failing_logger_after_the_results_does_not_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The results are written and the checkpoints removed before the logger runs; its failure is logged only."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("W&B is down")
+
+    monkeypatch.setattr(experiment, "log_results", broken)
+    results = run_experiment(compose_config(STACKED, tmp_path), tmp_path / "run")
+    assert results["paper_mdl"] > 0 and (tmp_path / "run" / "results.json").exists()
+    assert not list((tmp_path / "store").glob("*/checkpoints/*.ckpt"))

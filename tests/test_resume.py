@@ -131,8 +131,8 @@ def block_series(run_dir: Path) -> dict[str, list[float]]:
     with open(run_dir / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
             for key, value in row.items():
-                if key.startswith("block") and key.endswith("/val_loss") and value:
-                    series.setdefault(key.split("/")[0], []).append(float(value))
+                if key.startswith(("block", "final/")) and key.endswith(("/val_loss", "/train_loss")) and value:
+                    series.setdefault(key, []).append(float(value))
     return series
 
 
@@ -157,7 +157,7 @@ def test_resumed_run_logs_every_block(engine: str, tmp_path: Path, monkeypatch) 
     settings = [*KILL_SETTINGS, "trainer.patience=2", f"mdl.engine={engine}"]
     saves = count_saves(compose_config(settings, tmp_path / "ref"), tmp_path / "ref" / "run", monkeypatch)
     reference = block_series(tmp_path / "ref" / "run")
-    assert len(reference) == 2  # blocks 0 and 1 (num_blocks=3: the final fit is not a block)
+    assert len(reference) == 6  # train and val loss of blocks 1 and 2 and of the final fit
 
     cfg = compose_config(settings, tmp_path / "kill")
     assert run_killed_after(cfg, tmp_path / "kill" / "a", saves - 1, monkeypatch)

@@ -85,3 +85,29 @@ def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
         holder.wait()
     assert done.returncode == 2, done.stderr[-2000:]
     assert "error: the run in" in done.stderr and f"pid {holder.pid}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_dead_holders_leftover_record_is_not_blamed(tmp_path: Path) -> None:
+    """A holder killed with SIGKILL leaves its record; while the live holder has not written its own yet, a
+    waiter must not stop naming the dead one (its record looks stale from the start)."""
+    import json
+
+    from filelock import FileLock
+
+    from mdl.storage import LOCK_FILE
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record = {"host": __import__("socket").gethostname(), "pid": dead.pid, "slurm_job": None, "started": 0.0}
+    (tmp_path / HOLDER_FILE).write_text(json.dumps(record))
+    os.utime(tmp_path / HOLDER_FILE, (time.time() - 3600, time.time() - 3600))  # an hour old
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import FileLock; "
+                               "l = FileLock(sys.argv[1]); l.acquire(); print('held', flush=True); time.sleep(3)",
+                               str(tmp_path / LOCK_FILE)], stdout=subprocess.PIPE, text=True)  # holds, writes no record
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with run_lock(tmp_path, lease_s=0.5):  # waits for the live holder instead of raising
+            assert FileLock  # the lock is ours now
+    finally:
+        holder.kill()
+        holder.wait()
