@@ -26,12 +26,11 @@ from mdl.checkpoints import RunCheckpointIO, resumable, run_identity
 from mdl.device import lightning_device_kwargs
 from mdl.codelength import check_paper_loss, heldout_block, online_codelength, paper_mdl, uniform_codelength
 from mdl.progress_display import EpochHook, FitProgress
-from mdl.results import BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
+from mdl.results import PROGRESS_FILE, BlockResult, DamagedRecord, code_version, read_checked_json, write_checked_json
 from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 
 log = logging.getLogger(__name__)
-PROGRESS_FILE = "progress.json"
 
 
 @dataclass

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from mdl.results import RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json
+from mdl.results import PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json
 
-PROGRESS_FILE = "progress.json"  # mdl/prequential.py's name; read here without importing the engine (torch)
 STATUSES = ("finished", "partial", "started")
 COLUMNS = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "engine", "paper_mdl", "code_version")
 
