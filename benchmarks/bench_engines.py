@@ -16,7 +16,7 @@ Part 2 trains one model on the full training set for ``--epochs`` epochs (no ear
 through a hand-written loop (the same batches, steps, schedule-free modes and per-epoch
 validation), through the sequential engine (``fit_prefix``: Lightning, the Classifier,
 ``mdl.steps_per_group`` steps per Lightning step, in-place validation, best-weight snapshots) and
-through the stacked engine's path with that one member (one fit, the PrequentialCallback
+through the stacked engine's path with that one member (one fit, the StackedProtocol
 validating in place), and prints the ratios. The stacked engine is also timed against a hand
 loop doing its identical work (the stacked model's batched kernels, the padded-batch loss), which
 separates the framework's overhead from the cost of the stacked form itself.
@@ -48,9 +48,10 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from mdl.experiment import (  # noqa: E402
     make_datamodule, make_model_factory, make_module_factory, make_optimizer, quiet_lightning, run_experiment, run_lr,
 )
-from mdl.prequential import fit_prefix, make_trainer  # noqa: E402
-from mdl.prequential_callback import PrequentialCallback  # noqa: E402
-from mdl.stacked import build_members  # noqa: E402
+from mdl.engine.fitting import make_trainer
+from mdl.engine.single_fit import fit_prefix  # noqa: E402
+from mdl.engine.stacked_fit import StackedProtocol  # noqa: E402
+from mdl.engine.stacked_fit import build_members  # noqa: E402
 from models.stacked_module import StackedClassifier  # noqa: E402
 
 
@@ -199,10 +200,10 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
 
 
 def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
-    """The stacked engine's path (one Trainer.fit, the PrequentialCallback) with the final model alone."""
+    """The stacked engine's path (one Trainer.fit, the StackedProtocol) with the final model alone."""
     loader = dm.stacked_train_loader([dm.num_train], steps_per_group)
     module = StackedClassifier(build_members(make_model, [0], dm.device), optimizer, lr)
-    protocol = PrequentialCallback(loader, dm.val_dataloader, lambda m: dm.test_dataloader(), 10**6, epochs, lr)
+    protocol = StackedProtocol(loader, dm.val_dataloader, lambda m: dm.test_dataloader(), 10**6, epochs, lr)
     trainer = make_trainer({**kwargs, "max_epochs": -1}, dm.device, [protocol], checkpointing=False)
     trainer.fit(module, train_dataloaders=loader)
 

@@ -111,7 +111,9 @@ class StackedBatches:
         transform: BatchTransform | None = None,
         steps_per_group: int = 1,
         class_balance: int | None = None,
+        member_ids: list[int] | None = None,
     ) -> None:
+        """``member_ids``: each prefix's member id (default 0, 1, ...), e.g. a run's block indices."""
         if any(not 0 < n <= x.shape[0] for n in prefixes):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
         if augment and x.ndim != 4:
@@ -125,8 +127,11 @@ class StackedBatches:
         def weights(n: int) -> Tensor | None:  # each member balances the classes of its own prefix
             return class_balanced_weights(y[:n], class_balance) if class_balance is not None else None
 
+        ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
+        if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
+            raise ValueError(f"member ids {ids} must name each of the {len(prefixes)} prefixes once")
         self.streams = {m: MemberStream(n, batch_size, seed, x.device, augment, pads, flip, weights(n))
-                        for m, n in enumerate(prefixes)}
+                        for m, n in zip(ids, prefixes)}
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
 
     @property

@@ -29,13 +29,12 @@ from mdl.device import training_device
 from mdl.codelength import check_paper_loss
 from mdl.final_fit_curves import FinalFitCurves
 from mdl.preemption import sigterm_guard
-from mdl.prequential import PROGRESS_FILE, run_prequential
-from mdl.stacked import run_prequential_stacked
+from mdl.engine import ModelRecipe, run_prequential
 from mdl.results import (
-    RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
+    PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, BlockResult, DamagedRecord, atomic_write_json, code_version, git_sha,
     read_checked_json, write_checked_json,
 )
-from mdl.identity import without_bookkeeping
+from mdl.identity import canonical_fit_mode, engine_name, members_per_fit, without_bookkeeping
 from mdl.run_logging import check_logger, live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
@@ -46,7 +45,6 @@ from models.precision import CompiledModel, check_compile, check_precision
 log = logging.getLogger(__name__)
 
 # Keys that say where or how a run is recorded or its data is fetched, not what it computes.
-ENGINES = ("stacked", "sequential")
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 def allocated_cpus() -> int:
     """The CPU threads a run trains with by default: the CPUs Slurm allocated to the task
@@ -94,6 +92,7 @@ def config_hash(cfg: DictConfig) -> str:
     if _trains_on_cpu(cfg):
         data["cpu_threads"] = training_threads(cfg)
     without_bookkeeping(data)  # mdl/identity.py: where and how, not what
+    canonical_fit_mode(data["mdl"])  # mdl.engine=stacked and mdl.members_per_fit=all: one run
     if not (data.get("probes") or {}).get("enabled", False):
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     for group, keys in OPTIONAL_KEYS.items():
@@ -144,8 +143,7 @@ def validate_config(cfg: DictConfig) -> None:
 
     if cfg.eraser.name not in available_erasers():
         raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
-    if cfg.mdl.engine not in ENGINES:
-        raise ValueError(f"unknown engine mdl.engine={cfg.mdl.engine!r}; choose one of {ENGINES}")
+    members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
     check_paper_loss(cfg.mdl.paper_loss)
     check_precision(cfg.trainer.precision)
     check_compile(cfg.trainer.compile)
@@ -384,32 +382,28 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
+    engine = engine_name(cfg.mdl)
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
-        key, cfg.mdl.engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
+        key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
     )
     on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
-    if cfg.mdl.engine == "stacked":
-        if t.compile or t.channels_last:
-            log.info("the stacked engine runs its members under vmap: trainer.compile and trainer.channels_last "
-                     "apply to the sequential engine only (mdl.engine=sequential)")
-        outcome = run_prequential_stacked(
-            dm, boundaries, make_model_factory(cfg, dm.num_classes, dm.input_shape), make_optimizer(cfg), run_lr(cfg),
-            t.precision, trainer_kwargs, t.patience, cfg.seed, store, on_block=on_block,
-            checkpoint_every_s=cfg.mdl.checkpoint_every_s, steps_per_group=cfg.mdl.steps_per_group,
-            loss=make_loss(cfg, dm.num_classes),
-            final_curves=final_curves, callbacks=precondition, paper_loss=cfg.mdl.paper_loss, on_epoch=on_epoch,
-        )
-    else:
-        outcome = run_prequential(
-            dm, boundaries, make_module_factory(cfg, dm.num_classes, dm.input_shape), trainer_kwargs, t.patience,
-            cfg.seed, store, on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
-            final_curves=final_curves, callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group,
-            paper_loss=cfg.mdl.paper_loss, on_epoch=on_epoch,
-        )
+    if engine != "sequential" and (t.compile or t.channels_last):
+        log.info("fits of several members run their stack under vmap: trainer.compile and trainer.channels_last "
+                 "apply to fits of one member only (mdl.members_per_fit=1)")
+    recipe = ModelRecipe(
+        make_module_factory(cfg, dm.num_classes, dm.input_shape), make_model_factory(cfg, dm.num_classes, dm.input_shape),
+        make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),
+    )
+    outcome = run_prequential(
+        dm, boundaries, recipe, trainer_kwargs, t.patience, cfg.seed, store, members_per_fit=members_per_fit(cfg.mdl),
+        on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s, final_curves=final_curves,
+        callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group, paper_loss=cfg.mdl.paper_loss,
+        on_epoch=on_epoch,
+    )
     warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
     if profiler is not None:
         show_profile(run_dir / "profile")
@@ -420,7 +414,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         "overrides": overrides,
         "git_sha": git_sha(),
         "code_version": code_version(),
-        "engine": cfg.mdl.engine,
+        "engine": engine,
+        "members_per_fit": members_per_fit(cfg.mdl) or "all",
         "device": str(device),
         "eraser_path": eraser_path,
         "data_diagnostics": dm.diagnostics,
@@ -448,8 +443,9 @@ def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
     is written next to the old one (a stacked fit holds every block's member in one file)."""
     model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
     parameters = sum(p.numel() for p in model.parameters())
-    members = cfg.mdl.num_blocks + 1 if cfg.mdl.engine == "stacked" else 1
-    largest = CHECKPOINT_BYTES_PER_PARAMETER[cfg.mdl.engine] * parameters * members + CHECKPOINT_OVERHEAD_BYTES
+    members = min(members_per_fit(cfg.mdl) or cfg.mdl.num_blocks, cfg.mdl.num_blocks)  # one member per boundary
+    per_parameter = CHECKPOINT_BYTES_PER_PARAMETER["sequential" if members == 1 else "stacked"]
+    largest = per_parameter * parameters * members + CHECKPOINT_OVERHEAD_BYTES
     return 2 * largest
 
 
@@ -509,6 +505,6 @@ def summary(results: dict[str, Any], path: Path) -> str:
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
         f"final val loss: {results['final_val_loss']:.4f} nats\n"
-        f"engine: {results.get('engine', 'sequential')} (mdl.engine)\n"
+        f"engine: {results.get('engine', 'sequential')} (mdl.members_per_fit, or mdl.engine naming it)\n"
         f"results: {path}"
     )

@@ -4,7 +4,7 @@ Used for the max-ent probes (datamodules/maxent_probes.py): the probe set next t
 validation split, so the report can plot one against the other over the final fit. One object
 serves both engines: in the sequential engine it is a Lightning callback of the final fit only
 (``on_validation_end``: after validation, with a schedule-free optimizer's evaluated weights in
-the model); in the stacked engine ``PrequentialCallback`` calls it for the final member with that
+the model); in the stacked engine ``StackedProtocol`` calls it for the final member with that
 member's evaluation weights at each of its epoch ends, and it also sits in the stacked Trainer's
 callbacks so its curves are saved in (and restored from) every checkpoint. Evaluation draws no
 random numbers and changes no state, so a run trains exactly as it would without it.
@@ -64,7 +64,7 @@ class FinalFitCurves(L.Callback):
             self._record(name, correct, None if loss is None else float(loss), count)
         pl_module.train(was_training)
 
-    # --- stacked engine: called by PrequentialCallback for the final member -------------------
+    # --- stacked engine: called by StackedProtocol for the final member -------------------
 
     def __call__(self, module: Any, weights: Weights) -> None:
         """``module`` a StackedClassifier, ``weights`` one member's evaluation weights (leading dim 1)."""

@@ -6,7 +6,8 @@ run names leave them out (mdl/run_logging.py). Hydra's job folder names leave th
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.
 
-Not among them: the resolved ``mdl.engine`` (the engines' numbers differ in the last bits), and on a CPU
+Not among them: how members are grouped into fits (``mdl.members_per_fit``, or ``mdl.engine`` naming it:
+the modes' numbers differ in the last bits; ``canonical_fit_mode`` writes it one way), and on a CPU
 the thread count (``cpu_threads`` is added to the identity: 1 and 2 threads reduce sums in other orders).
 """
 
@@ -41,3 +42,46 @@ def without_bookkeeping(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             node.pop(last, None)
     return config
+
+
+# --- how many members a fit trains: mdl.members_per_fit, and mdl.engine as a name for it ---------------
+
+ENGINES = {"stacked": None, "sequential": 1}  # mdl.engine: a name for mdl.members_per_fit (None = all)
+
+
+def members_per_fit(mdl: Any) -> int | None:
+    """``mdl.members_per_fit`` (``all`` or an integer >= 1), or, when it is null, what ``mdl.engine``
+    names; None means all members in one fit. ``mdl`` is the config's ``mdl`` node or a plain dict."""
+    value = mdl.get("members_per_fit")
+    if value is None:
+        engine = mdl.get("engine")
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine mdl.engine={engine!r}; choose one of {tuple(ENGINES)} "
+                             f"(or set mdl.members_per_fit=all|1|k)")
+        return ENGINES[engine]
+    if value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"mdl.members_per_fit={value!r}: must be all, or an integer >= 1 (1 = one model per fit, "
+                         f"as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked)")
+    return value
+
+
+def engine_name(mdl: Any) -> str:
+    """``stacked`` (all members in one fit), ``sequential`` (one per fit), or ``fits of k``."""
+    k = members_per_fit(mdl)
+    if k is None or k >= mdl["num_blocks"]:  # a run has num_blocks members (one per boundary; the last is the final fit)
+        return "stacked"
+    return "sequential" if k == 1 else f"fits of {k}"
+
+
+def canonical_fit_mode(mdl: dict[str, Any]) -> None:
+    """In a plain config dict's ``mdl`` (changed in place), say how members are grouped in one way, so a run
+    keeps its identity however it was asked for: ``mdl.engine=stacked`` and ``mdl.members_per_fit=all``
+    are the same run, and so are runs made before ``members_per_fit`` existed."""
+    k = members_per_fit(mdl)
+    name = engine_name(mdl)
+    mdl.pop("members_per_fit", None)
+    mdl["engine"] = "stacked" if name.startswith("fits of") else name
+    if name.startswith("fits of"):
+        mdl["members_per_fit"] = k

@@ -5,7 +5,7 @@ checkpoint, and a sweep that reports success. Instead, for the whole of a run (`
 
 - outside a fit (loading data, fitting the eraser, scoring a block) SIGTERM raises ``Preempted`` at
   once: every finished block is already in progress.json and cache writes are atomic;
-- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl/callbacks.py) the fit trains on to its
+- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl/engine/fitting.py) the fit trains on to its
   next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
 

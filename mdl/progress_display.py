@@ -86,7 +86,7 @@ class MemberProgress(L.Callback):
 
     def member_name(self, m: int) -> str:
         """1-based block numbers, as the log lines, CSV and W&B series ("block 3"); the last member is the final fit."""
-        return "final" if m == max(self.protocol.members) else f"block {m + 1}"
+        return "final" if m == self.protocol.final_member else f"block {m + 1}"
 
     def line(self) -> str:
         p = self.protocol
@@ -118,7 +118,7 @@ class FitProgress(L.Callback):
     """One model's fit (the sequential engine's block ``member`` or its final fit): every finished
     epoch goes to ``on_epoch`` as it happens (live logging), and a line is logged every ``interval``
     seconds with the epoch, the losses, the patience left and the time left, so a long ConvNeXt or
-    Swin fit is not silent between blocks. A Lightning callback after the protocol (mdl/callbacks.py
+    Swin fit is not silent between blocks. A Lightning callback after the protocol (mdl/engine/single_fit.py
     EpochProtocol); an epoch is complete once the module has recorded its training loss, which
     Lightning does after the callbacks' epoch-end hooks, so epochs are handed on at the next start."""
 
@@ -153,12 +153,13 @@ class FitProgress(L.Callback):
             self.last = now
 
     def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
-        from mdl.callbacks import EpochProtocol
+        from mdl.engine.single_fit import EpochProtocol
 
         protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
         per_epoch = (now - self.started) / max(epochs - self.first_epoch, 1)
-        best = f", best {protocol.best_val_loss:.4f}, {protocol.wait}/{self.patience} without improving" if protocol else ""
-        left = max(self.patience - (protocol.wait if protocol else 0), 1)
+        state = protocol.state if protocol else None
+        best = f", best {state.best_val_loss:.4f}, {state.wait}/{self.patience} without improving" if state else ""
+        left = max(self.patience - (state.wait if state else 0), 1)
         if self.max_epochs is not None:
             left = min(left, self.max_epochs - epochs)
         return (f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "

@@ -21,7 +21,7 @@ from datamodules.code_digest import source_digest
 
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
-PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/prequential.py write_progress)
+PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/engine/progress.py write_progress)
 
 
 @dataclass

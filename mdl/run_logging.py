@@ -22,7 +22,7 @@ from typing import Any, Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mdl.identity import is_bookkeeping
+from mdl.identity import engine_name, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         os.environ["WANDB_MODE"] = "offline"
     preset = preset_name()
     sweep = run_dir.parent
-    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{cfg.mdl.engine}"]
+    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}"]
     return {
         "group": cfg.logger.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
         "job_type": cfg.logger.job_type or cfg.eraser.name,

@@ -4,7 +4,7 @@ and what each engine does with them. One table, so the two engines cannot drift 
 The sequential engine trains one model per ``Trainer.fit``: settings that act on training steps
 make it take one optimizer step per Lightning step (Lightning's automatic optimization) instead of
 a group of them; settings of the validation loop or step limits are refused. The stacked engine
-trains every member in one fit under ``PrequentialCallback``'s own protocol, so it refuses all of
+trains every member in one fit under ``StackedProtocol``'s own protocol, so it refuses all of
 them, and ``min_epochs`` too (members stop on their own).
 """
 
@@ -25,7 +25,7 @@ NONE_IS_DEFAULT = frozenset({"gradient_clip_val", "limit_train_batches", "limit_
                              "min_steps", "min_epochs", "max_time"})
 
 VALIDATES = ("the prequential protocol validates every model at the end of each of its epochs on the whole validation "
-             "split (mdl/callbacks.py, EpochProtocol; mdl/prequential_callback.py); remove it")
+             "split (mdl/engine/protocol.py); remove it")
 STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
          "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, in the sequential engine, min_epochs)")
 STACKED = ("the stacked engine's members follow the prequential protocol (one step per member per global step, "

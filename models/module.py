@@ -9,7 +9,7 @@ Losses are accumulated on the model's device and read once per epoch: a ``float(
 would make the host wait for the GPU's queue to drain at every step. A training batch is either
 one (x, y) batch (Lightning's automatic optimization) or a ``BatchGroup`` of consecutive batches,
 each stepped here (manual optimization, models/manual_steps.py); the driver chooses
-(mdl/prequential.py) and sets ``automatic_optimization`` to match.
+(mdl/engine/single_fit.py) and sets ``automatic_optimization`` to match.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class Classifier(L.LightningModule):
         if not isinstance(batch, BatchGroup):
             return self.step_loss(*batch)
         if self.automatic_optimization:
-            raise RuntimeError("a BatchGroup is trained step by step: set automatic_optimization = False (mdl/prequential.py)")
+            raise RuntimeError("a BatchGroup is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)")
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
         return None
 
@@ -195,14 +195,7 @@ class Classifier(L.LightningModule):
         self.train_loss_curve.append(self._require_finite(self._epoch_mean("train"), "training"))
 
     def _require_finite(self, mean: float, what: str) -> float:
-        """Stop a diverged fit with the learning rate in the message (not a NaN in results.json)."""
-        if not math.isfinite(mean):
-            raise FloatingPointError(
-                f"training diverged: the mean {what} loss of epoch {self.current_epoch} is {mean} with learning rate "
-                f"{self.lr:g} (optimizer.lr, whose default is data.lr, scaled for depth); lower it, e.g. "
-                f"optimizer.lr={self.lr / 10:g}"
-            )
-        return mean
+        return require_finite(mean, what, f"epoch {self.current_epoch}", self.lr)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -218,7 +211,7 @@ class Classifier(L.LightningModule):
     @torch.no_grad()
     def validate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
         """A validation pass outside Lightning's loop (the sequential engine validates in place,
-        mdl/callbacks.py): the same steps, modes and numbers; returns the mean loss (nats)."""
+        mdl/engine/single_fit.py): the same steps, modes and numbers; returns the mean loss (nats)."""
         self._set_mode(train=False)
         was_training = self.training
         self.eval()
@@ -232,6 +225,17 @@ class Classifier(L.LightningModule):
         mean = self._require_finite(self._epoch_mean("val"), "validation")
         self.val_loss_curve.append(mean)
         return mean
+
+
+def require_finite(mean: float, what: str, where: str, lr: float) -> float:
+    """Stop a diverged fit with the learning rate in the message (not a NaN in results.json); every
+    engine's check (mdl/engine/protocol.py)."""
+    if not math.isfinite(mean):
+        raise FloatingPointError(
+            f"training diverged: {where} has mean {what} loss {mean} with learning rate {lr:g} (optimizer.lr, whose "
+            f"default is data.lr, scaled for depth); lower it, e.g. optimizer.lr={lr / 10:g}"
+        )
+    return mean
 
 
 def module_device(module: nn.Module) -> torch.device | None:

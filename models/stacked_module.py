@@ -35,7 +35,7 @@ from models.stacking import StackedModel
 class StackedClassifier(L.LightningModule):
     def __init__(
         self, stack: StackedModel, optimizer: OptimizerFactory, lr: float, precision: str = "fp32",
-        loss: SpectralDecoupling | None = None,
+        loss: SpectralDecoupling | None = None, member_ids: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.loss_regulariser = loss  # enters the training objective only (models/losses.py)
@@ -43,7 +43,10 @@ class StackedClassifier(L.LightningModule):
         self.optimizer_factory = optimizer
         self.lr = lr
         self.precision = check_precision(precision)
-        self.members: list[int] = list(range(stack.num_members))  # member id of each stack row
+        # member id of each stack row (e.g. a run's block indices; default 0, 1, ...)
+        self.members: list[int] = list(range(stack.num_members)) if member_ids is None else list(member_ids)
+        if len(self.members) != stack.num_members:
+            raise ValueError(f"{len(self.members)} member ids for a stack of {stack.num_members}")
         self.train_sums = torch.zeros(stack.num_members, dtype=torch.float64)  # this epoch's loss sums per row
         self.automatic_optimization = False  # training_step steps the optimizer once per step of its group
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start

@@ -110,7 +110,7 @@ def test_training_step_reads_nothing_back_to_the_host() -> None:
 
 
 def test_an_epochs_training_and_validation_losses_are_read_in_one_go() -> None:
-    """The sequential engine validates at each epoch's end (mdl/callbacks.py): one read of the
+    """The sequential engine validates at each epoch's end (mdl/engine/single_fit.py): one read of the
     device brings both sums to the host, so a GPU's queue stalls once per epoch."""
     module = _classifier()
     x, y = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
@@ -183,7 +183,7 @@ def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
     global one (placement is what is checked)."""
     from datamodules import loader, stacked_batches
     from datamodules.loader import BatchGroup
-    from mdl.stacked import build_members
+    from mdl.engine.stacked_fit import build_members
     from models.stacked_module import StackedClassifier
 
     monkeypatch.setattr(loader, "epoch_generator", lambda seed, epoch, device: None)

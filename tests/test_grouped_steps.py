@@ -212,7 +212,7 @@ def test_in_place_early_stopping_follows_lightnings_rule() -> None:
 
     from lightning.pytorch.callbacks import EarlyStopping
 
-    from mdl.callbacks import EpochProtocol
+    from mdl.engine.single_fit import EpochProtocol
 
     class Scripted(torch.nn.Module):
         def __init__(self, losses: list[float]) -> None:

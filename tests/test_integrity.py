@@ -67,7 +67,7 @@ def test_progress_made_by_other_code_is_not_resumed(reference, tmp_path, monkeyp
     cfg = compose_config(SETTINGS, tmp_path)
     saves = reference["blocks"][0]["epochs"] + 1
     with monkeypatch.context() as m:
-        m.setattr("mdl.prequential.code_version", lambda: "0ldc0de")
+        m.setattr("mdl.engine.progress.code_version", lambda: "0ldc0de")
         assert run_killed_after(cfg, tmp_path / "a", saves, monkeypatch)
     with caplog.at_level(logging.WARNING):
         results = run_experiment(cfg, tmp_path / "b")
@@ -77,7 +77,7 @@ def test_progress_made_by_other_code_is_not_resumed(reference, tmp_path, monkeyp
 
 def _killed_in_block_0_by_other_code(cfg, run_dir: Path, monkeypatch) -> None:
     with monkeypatch.context() as m:
-        m.setattr("mdl.prequential.code_version", lambda: "0ldc0de")
+        m.setattr("mdl.engine.progress.code_version", lambda: "0ldc0de")
         m.setattr("mdl.results.code_version", lambda: "0ldc0de")
         assert run_killed_after(cfg, run_dir, 1, monkeypatch)  # inside block 0: nothing finished yet
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from conftest import FAST, compose_config
-from mdl.callbacks import EpochProtocol
+from mdl.engine.single_fit import EpochProtocol
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
 from mdl.experiment import run_experiment, summary
 
@@ -94,7 +94,7 @@ def test_untrained_candidate_is_kept_and_restored_when_no_epoch_beats_it() -> No
     module, trainer = Module(), Trainer()
     protocol = EpochProtocol(lambda: [], patience=3, device="cpu", untrained_candidate=True)
     protocol.on_train_start(trainer, module)
-    assert module.val_loss_curve == [] and protocol.initial_val_loss == 1.0 and protocol.best_epoch == -1
+    assert module.val_loss_curve == [] and protocol.state.initial_val_loss == 1.0 and protocol.best_epoch == -1
     for epoch in range(3):
         with torch.no_grad():
             module.weight.fill_(epoch + 1.0)
@@ -105,4 +105,4 @@ def test_untrained_candidate_is_kept_and_restored_when_no_epoch_beats_it() -> No
     resumed = EpochProtocol(lambda: [], patience=3, device="cpu", untrained_candidate=True)
     resumed.load_state_dict(protocol.state_dict())
     resumed.on_train_start(trainer, module)  # would raise StopIteration if it validated again
-    assert resumed.initial_val_loss == 1.0
+    assert resumed.state.initial_val_loss == 1.0

@@ -11,13 +11,13 @@ import torch
 from rich.console import Console
 
 from datamodules.stacked_batches import StackedBatches
-from mdl.prequential_callback import PrequentialCallback
+from mdl.engine.stacked_fit import StackedProtocol
 from mdl.progress_display import MemberProgress
 
 
-def _protocol(patience: int = 5) -> PrequentialCallback:
+def _protocol(patience: int = 5) -> StackedProtocol:
     loader = StackedBatches(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long), [20, 50, 100], batch_size=10)
-    protocol = PrequentialCallback(loader, lambda: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
+    protocol = StackedProtocol(loader, lambda: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
     protocol.members[1].epoch, protocol.members[1].best_score, protocol.members[1].wait = 7, 0.4321, 2
     return protocol
 
@@ -95,11 +95,11 @@ def test_one_model_fit_logs_a_progress_line(caplog) -> None:
     """The sequential engine's fits (ConvNeXt, Swin) are not silent between blocks."""
     from types import SimpleNamespace
 
-    from mdl.callbacks import EpochProtocol
+    from mdl.engine.single_fit import EpochProtocol
     from mdl.progress_display import FitProgress
 
     protocol = EpochProtocol(lambda: [], patience=10, device="cpu")
-    protocol.best_val_loss, protocol.wait = 0.5, 3
+    protocol.state.best_val_loss, protocol.state.wait = 0.5, 3
     module = SimpleNamespace(train_loss_curve=[], val_loss_curve=[])
     trainer = SimpleNamespace(callbacks=[protocol])
     seen: list = []

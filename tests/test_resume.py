@@ -66,7 +66,7 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
 import pytest  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
-from mdl.callbacks import SaveLastCheckpoint  # noqa: E402
+from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
 from mdl.experiment import run_experiment  # noqa: E402
 
 KILL_SETTINGS = ["mdl.engine=sequential", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=25", "mdl.num_blocks=3", "data.first_block=100", "width=32", "model.base_width=32"]

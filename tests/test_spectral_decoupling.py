@@ -294,12 +294,12 @@ def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path:
 def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: Path, monkeypatch, engine: str) -> None:
     """Capture each block's scored (best) weights; its recorded validation loss and code length
     are the plain cross-entropy of those weights, not the regularised objective (which differs)."""
-    import mdl.prequential
-    from mdl.prequential_callback import PrequentialCallback
+    import mdl.engine.single_fit
+    from mdl.engine.stacked_fit import StackedProtocol
 
     scored: dict[int, dict[str, Tensor]] = {}  # member (block index; the final fit last) -> scored weights
     if engine == "sequential":
-        original_bits = mdl.prequential.total_bits
+        original_bits = mdl.engine.single_fit.total_bits
 
         def remember(model, batches):  # a block's model scores its next block and the held-out last block
             weights = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
@@ -308,16 +308,16 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
                 scored[len(scored)] = weights
             return original_bits(model, batches)
 
-        monkeypatch.setattr(mdl.prequential, "total_bits", remember)
+        monkeypatch.setattr(mdl.engine.single_fit, "total_bits", remember)
     else:
-        original_finish = PrequentialCallback._finish
+        original_finish = StackedProtocol._finish
 
         def remember(self, module, stopping):
             for m in stopping:
                 scored[m] = {k: v.clone() for k, v in self.best[m].items()}
             original_finish(self, module, stopping)
 
-        monkeypatch.setattr(PrequentialCallback, "_finish", remember)
+        monkeypatch.setattr(StackedProtocol, "_finish", remember)
     settings = [*FAST, *SD_RUN, "loss.lambda=1.0", f"mdl.engine={engine}", "eraser=none", "trainer.kwargs.max_epochs=6",
                 "trainer.patience=6", "mdl.checkpoint_every_s=0"]
     cfg = compose_config(settings, tmp_path)

@@ -17,8 +17,9 @@ from conftest import FAST, RecordOps, compose_config, host_reads, assert_members
 from datamodules.loader import DeviceBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches
 from mdl.experiment import make_model_factory, make_module_factory, run_experiment
-from mdl.prequential_callback import PrequentialCallback
-from mdl.stacked import build_members, member_seeds
+from mdl.engine.stacked_fit import StackedProtocol
+from mdl.engine.protocol import member_seeds
+from mdl.engine.stacked_fit import build_members
 from mdl.trainer_settings import refuse_for_stacked
 from models import Classifier, create_model
 from models.stacked_module import StackedClassifier
@@ -179,14 +180,14 @@ def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> Non
 
 def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_path: Path, monkeypatch) -> None:
     scored: dict[int, dict] = {}
-    original = PrequentialCallback._finish
+    original = StackedProtocol._finish
 
     def remember(self, module, stopping):
         for m in stopping:
             scored[m] = {"best": {k: v.clone() for k, v in self.best[m].items()}, "epoch": self.members[m].best_epoch}
         original(self, module, stopping)
 
-    monkeypatch.setattr(PrequentialCallback, "_finish", remember)
+    monkeypatch.setattr(StackedProtocol, "_finish", remember)
     cfg = compose_config([*STACKED, "trainer.kwargs.max_epochs=40", "trainer.patience=3"], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     blocks = results["blocks"]
@@ -415,14 +416,14 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     """On a GPU each read stalls the queue; the members whose epoch ends at a step share one read
     (training means and validation means together). Members of 32 and 64 examples, batches of 16,
     4 epochs each: epochs end after steps 2, 4 (both), 6, 8 (both), 12 and 16: 6 reads for 8 ends."""
-    from mdl.prequential import make_trainer
+    from mdl.engine.fitting import make_trainer
 
     x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 10, (96,))
     loader = StackedBatches(x, y, [32, 64], 16, steps_per_group=4)
     models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
     module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
     val = DeviceBatches(x[64:], y[64:], 32)
-    protocol = PrequentialCallback(loader, lambda: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
+    protocol = StackedProtocol(loader, lambda: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
     reads = []
     end_epochs = protocol._end_epochs
 

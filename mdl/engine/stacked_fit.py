@@ -1,70 +1,43 @@
-"""The prequential protocol for a stack of members trained in one ``Trainer.fit``.
+"""A fit of several members at once: one ``Trainer.fit`` of their stacked model.
 
 Member m trains on the first n_m examples. Its epoch is one pass over its prefix
-(ceil(n_m / batch) global steps). At the end of each of its epochs the callback validates it
-(with its evaluation weights), keeps its best weights, and stops it after ``patience`` epochs
-without improvement (Lightning's EarlyStopping rule, on the float32 mean it would compare) or
-at ``max_epochs`` (None: 1000, as Lightning). A stopped member scores what it must with its best weights in float64 bits
-(the next block, or the test split for the final model; and ``heldout_batches``, the chunk the
-paper MDL's ``last_block`` estimate scores every prefix model on), leaves the stack and is reported
-to ``on_finish``. The fit ends when no member is left. With ``untrained_candidate`` every member is
-also validated before its first step and its untrained weights are a candidate, as the sequential
-engine's ``EpochProtocol`` does.
+(ceil(n_m / batch) global steps). At the end of each of its epochs ``StackedProtocol`` validates
+it (with its evaluation weights) and applies the member's protocol (mdl/engine/protocol.py). A
+stopped member scores what it must with its best weights in float64 bits (its next block, or the
+test split for the final member, and the held-out last block), leaves the stack and is reported
+to ``on_finish``. The fit ends when no member is left. Each member is initialised exactly as a
+fit of one member would initialise it (same seed, same builder) and draws its own batches from
+its own prefix (datamodules/stacked_batches.py). The whole stacked state is checkpointed at the
+end of every pass over the longest prefix, so a killed fit resumes bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import lightning as L
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from datamodules.stacked_batches import StackedBatches
-from mdl.callbacks import stopping_score
+from mdl.engine.protocol import MemberOutcome, MemberState, max_epochs_of, require_finite
+from mdl.progress_display import EpochHook
 from models.stacked_module import StackedClassifier
+from models.stacking import StackedModel
 
 
-@dataclass
-class MemberState:
-    """What the protocol knows of one member (saved in every checkpoint)."""
-
-    member: int
-    n_train: int
-    steps_per_epoch: int
-    epoch: int = 0  # epochs finished
-    step: int = 0  # steps into the current epoch
-    best_score: float = math.inf  # float32-rounded, as EarlyStopping compares
-    best_epoch: int = -1  # 0-based index of the best epoch; -1 = none yet, or the untrained model
-    best_val_loss: float = math.nan  # its mean validation loss (nats, float64)
-    initial_val_loss: float | None = None  # the untrained model's, when it is a candidate
-    wait: int = 0
-    val_loss_curve: list[float] = field(default_factory=list)
-    train_loss_curve: list[float] = field(default_factory=list)
-    finished_at: float | None = None
+def build_members(make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device) -> StackedModel:
+    """The members' models, each built under its own seed as a fit of one member builds it, stacked."""
+    members = []
+    for s in seeds:
+        L.seed_everything(s, verbose=False)
+        members.append(make_model().to(device))
+    return StackedModel(members)
 
 
-@dataclass
-class MemberOutcome:
-    """A stopped member: its curves, best epoch and the bits it paid for its scoring batches."""
-
-    member: int
-    n_train: int
-    epochs: int
-    best_val_loss: float  # nats, float64
-    best_epoch: int  # 0-based index of the kept epoch; -1 = the untrained model
-    scored_bits: float
-    scored_count: int
-    heldout_bits: float
-    heldout_count: int
-    val_loss_curve: list[float]
-    train_loss_curve: list[float]
-
-
-class PrequentialCallback(L.Callback):
+class StackedProtocol(L.Callback):
     def __init__(
         self,
         loader: StackedBatches,
@@ -77,21 +50,23 @@ class PrequentialCallback(L.Callback):
         on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] | None = None,
         heldout_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]] | None] = lambda m: None,
         untrained_candidate: bool = False,
-        on_epoch: Callable[[int, int, float, float], None] | None = None,
+        on_epoch: EpochHook | None = None,
+        final_member: int | None = -1,
     ) -> None:
         self.loader = loader
         self.on_epoch = on_epoch  # (member, epoch from 0, train loss, val loss) at each member's epoch end: live logging
         self.val_batches, self.score_batches = val_batches, score_batches
         self.heldout_batches = heldout_batches  # member -> its held-out chunk, or None: the same as score_batches
         self.untrained_candidate = untrained_candidate
-        # as Lightning: max_epochs None means 1000, -1 means no limit
-        self.patience, self.max_epochs = patience, (1000 if max_epochs is None else max_epochs if max_epochs > 0 else None)
+        self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
         self.lr = lr
         self.on_finish = on_finish
         # member -> called at each of its epoch ends, after validation, with its evaluation weights
         # (leading dimension 1); e.g. the final member's max-ent probe curves (mdl/final_fit_curves.py)
         self.on_member_epoch = dict(on_member_epoch or {})
         self.members = {m: MemberState(m, s.n, s.steps_per_epoch) for m, s in loader.streams.items()}
+        # the run's final fit, if it is in this stack (-1: the last member; None: not here)
+        self.final_member = max(self.members) if final_member == -1 else final_member
         self.best: dict[int, dict[str, Tensor]] = {}  # member -> its best epoch's weights
         self.outcomes: dict[int, MemberOutcome] = {}
         self.started = time.monotonic()
@@ -104,8 +79,8 @@ class PrequentialCallback(L.Callback):
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
         if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger
-            final = max(self.members)  # finished blocks are re-logged by the driver (on_block); the final fit is not
-            for m in [m for m in self.members if m in self.active or m == final]:
+            # finished blocks are re-logged by the driver (on_block); the final fit is not
+            for m in [m for m in self.members if m in self.active or m == self.final_member]:
                 state = self.members[m]
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
                     self.on_epoch(m, epoch, train, val)
@@ -122,11 +97,11 @@ class PrequentialCallback(L.Callback):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
             state.initial_val_loss = mean
-            self._keep(m, state, stopping_score(mean), mean, weights, j, len(members), epoch=-1)
+            state.judge(mean, epoch=-1)
+            self._keep(m, weights, j, len(members))
 
-    def _keep(self, m: int, state: MemberState, score: float, mean: float, weights: Any, j: int, rows: int, epoch: int) -> None:
+    def _keep(self, m: int, weights: Any, j: int, rows: int) -> None:
         """Member m's candidate (row j of ``rows`` evaluated together) is its best so far."""
-        state.best_score, state.best_val_loss, state.best_epoch, state.wait = score, mean, epoch, 0
         # eval_weights made fresh tensors: one member's row is kept as is, shared rows are copied
         self.best[m] = {n: t[j] if rows == 1 else t[j].clone() for n, t in (weights[0] | weights[1]).items()}
 
@@ -150,7 +125,7 @@ class PrequentialCallback(L.Callback):
         """Validate the members that finished an epoch; return those that stop now."""
         rows = [module.members.index(m) for m in ended]
         weights = module.eval_weights(rows)
-        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)  # as the sequential engine validates
+        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)  # as a single fit validates
         train_sums, val_means = torch.stack([module.take_train_sums(rows), val_sums / max(count, 1)]).tolist()  # the one read
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
@@ -165,13 +140,10 @@ class PrequentialCallback(L.Callback):
             if m in self.on_member_epoch:
                 self.on_member_epoch[m](module, ({n: t[j : j + 1] for n, t in weights[0].items()},
                                                  {n: t[j : j + 1] for n, t in weights[1].items()}))
-            score = stopping_score(val_means[j])
-            out_of_patience = False
-            if score < state.best_score:
-                self._keep(m, state, score, val_means[j], weights, j, len(ended), epoch=state.epoch - 1)
-            else:  # as Lightning's EarlyStopping: only an epoch without improvement can run out of patience
-                state.wait += 1
-                out_of_patience = state.wait >= self.patience
+            improved = state.judge(val_means[j], epoch=state.epoch - 1)
+            if improved:
+                self._keep(m, weights, j, len(ended))
+            out_of_patience = not improved and state.out_of_patience(self.patience)
             if out_of_patience or (self.max_epochs is not None and state.epoch >= self.max_epochs):
                 stopping.append(m)
         return stopping
@@ -206,12 +178,7 @@ class PrequentialCallback(L.Callback):
         module.remove(stopping)
 
     def _require_finite(self, mean: float, what: str, state: MemberState) -> None:
-        if not math.isfinite(mean):
-            raise FloatingPointError(
-                f"training diverged: member {state.member} (prefix {state.n_train}) has mean {what} loss {mean} in "
-                f"epoch {state.epoch - 1} with learning rate {self.lr:g} (optimizer.lr, whose default is data.lr, "
-                f"scaled for depth); lower it, e.g. optimizer.lr={self.lr / 10:g}"
-            )
+        require_finite(mean, what, f"member {state.member} (prefix {state.n_train}) in epoch {state.epoch - 1}", self.lr)
 
     # --- checkpoints --------------------------------------------------------------------------
 

@@ -1,0 +1,269 @@
+"""The prequential driver: S members, trained in fits of ``members_per_fit``, one protocol.
+
+For boundaries t_1 < ... < t_S = N, member i < S - 1 is a fresh model fit on train[:t_i] (early
+stopping on the validation split, best weights kept) and scored on train[t_i:t_{i+1}]; the last
+member is the final fit on all N examples. Members are trained in order, ``members_per_fit`` at a
+time: a fit of one member trains the plain model (mdl/engine/single_fit.py), a fit of several
+trains their stacked form (mdl/engine/stacked_fit.py); either way each member follows the same
+protocol (mdl/engine/protocol.py) from the same seed. ``members_per_fit`` None (``all``) is the
+former stacked engine, 1 the former sequential one, with the same numbers to the bit.
+
+Finished blocks are recorded in ``progress.json`` as they finish; a re-launched job skips the fits
+whose blocks are all recorded and resumes a fit in progress from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import lightning as L
+from torch import nn
+
+from datamodules.datamodule import ErasedDataModule
+from mdl.checkpoints import resumable, run_identity
+from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
+from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
+from mdl.engine.progress import finished_blocks, write_progress
+from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds, scoring_ranges
+from mdl.engine.single_fit import fit_one_member, fit_prefix
+from mdl.engine.stacked_fit import StackedProtocol, build_members
+from mdl.progress_display import EpochHook, FitProgress, MemberProgress
+from mdl.results import PROGRESS_FILE, BlockResult
+from mdl.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
+from models.losses import SpectralDecoupling
+from models.module import Classifier, OptimizerFactory
+from models.stacked_module import StackedClassifier
+
+log = logging.getLogger(__name__)
+BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
+
+
+@dataclass
+class ModelRecipe:
+    """How to build a member: as a LightningModule of its own (a fit of one member; compile and
+    channels_last applied there) or as a bare model to stack, with the optimizer, lr, precision
+    and training loss the stacked module then needs."""
+
+    make_module: Callable[[], Classifier]
+    make_model: Callable[[], nn.Module]
+    optimizer: OptimizerFactory
+    lr: float
+    precision: str = "fp32"
+    loss: SpectralDecoupling | None = None
+
+
+@dataclass
+class FitSettings:
+    """What every fit of a run shares."""
+
+    trainer_kwargs: dict[str, Any]
+    patience: int
+    checkpoint_every_s: float = 0.0
+    steps_per_group: int = 1
+    untrained_candidate: bool = True
+    callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models/preconditioning.py)
+    final_curves: Any = None  # a callback of the final member only (mdl/final_fit_curves.py)
+    on_epoch: EpochHook | None = None
+    identity: str = ""
+
+
+def run_prequential(
+    dm: ErasedDataModule,
+    boundaries: Sequence[int],
+    recipe: ModelRecipe,
+    trainer_kwargs: dict[str, Any],
+    patience: int,
+    seed: int,
+    run_dir: str | Path,
+    members_per_fit: int | None = None,
+    on_block: BlockHook | None = None,
+    checkpoint_every_s: float = 0.0,
+    final_curves: Any = None,
+    callbacks: Sequence[L.Callback] = (),
+    steps_per_group: int = 1,
+    paper_loss: str = "last_block",
+    on_epoch: EpochHook | None = None,
+) -> dict[str, Any]:
+    """Train every member (resuming from ``run_dir``) and return the results.json fields.
+    ``members_per_fit``: None = all in one fit. ``paper_loss`` (mdl/codelength.py PAPER_LOSSES) picks the
+    paper MDL's L(c_i); with ``last_block`` every member also has its untrained weights as a candidate."""
+    run_dir = Path(run_dir)
+    if boundaries[-1] != dm.num_train:
+        raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {dm.num_train} training examples")
+    fits = fits_of(len(boundaries), members_per_fit)
+    check_trainer_settings(trainer_kwargs, fits, steps_per_group)
+    settings = FitSettings(trainer_kwargs, patience, checkpoint_every_s, steps_per_group,
+                           check_paper_loss(paper_loss) == "last_block", callbacks, final_curves, on_epoch,
+                           run_identity(run_dir))
+    progress_path = run_dir / PROGRESS_FILE
+    recorded = finished_blocks(progress_path, boundaries)  # a stale attempt (other schedule or code) is discarded here
+    if not progress_path.exists():  # from the start, so a later attempt by other code knows not to resume this one
+        write_progress(progress_path, boundaries, {})
+    final = len(boundaries) - 1
+    skipped = [f for f in fits if final not in f and all(m in recorded for m in f)]
+    if skipped and on_block is not None:  # a resumed run's logger is new: give it the series of the blocks done before
+        log.info("resuming: logging the %d block(s) finished before the interruption again", sum(map(len, skipped)))
+        for m in sorted(m for f in skipped for m in f):
+            on_block(m, BlockResult(**recorded[m]), True)  # restored: with its curves
+
+    def record(outcome: MemberOutcome, seconds: float | None = None) -> None:
+        """A member finished in this process: its block into progress.json, a log line, the loggers."""
+        log_member(outcome, len(boundaries) - 1, seconds)
+        if outcome.member == final:
+            return
+        block = outcome.block()
+        recorded[outcome.member] = block.to_dict()
+        write_progress(progress_path, boundaries, recorded)
+        if on_block is not None:
+            on_block(outcome.member, block)
+
+    seeds = member_seeds(seed, len(boundaries))
+    outcomes: dict[int, MemberOutcome] = {}
+    for members in fits:
+        if members in skipped:
+            continue
+        if len(members) == 1:
+            outcomes |= run_single_fit(dm, boundaries, members[0], seeds[members[0]], recipe, settings, run_dir, record)
+        else:
+            outcomes |= run_stacked_fit(dm, boundaries, members, seeds, recipe, settings, run_dir, record, on_block,
+                                        keep_checkpoint=final in members)
+        missing = [m for m in members if m != final and m not in recorded]
+        if missing:  # finished before an interruption (restored from the checkpoint) but not in progress.json
+            recorded |= {m: outcomes[m].block().to_dict() for m in missing}
+            write_progress(progress_path, boundaries, recorded)
+    blocks = [BlockResult(**recorded[m]) for m in range(final)]
+    return prequential_results(boundaries, dm.num_classes, blocks, outcomes[final], paper_loss)
+
+
+def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[int]], steps_per_group: int) -> None:
+    """Refuse what a fit of several members cannot honour; say when single fits take one step per Lightning step."""
+    if any(len(f) > 1 for f in fits):
+        refuse_for_stacked(trainer_kwargs)
+    else:
+        refuse_for_sequential(trainer_kwargs)
+    single_steps = settings_needing_single_steps(trainer_kwargs)
+    if single_steps and steps_per_group > 1:
+        log.info("trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
+                 single_steps[0], steps_per_group)
+
+
+def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None) -> None:
+    if outcome.member == num_blocks:
+        log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", outcome.n_train, outcome.epochs,
+                 outcome.best_val_loss)
+        return
+    block = outcome.block()
+    took = f", {seconds:.1f}s" if seconds is not None else ""
+    log.info(
+        "block %d/%d: trained on %d, %d epochs (best after %d)%s | next %d examples: %.3f bits/example, "
+        "val %.3f bits, last block %.3f bits", outcome.member + 1, num_blocks, block.n_train, block.epochs,
+        block.best_after_epochs, took, block.n_eval, block.eval_bits / block.n_eval, block.val_bits_per_example,
+        block.heldout_bits_per_example,
+    )
+
+
+def run_single_fit(
+    dm: ErasedDataModule, boundaries: Sequence[int], member: int, seed: int, recipe: ModelRecipe,
+    settings: FitSettings, run_dir: Path, record: Callable[..., None],
+) -> dict[int, MemberOutcome]:
+    """One member in a fit of its own (checkpoint ``block<i>.ckpt`` / ``final.ckpt``, removed once recorded)."""
+    num_blocks = len(boundaries) - 1
+    is_final = member == num_blocks
+    name = "final fit" if is_final else f"block {member + 1}/{num_blocks}"
+    ckpt = run_dir / "checkpoints" / ("final.ckpt" if is_final else f"block{member:02d}.ckpt")
+    progress = FitProgress(member, name, settings.patience, settings.trainer_kwargs.get("max_epochs"), settings.on_epoch)
+    extra = [*settings.callbacks, *([settings.final_curves] if is_final and settings.final_curves is not None else []),
+             progress]
+    fit = partial(fit_prefix, dm, make_module=recipe.make_module, trainer_kwargs=settings.trainer_kwargs,
+                  patience=settings.patience, checkpoint=ckpt, checkpoint_every_s=settings.checkpoint_every_s,
+                  extra_callbacks=extra, steps_per_group=settings.steps_per_group,
+                  untrained_candidate=settings.untrained_candidate, identity=settings.identity, member=member)
+    outcome, seconds = fit_one_member(dm, boundaries, member, seed, fit)
+    record(outcome, seconds)
+    if not is_final:  # the final fit's checkpoint stays until the results are written (experiment.discard_resume_state)
+        ckpt.unlink(missing_ok=True)
+    return {member: outcome}
+
+
+def run_stacked_fit(
+    dm: ErasedDataModule, boundaries: Sequence[int], members: list[int], seeds: Sequence[int], recipe: ModelRecipe,
+    settings: FitSettings, run_dir: Path, record: Callable[..., None], on_block: BlockHook | None, keep_checkpoint: bool,
+) -> dict[int, MemberOutcome]:
+    """Several members in one fit of their stack. The stacked state is checkpointed at the end of a pass
+    over the longest prefix, at most once every ``checkpoint_every_s`` seconds (0: every pass)."""
+    num_blocks = len(boundaries) - 1
+    prefixes = [boundaries[m] if m < num_blocks else dm.num_train for m in members]
+    loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members)
+    module = StackedClassifier(build_members(recipe.make_model, [seeds[m] for m in members], dm.device),
+                               recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members)
+    logged: set[int] = set()  # blocks given to on_block by this process
+
+    def on_finish(outcome: MemberOutcome) -> None:
+        record(outcome)
+        logged.add(outcome.member)
+
+    def batches(member: int, which: int):
+        ranges = scoring_ranges(boundaries, member)
+        if ranges[which] is None:
+            return (dm.test_dataloader() if which == 0 else None)
+        return dm.eval_loader(*ranges[which])
+
+    final_curves = settings.final_curves if num_blocks in members else None
+    protocol = StackedProtocol(
+        loader, dm.val_dataloader, partial(batches, which=0), settings.patience,
+        settings.trainer_kwargs.get("max_epochs"), recipe.lr, on_finish=on_finish,
+        on_member_epoch={num_blocks: final_curves} if final_curves is not None else None,
+        heldout_batches=partial(batches, which=1), untrained_candidate=settings.untrained_candidate,
+        on_epoch=settings.on_epoch, final_member=num_blocks if num_blocks in members else None,
+    )
+    name = "stacked.ckpt" if len(members) == num_blocks + 1 else f"members{members[0]:02d}-{members[-1]:02d}.ckpt"
+    checkpoint = run_dir / "checkpoints" / name
+    callbacks = [protocol, MemberProgress(protocol), *settings.callbacks, SaveLastCheckpoint(checkpoint, settings.checkpoint_every_s)]
+    if final_curves is not None:  # in the Trainer only for its state in the checkpoints
+        callbacks.insert(2, final_curves)
+    kwargs = {**settings.trainer_kwargs, "max_epochs": -1}  # the protocol stops each member and then the fit
+    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, identity=settings.identity)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, settings.identity))
+    restored = [m for m in members if m < num_blocks and m not in logged]
+    if restored and on_block is not None:  # finished before an interruption: this process's logger lacks them
+        log.info("resumed: logging the %d block(s) finished before the interruption", len(restored))
+        for m in restored:
+            on_block(m, protocol.outcomes[m].block(), True)  # restored: with its curves
+    if not keep_checkpoint:  # every member is recorded; the fit holding the final member keeps its checkpoint
+        checkpoint.unlink(missing_ok=True)  # until the results are written (experiment.discard_resume_state)
+    return dict(protocol.outcomes)
+
+
+def prequential_results(
+    boundaries: Sequence[int], k: int, blocks: list[BlockResult], final: MemberOutcome, paper_loss: str,
+) -> dict[str, Any]:
+    """The results.json fields of a prequential run. Both estimates of the paper MDL are recorded;
+    ``paper_mdl`` is the one ``paper_loss`` names."""
+    n_total = boundaries[-1]
+    online = online_codelength(boundaries, k, [b.eval_bits for b in blocks])
+    estimates = {
+        "last_block": paper_mdl(boundaries, [b.heldout_bits_per_example for b in blocks]),
+        "val_min": paper_mdl(boundaries, [b.val_bits_per_example for b in blocks]),
+    }
+    return {
+        "num_classes": k,
+        "n_train": n_total,
+        "boundaries": list(boundaries),
+        "blocks": [b.to_dict() for b in blocks],
+        "online_codelength_bits": online,
+        "online_bits_per_example": online / n_total,
+        "uniform_codelength_bits": uniform_codelength(n_total, k),
+        "paper_mdl": estimates[check_paper_loss(paper_loss)],
+        "paper_loss": paper_loss,
+        "paper_mdl_last_block": estimates["last_block"],
+        "paper_mdl_val_min": estimates["val_min"],
+        "final_val_loss": final.best_val_loss,
+        "final_epochs": final.epochs,
+        "final_test_bits_per_example": final.scored_bits / final.scored_count if final.scored_count else None,  # None without a test split
+        "val_loss_curve": final.val_loss_curve,
+        "train_loss_curve": final.train_loss_curve,
+    }

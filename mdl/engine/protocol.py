@@ -1,0 +1,124 @@
+"""The prequential protocol of one member, whichever way it is trained.
+
+A run has S members: member i < S - 1 trains on the first t_i examples and is scored on block
+i + 1; the last member (the final fit) trains on all of them. Every member, alone in a fit or in a
+stack, follows the same rule at the end of each of its epochs: validate, keep the best weights,
+stop after ``patience`` epochs without improvement (Lightning's ``EarlyStopping``, mode min,
+min_delta 0, on the float32 value it would compare) or at ``max_epochs``. This module holds that
+rule, the member's record and its seed, so the single-model fit (mdl/engine/single_fit.py) and
+the stacked fit (mdl/engine/stacked_fit.py) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from mdl.codelength import heldout_block
+from mdl.results import BlockResult
+from models.module import require_finite
+
+__all__ = ["MemberOutcome", "MemberState", "fits_of", "member_seeds", "require_finite", "stopping_score"]
+
+
+def stopping_score(mean: float) -> float:
+    """The value Lightning's ``EarlyStopping`` (mode min, min_delta 0) compares for a mean loss: its
+    float32 rounding, as the logged metric holds it. (numpy rounds a float to float32 as torch
+    does, without making a tensor.)"""
+    return float(np.float32(mean))
+
+
+def member_seeds(seed: int, num_boundaries: int) -> list[int]:
+    """Each block's model's seed and, last, the final model's: ``seed * 1000 + i``, the final one
+    ``seed * 1000 + S`` (so a run's members never share a seed with another seed's run)."""
+    return [seed * 1000 + i for i in range(num_boundaries - 1)] + [seed * 1000 + num_boundaries]
+
+
+def max_epochs_of(trainer_max_epochs: int | None) -> int | None:
+    """Lightning's reading of ``max_epochs``: None means 1000, -1 (or any value < 1) no limit."""
+    if trainer_max_epochs is None:
+        return 1000
+    return trainer_max_epochs if trainer_max_epochs > 0 else None
+
+
+@dataclass
+class MemberState:
+    """What the protocol knows of one member (saved in every checkpoint)."""
+
+    member: int
+    n_train: int
+    steps_per_epoch: int = 0  # stacked fits count steps themselves; a single fit leaves it to Lightning
+    epoch: int = 0  # epochs finished
+    step: int = 0  # steps into the current epoch
+    best_score: float = math.inf  # float32-rounded, as EarlyStopping compares
+    best_epoch: int = -1  # 0-based index of the best epoch; -1 = none yet, or the untrained model
+    best_val_loss: float = math.nan  # its mean validation loss (nats, float64)
+    initial_val_loss: float | None = None  # the untrained model's, when it is a candidate
+    wait: int = 0
+    val_loss_curve: list[float] = field(default_factory=list)
+    train_loss_curve: list[float] = field(default_factory=list)
+    finished_at: float | None = None
+
+    def judge(self, mean: float, epoch: int) -> bool:
+        """One validation of the weights after ``epoch`` (-1: untrained): whether they are the best
+        so far (then they are this member's candidate); otherwise one more epoch without improving."""
+        score = stopping_score(mean)
+        if score < self.best_score:
+            self.best_score, self.best_val_loss, self.best_epoch, self.wait = score, mean, epoch, 0
+            return True
+        self.wait += 1  # as EarlyStopping: only an epoch without improvement can run out of patience
+        return False
+
+    def out_of_patience(self, patience: int) -> bool:
+        return self.wait >= patience
+
+    def should_stop(self, patience: int, max_epochs: int | None) -> bool:
+        """Out of patience, or at ``max_epochs`` (as ``max_epochs_of`` reads it)."""
+        return self.out_of_patience(patience) or (max_epochs is not None and self.epoch >= max_epochs)
+
+
+@dataclass
+class MemberOutcome:
+    """A stopped member: its curves, best epoch and the bits it paid for its scoring batches
+    (the next block, or the test split for the final member) and for the held-out last block."""
+
+    member: int
+    n_train: int
+    epochs: int
+    best_val_loss: float  # nats, float64
+    best_epoch: int  # 0-based index of the kept epoch; -1 = the untrained model
+    scored_bits: float
+    scored_count: int
+    heldout_bits: float
+    heldout_count: int
+    val_loss_curve: list[float]
+    train_loss_curve: list[float]
+
+    def block(self) -> BlockResult:
+        """The results.json record of a prefix member."""
+        return BlockResult(
+            n_train=self.n_train, n_eval=self.scored_count, eval_bits=self.scored_bits,
+            val_bits_per_example=self.best_val_loss / math.log(2), epochs=self.epochs,
+            val_loss_curve=self.val_loss_curve, train_loss_curve=self.train_loss_curve,
+            heldout_bits_per_example=self.heldout_bits / self.heldout_count, best_after_epochs=self.best_epoch + 1,
+        )
+
+
+def fits_of(num_members: int, members_per_fit: int | None) -> list[list[int]]:
+    """The members, in order, in fits of ``members_per_fit`` (None: all in one fit)."""
+    size = num_members if members_per_fit is None else max(1, min(members_per_fit, num_members))
+    return [list(range(start, min(start + size, num_members))) for start in range(0, num_members, size)]
+
+
+def scoring_ranges(boundaries: Sequence[int], member: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """Member ``member``'s scored block (None: the test split, for the final member) and its held-out
+    block (None: the same as the scored one)."""
+    num_blocks = len(boundaries) - 1
+    held = heldout_block(boundaries)
+    if member == num_blocks:
+        return None, None
+    scored = (boundaries[member], boundaries[member + 1])
+    return scored, (None if scored[0] == held[0] else held)

@@ -1,0 +1,74 @@
+"""One engine (mdl/engine/): members trained in fits of ``mdl.members_per_fit``, with the numbers of the
+two engines it replaced, to the bit.
+
+tests/reference/default_run_cbb5538.json holds results.json values made by commit cbb5538 (main before the
+engines were merged) on the embedded default with one thread: ``mdl.engine=stacked`` (now
+``members_per_fit=all``) and ``mdl.engine=sequential`` (now ``members_per_fit=1``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mdl.engine.protocol import fits_of
+from mdl.experiment import config_hash, run_experiment
+from mdl.identity import engine_name, members_per_fit
+from tests.conftest import compose_config
+
+REFERENCE = json.loads((Path(__file__).parent / "reference" / "default_run_cbb5538.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, engine", [("all", "stacked"), ("1", "sequential")])
+def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path, mode: str, engine: str) -> None:
+    cfg = compose_config([f"mdl.members_per_fit={mode}", "trainer.torch_threads=1"], tmp_path)
+    expected = REFERENCE["runs"][engine]
+    assert config_hash(cfg) == expected["config_hash"]  # a finished run of the former engine is the same run
+    results = run_experiment(cfg, tmp_path / "run")
+    for key in REFERENCE["keys"]:
+        assert results[key] == expected[key], key
+    assert results["engine"] == engine
+
+
+def test_engine_names_and_members_per_fit_name_the_same_runs(tmp_path: Path) -> None:
+    def key(*overrides: str) -> str:
+        return config_hash(compose_config(["trainer.torch_threads=1", *overrides], tmp_path))
+
+    assert key("mdl.engine=stacked") == key("mdl.members_per_fit=all") == key("mdl.engine=sequential", "mdl.members_per_fit=all")
+    assert key("mdl.engine=sequential") == key("mdl.members_per_fit=1") == key("mdl.engine=stacked", "mdl.members_per_fit=1")
+    assert key("mdl.members_per_fit=10") == key("mdl.members_per_fit=all")  # 10 blocks: 10 members, all in one fit
+    assert len({key("mdl.members_per_fit=3"), key("mdl.members_per_fit=4"), key("mdl.members_per_fit=all"),
+                key("mdl.members_per_fit=1")}) == 4
+
+
+def test_members_per_fit_is_read_and_checked() -> None:
+    assert members_per_fit({"engine": "stacked", "members_per_fit": None}) is None
+    assert members_per_fit({"engine": "stacked", "members_per_fit": 1}) == 1
+    assert engine_name({"engine": "sequential", "members_per_fit": 3, "num_blocks": 10}) == "fits of 3"
+    for bad in (0, -2, "some", 1.5, True):
+        with pytest.raises(ValueError, match="mdl.members_per_fit=.*all, or an integer >= 1"):
+            members_per_fit({"engine": "stacked", "members_per_fit": bad})
+    with pytest.raises(ValueError, match="unknown engine mdl.engine='fast'"):
+        members_per_fit({"engine": "fast", "members_per_fit": None})
+
+
+def test_fits_cover_every_member_once_in_order() -> None:
+    assert fits_of(10, None) == [list(range(10))]
+    assert fits_of(10, 1) == [[i] for i in range(10)]
+    assert fits_of(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert fits_of(3, 7) == [[0, 1, 2]]
+
+
+def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path) -> None:
+    """The MLP's stacked form is a batched matmul per member, so a member's numbers do not depend on which
+    other members share its fit: two fits of 4 members equal one fit of all 8, block by block."""
+    fast = ["mdl.num_blocks=8", "data.first_block=64", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
+            "width=32", "model.base_width=32", "trainer.torch_threads=1"]
+    together = run_experiment(compose_config([*fast, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run")
+    in_fits = run_experiment(compose_config([*fast, "mdl.members_per_fit=4"], tmp_path / "b"), tmp_path / "b" / "run")
+    assert in_fits["engine"] == "fits of 4" and in_fits["members_per_fit"] == 4
+    for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
+        assert in_fits[key] == together[key], key
