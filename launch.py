@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mdl.storage import register_resolvers
+from mdl.run.storage import register_resolvers
 
 # Errors that mean "change a setting or a file", reported as one message without a traceback
 # (set MDL_TRACEBACK=1 to see it anyway). Anything else is a bug and keeps its traceback.
@@ -35,14 +35,14 @@ def main(cfg: DictConfig) -> float | None:
         print(f"config ({run_dir}; print_config=false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
     print(f"run: {run_dir} (loading torch and lightning)", flush=True)
 
-    from mdl.experiment import quiet_lightning, run_experiment, summary  # after Hydra parsed the command line
-    from mdl.preemption import EXIT_CODE, Preempted
+    from mdl.run.experiment import quiet_lightning, run_experiment, summary# after Hydra parsed the command line
+    from mdl.engine.preemption import EXIT_CODE, Preempted
     from mdl.results import RESULTS_FILE
-    from mdl.storage import StalledLockHolder
+    from mdl.run.storage import StalledLockHolder
 
     quiet_lightning()
-    if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl/debug_checks.py)
-        from mdl.debug_checks import overfit_one_batch
+    if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl/run/debug_checks.py)
+        from mdl.run.debug_checks import overfit_one_batch
 
         try:
             check = overfit_one_batch(cfg, cfg.overfit_one_batch)

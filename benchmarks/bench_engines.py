@@ -45,13 +45,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from mdl.experiment import (  # noqa: E402
-    make_datamodule, make_model_factory, make_module_factory, make_optimizer, quiet_lightning, run_experiment, run_lr,
-)
-from mdl.engine.fitting import make_trainer
+from mdl.engine.fitting import make_trainer  # noqa: E402
 from mdl.engine.single_fit import fit_prefix  # noqa: E402
-from mdl.engine.stacked_fit import StackedProtocol  # noqa: E402
-from mdl.engine.stacked_fit import build_members  # noqa: E402
+from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
+from mdl.run.components import (  # noqa: E402
+    make_datamodule, make_model_factory, make_module_factory, make_optimizer, run_lr,
+)
+from mdl.run.experiment import quiet_lightning, run_experiment  # noqa: E402
 from models.stacked_module import StackedClassifier  # noqa: E402
 
 

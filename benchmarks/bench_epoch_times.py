@@ -26,8 +26,9 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from datamodules.loader import DeviceBatches  # noqa: E402
-from mdl.experiment import make_module_factory, quiet_lightning  # noqa: E402
-from mdl.sweep_cost import forward_flops  # noqa: E402
+from mdl.run.components import make_module_factory# noqa: E402
+from mdl.run.experiment import quiet_lightning# noqa: E402
+from mdl.sweeps.cost import forward_flops  # noqa: E402
 
 # (model, input shape, width, depth, batches per epoch): small and larger sizes per architecture,
 # on digits' and CIFAR-10's shapes; the large ones are few steps because one CPU thread is slow.

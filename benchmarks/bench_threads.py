@@ -3,7 +3,7 @@
     python benchmarks/bench_threads.py [hydra overrides...] [--repeats 2] [--load N]
 
 Runs ``python launch.py`` (default: the embedded default run) as a subprocess, as a user would, with
-the default thread count (``trainer.torch_threads=null``: Slurm's allocation, else 1; mdl/experiment.py
+the default thread count (``trainer.torch_threads=null``: Slurm's allocation, else 1; mdl/run/experiment.py
 allocated_cpus), with one thread, and with one thread per core, OpenMP's idle threads spinning
 (``OMP_WAIT_POLICY=ACTIVE``, torch's default) or sleeping (``PASSIVE``). Then again while N busy
 processes (default: one per core) compete for the cores, as on a shared node or in CI.

@@ -137,6 +137,9 @@ class BatchGroup:
     def steps(self) -> int:
         return len(self.batches)
 
+    def to(self, device: torch.device) -> BatchGroup:
+        return BatchGroup([(x.to(device), y.to(device)) for x, y in self.batches])
+
 
 class GroupedBatches:
     """A ``DeviceBatches`` handed out in groups of at most ``steps_per_group`` consecutive batches.

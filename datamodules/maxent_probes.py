@@ -101,7 +101,7 @@ def maxent_probe_set(dm: Any, n_per_class: int | None = None, seed: int | None =
     ``n_per_class`` None draws as many examples of each class as the validation split has; an
     integer draws that many of every class. ``seed`` defaults to the data module's data_seed.
     """
-    from datamodules.datamodule import erase  # the same call the data module erases with
+    from datamodules.erasure_checks import erase  # the same call the data module erases with
 
     if dm.train_set is None:
         raise RuntimeError("max-ent probes: call dm.setup() first")

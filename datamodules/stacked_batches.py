@@ -41,6 +41,9 @@ class StackedBatch:
     def steps(self) -> int:
         return self.x.shape[0]
 
+    def to(self, device: torch.device) -> StackedBatch:
+        return StackedBatch(self.x.to(device), self.y.to(device), self.weight.to(device), self.members)
+
 
 class MemberStream:
     """One member's endless sequence of epochs over train[:n], as ``DeviceBatches`` would draw them."""

@@ -7,7 +7,7 @@ every checkpoint is written with eval-mode weights whatever the mode was when it
 
 Losses are accumulated on the model's device and read once per epoch: a ``float(loss)`` per step
 would make the host wait for the GPU's queue to drain at every step. A training batch is either
-one (x, y) batch (Lightning's automatic optimization) or a ``BatchGroup`` of consecutive batches,
+one (x, y) batch (Lightning's automatic optimization) or a group of consecutive batches (models/batches.py ``StepGroup``),
 each stepped here (manual optimization, models/manual_steps.py); the driver chooses
 (mdl/engine/single_fit.py) and sets ``automatic_optimization`` to match.
 """
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from datamodules.loader import BatchGroup
+from models.batches import StepGroup
 from models.losses import SpectralDecoupling, spectral_penalty
 from models.manual_steps import StepHooks, optimizer_step
 from models.mup_setup import mup_param_groups
@@ -103,8 +103,8 @@ class Classifier(L.LightningModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches move tensor by tensor (a no-op: the splits live on the training device), without
         Lightning's generic walk of the batch at every step."""
-        if isinstance(batch, BatchGroup):
-            return BatchGroup([(x.to(device), y.to(device)) for x, y in batch.batches])
+        if isinstance(batch, StepGroup):
+            return batch.to(device)
         if isinstance(batch, (tuple, list)) and len(batch) == 2 and all(isinstance(t, Tensor) for t in batch):
             return batch[0].to(device), batch[1].to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
@@ -168,15 +168,15 @@ class Classifier(L.LightningModule):
             for entry, value in zip(pending, torch.stack([entry[0] for entry in pending]).tolist()):
                 entry[0] = value
 
-    def training_step(self, batch: tuple[Tensor, Tensor] | BatchGroup, batch_idx: int) -> Tensor | None:
-        if not isinstance(batch, BatchGroup):
+    def training_step(self, batch: tuple[Tensor, Tensor] | StepGroup, batch_idx: int) -> Tensor | None:
+        if not isinstance(batch, StepGroup):
             return self.step_loss(*batch)
         if self.automatic_optimization:
-            raise RuntimeError("a BatchGroup is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)")
+            raise RuntimeError("a group of steps is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)")
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
         return None
 
-    def train_group(self, group: BatchGroup, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
+    def train_group(self, group: StepGroup, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
         """One optimizer step per batch of the group."""
         hooks = hooks or StepHooks()
         for x, y in group.batches:
@@ -252,7 +252,7 @@ def require_same_device(model: nn.Module, batch: Tensor, where: str) -> None:
     if on is not None and on != batch.device:
         raise RuntimeError(
             f"{where}: the model is on {on} but the data is on {batch.device}. Lightning's teardown moves a "
-            f"module to the CPU after every Trainer.fit; put it back on the training device first (mdl/device.py)."
+            f"module to the CPU after every Trainer.fit; put it back on the training device first (mdl/engine/device.py)."
         )
 
 

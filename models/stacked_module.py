@@ -1,6 +1,6 @@
 """The LightningModule of the stacked engine: every member of a prequential run trained at once.
 
-One optimizer step takes each member's own batch (rows of a ``StackedBatch``), and the loss is
+One optimizer step takes each member's own batch (rows of a stacked batch, models/batches.py ``MemberBatches``), and the loss is
 the sum over members of each member's mean cross-entropy, so each member's gradient is exactly
 the gradient of its own loss. One Lightning training step runs a whole group of such steps
 (manual optimization), so the half millisecond of host work Lightning spends per training step
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from datamodules.stacked_batches import StackedBatch
+from models.batches import MemberBatches
 from models.losses import SpectralDecoupling, spectral_penalty
 from models.manual_steps import StepHooks, optimizer_step
 from models.module import OptimizerFactory, optimizer_train_mode, set_optimizer_mode
@@ -65,14 +65,14 @@ class StackedClassifier(L.LightningModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Batches are built on the training device (device-resident data); Lightning's generic
         transfer would walk and deep-copy the dataclass at every step."""
-        if isinstance(batch, StackedBatch):
-            return StackedBatch(batch.x.to(device), batch.y.to(device), batch.weight.to(device), batch.members)
+        if isinstance(batch, MemberBatches):
+            return batch.to(device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def training_step(self, batch: StackedBatch, batch_idx: int) -> None:
+    def training_step(self, batch: MemberBatches, batch_idx: int) -> None:
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
 
-    def train_group(self, batch: StackedBatch, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
+    def train_group(self, batch: MemberBatches, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
         """One optimizer step per step of the group, each on every active member's own batch."""
         hooks = hooks or StepHooks()
         x, y, w = self._rows_of_active(batch)
@@ -90,7 +90,7 @@ class StackedClassifier(L.LightningModule):
             per_member = per_member + (spectral_penalty(logits, y, self.loss_regulariser) * w).sum(1)
         return (per_member / w.sum(1)).sum()
 
-    def _rows_of_active(self, batch: StackedBatch) -> tuple[Tensor, Tensor, Tensor]:
+    def _rows_of_active(self, batch: MemberBatches) -> tuple[Tensor, Tensor, Tensor]:
         """The batch rows of the members still in the stack. Defensive: Lightning 2.6 draws a sized
         loader's next batch only after the last step's callbacks ran, but a loader that prefetched
         would hand over a batch drawn before a member left."""

@@ -106,7 +106,7 @@ class Case:
     expect_error: bool = True
     prepare: Callable[[Path], list[str]] | None = None  # builds files in the case's folder, returns more overrides
     extra: list[str] = field(default_factory=list)
-    command: list[str] = field(default_factory=lambda: ["launch.py"])  # or ["-m", "mdl.sweep_cost"], ...
+    command: list[str] = field(default_factory=lambda: ["launch.py"])  # or ["-m", "mdl.sweeps.cost"], ...
     env: dict[str, str] = field(default_factory=dict)
     fast: bool = True  # prepend the fast settings (tests/conftest.py FAST)
 
@@ -187,9 +187,9 @@ CASES = [
          env={k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}),
     Case("output root is a file", ["paths.output_root={tmp}/a-file"], ["paths.output_root", "not a folder"],
          prepare=a_file),
-    Case("sweep_cost unknown model", ["model=nope"], ["model"], command=["-m", "mdl.sweep_cost"], fast=False),
-    Case("sweep_cost width=0", ["width=0"], ["width=0"], command=["-m", "mdl.sweep_cost"], fast=False),
-    Case("sweep_cost num_blocks=1", ["mdl.num_blocks=1"], ["mdl.num_blocks"], command=["-m", "mdl.sweep_cost"], fast=False),
+    Case("sweep_cost unknown model", ["model=nope"], ["model"], command=["-m", "mdl.sweeps.cost"], fast=False),
+    Case("sweep_cost width=0", ["width=0"], ["width=0"], command=["-m", "mdl.sweeps.cost"], fast=False),
+    Case("sweep_cost num_blocks=1", ["mdl.num_blocks=1"], ["mdl.num_blocks"], command=["-m", "mdl.sweeps.cost"], fast=False),
     Case("report --out in a file", ["{tmp}", "--out", "{tmp}/a-file/report"], ["--out"], command=["-m", "mdl.report"],
          fast=False, prepare=one_result),
 ]

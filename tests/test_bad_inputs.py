@@ -26,7 +26,7 @@ from datamodules.sources import ImageSet, ImageSource, check_labels
 from erasure import erasure_report, fit_eraser
 from erasure.diagnostics import erasure_shortfall
 from erasure.linalg import NoVarianceError
-from mdl.experiment import validate_config
+from mdl.run.config_checks import validate_config
 from scripts.probe_bad_inputs import bad_label, directory_instead_of_file, reshape_batch, truncate, write_cifar10
 
 
@@ -457,7 +457,7 @@ def test_probe_script_every_bad_input_ends_in_one_message() -> None:
 
 def test_nan_setting_is_reported_by_its_check_not_by_the_run_store(tmp_path: Path) -> None:
     """The run store's config record writes a NaN setting as text; the data source's check names it."""
-    from mdl.experiment import run_experiment
+    from mdl.run.experiment import run_experiment
 
     cfg = compose_config(FAST + ["data=synthetic", "data.options.center=nan"], tmp_path)
     with pytest.raises(ValueError, match="data.options.center"):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import FAST, run_launch
-from datamodules.datamodule import ErasedDataModule, balance_indices
+from datamodules.datamodule import ErasedDataModule
+from datamodules.splits import balance_indices
 from datamodules.loader import DeviceBatches
 
 
@@ -129,7 +130,7 @@ def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypat
     the stored split is a distinct image (the old fixed bootstrap stored copies: this failed), and each
     fit's class-balanced batches come from its own prefix only, so no scored example was trained on."""
     from conftest import compose_config
-    from mdl.experiment import run_experiment
+    from mdl.run.experiment import run_experiment
 
     served: list[tuple[int, torch.Tensor]] = []  # (prefix size, a batch's rows)
     original = DeviceBatches.__iter__

@@ -44,7 +44,7 @@ def test_a_sweep_with_one_invalid_job_runs_none_of_them(tmp_path: Path) -> None:
 def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None:
     import pytest
 
-    from mdl.sweep_cost import main as cost_main
+    from mdl.sweeps.cost import main as cost_main
 
     for args, message in ((["model=nope"], "Could not find 'model/nope'"), (["mdl.num_blocks=1"], "mdl.num_blocks=1: must be"),
                           (["model.name=nope"], "unknown model 'nope'")):
@@ -55,7 +55,7 @@ def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None
 
 def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
     """A job folder's name over 255 bytes failed with ENAMETOOLONG; long overrides are cut and hashed."""
-    from mdl.storage import MAX_JOB_DIRNAME, job_dirname
+    from mdl.run.storage import MAX_JOB_DIRNAME, job_dirname
 
     lr = "0.003" + "0" * 300 + "1"  # a valid value, 300 characters longer than usual
     proc = run_launch(["-m", *FAST, "seed=0,1", f"optimizer.lr={lr}", f"paths.output_root={tmp_path}"], cwd=tmp_path)
@@ -81,7 +81,7 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
     import pytest
 
     from conftest import compose_config
-    from mdl.experiment import validate_config
+    from mdl.run.config_checks import validate_config
 
     cfg = compose_config([*FAST, "logger=tensorboard"])
     if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
@@ -102,7 +102,7 @@ def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path
 
 def test_print_config_is_not_part_of_a_runs_identity() -> None:
     from conftest import compose_config
-    from mdl.experiment import config_hash
+    from mdl.run.identity import config_hash
 
     assert config_hash(compose_config(FAST)) == config_hash(compose_config([*FAST, "print_config=false"]))
 
@@ -110,7 +110,7 @@ def test_print_config_is_not_part_of_a_runs_identity() -> None:
 def test_debug_fast_is_the_fast_settings() -> None:
     """debug=fast composes the same run as the FAST override list the tests use (same identity)."""
     from conftest import compose_config
-    from mdl.experiment import config_hash
+    from mdl.run.identity import config_hash
 
     assert config_hash(compose_config(["debug=fast"])) == config_hash(compose_config(FAST))
     assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(compose_config([*FAST, "model=lenet"]))

@@ -19,9 +19,9 @@ from lightning.pytorch.strategies.strategy import Strategy
 
 from conftest import FAST, RecordOps, compose_config, host_reads
 from datamodules.loader import DeviceBatches
-from mdl.checkpoints import DamagedCheckpoint, RunCheckpointIO, is_intact
-from mdl.device import training_device
-from mdl.experiment import run_experiment
+from mdl.engine.checkpoints import DamagedCheckpoint, RunCheckpointIO, is_intact
+from mdl.engine.device import training_device
+from mdl.run.experiment import run_experiment
 from models import Classifier, create_model, total_bits
 
 NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "final_test_bits_per_example", "blocks")

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, compose_config, run_launch
-from mdl import checkpoints, experiment
-from mdl.experiment import CHECKPOINT_BYTES_PER_PARAMETER, checkpoint_bytes, run_experiment
+from mdl.engine import checkpoints
+from mdl.run import components, experiment
+from mdl.run.config_checks import check_trainer_config
+from mdl.run.experiment import CHECKPOINT_BYTES_PER_PARAMETER, checkpoint_bytes, run_experiment
 from mdl.results import RESULTS_FILE
 
 STACKED = FAST + ["mdl.engine=stacked", "mdl.checkpoint_every_s=0", "trainer.torch_threads=1"]
@@ -45,7 +47,7 @@ def test_results_write_on_a_full_disk_keeps_the_checkpoint(tmp_path: Path, monke
 
     # the estimate covers the largest checkpoint written (twice over for the write beside the old one), within 3x
     size = max(sizes)
-    estimate = checkpoint_bytes(cfg, experiment.make_datamodule(cfg, experiment.check_trainer_config(cfg)))
+    estimate = checkpoint_bytes(cfg, components.make_datamodule(cfg, check_trainer_config(cfg)))
     assert size <= estimate / 2 <= 3 * size, (size, estimate, CHECKPOINT_BYTES_PER_PARAMETER)
 
     monkeypatch.setattr(experiment, "write_checked_json", real_write)

@@ -115,7 +115,7 @@ def test_an_eraser_moved_to_the_datas_device_erases_there(name, monkeypatch):
     """``meta`` stands in for a GPU: like CUDA it refuses to mix with CPU tensors, so a tensor the
     map leaves on (or makes on) the CPU fails here. It holds no values, so QLEACE's class counts are
     taken from the CPU batch (the one read it makes, see the test above)."""
-    from datamodules.datamodule import eraser_on
+    from datamodules.erasure_checks import eraser_on
 
     x, y, xb, yb = _batch()
     meta = torch.device("meta")

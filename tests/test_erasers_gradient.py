@@ -8,7 +8,8 @@ import torch
 
 from conftest import pixel_classes as shared_pixel_classes
 from erasure import fit_eraser, moment_gaps
-from erasure.gradient import ORIGINAL_UNITS, MomentLoss, TargetLoss, equalize_means, squeeze_into
+from erasure.gradient import equalize_means, squeeze_into
+from erasure.gradient_objective import ORIGINAL_UNITS, MomentLoss, TargetLoss
 
 
 def pixel_classes(n_per_class: int = 60, d: int = 6, **kw):

@@ -21,7 +21,7 @@ import torch
 
 from conftest import FAST, compose_config, cuda_only, python_path, run_launch
 from erasure import fit_eraser
-from mdl.experiment import run_experiment
+from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
 from test_sources import write_cifar10
 
@@ -187,7 +187,7 @@ def test_batches_erased_on_the_fly_synchronise_at_most_for_qleaces_class_counts(
     """augment_then_erase (the paper presets) erases every training batch (the stacked engine a
     whole group of them) on the GPU: LEACE with no host synchronisation, QLEACE with one (its
     batch's class counts); numbers as on the CPU."""
-    from datamodules.datamodule import eraser_on
+    from datamodules.erasure_checks import eraser_on
 
     x, y = torch.rand(600, 3, 8, 8, dtype=torch.float64), torch.arange(600) % 10
     fitted = fit_eraser(eraser, x, y, num_classes=10, shrinkage=0.1) if eraser == "qleace" else fit_eraser(eraser, x, y)

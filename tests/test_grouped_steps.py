@@ -11,11 +11,11 @@ import pytest
 import schedulefree
 import torch
 
-import mdl.experiment
+import mdl.run.experiment
 from conftest import FAST, RecordOps, compose_config, host_reads
 from datamodules.loader import BatchGroup, DeviceBatches, GroupedBatches
-from mdl.experiment import run_experiment
-from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
+from mdl.run.experiment import run_experiment
+from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models import create_model
 from models.module import Classifier
 
@@ -83,7 +83,7 @@ def test_callbacks_see_every_optimizer_step(group: int, tmp_path: Path, monkeypa
     """Each per-step hook runs once per optimizer step, grouped or not; Lightning's own training
     steps number one per group."""
     counter = CountSteps()
-    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([counter], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([counter], None))
     cfg = compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=5", f"mdl.steps_per_group={group}"], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     batch = cfg.data.batch_size
@@ -198,7 +198,7 @@ def test_validation_end_hooks_see_an_eval_mode_model_without_gradients(tmp_path:
             seen.append((pl_module.training, torch.is_grad_enabled(), all(g is None for g in grads),
                          trainer.optimizers[0].param_groups[0]["train_mode"]))
 
-    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([Look()], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([Look()], None))
     for group in (1, 4):
         seen.clear()
         run_experiment(compose_config([*SEQUENTIAL, f"mdl.steps_per_group={group}"], tmp_path / str(group)), tmp_path / str(group) / "run")

@@ -1,4 +1,4 @@
-"""One definition of the settings that do not change what a run computes (mdl/identity.py), used by the
+"""One definition of the settings that do not change what a run computes (mdl/run/identity.py), used by the
 run's identity, the report, W&B names and (checked here) Hydra's job folder names."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from omegaconf import OmegaConf
 
 from conftest import CONF, FAST, compose_config
-from mdl.experiment import config_hash
-from mdl.identity import BOOKKEEPING_KEYS, is_bookkeeping
-from mdl.report_runs import is_ignored_key
+from mdl.run.identity import config_hash
+from mdl.run.identity import BOOKKEEPING_KEYS, is_bookkeeping
+from mdl.report.runs import is_ignored_key
 
 GROUP_CHOICES = {"hydra/launcher", "logger", "experiment", "+experiment", "report", "+report"}  # same for a whole sweep
 

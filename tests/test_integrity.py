@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, REPO, compose_config, python_path
-from mdl.experiment import config_hash, run_experiment
+from mdl.run.experiment import run_experiment
+from mdl.run.identity import config_hash
 from test_resume import EXACT, KILL_SETTINGS, run_killed_after
 
 SETTINGS = [*KILL_SETTINGS, "trainer.patience=2"]
@@ -99,7 +100,7 @@ def test_a_checkpoint_carries_the_code_and_run_that_wrote_it(reference, tmp_path
     _killed_in_block_0_by_other_code(cfg, tmp_path / "a", monkeypatch)
     store = _store(tmp_path)
     (store / "progress.json").unlink()
-    from mdl.checkpoints import read_identity
+    from mdl.engine.checkpoints import read_identity
 
     (ckpt,) = store.glob("checkpoints/*.ckpt")
     assert read_identity(ckpt) == f"code 0ldc0de run {store.name}"

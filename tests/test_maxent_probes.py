@@ -13,7 +13,8 @@ import torch
 from conftest import FAST, compose_config
 from datamodules.maxent_probes import class_cholesky, sample_class_gaussians
 from erasure import class_moments, fit_eraser
-from mdl.experiment import config_hash, run_experiment
+from mdl.run.experiment import run_experiment
+from mdl.run.identity import config_hash
 from test_resume import EXACT, assert_resumes_exactly, run_killed_after
 
 PROBES = ["probes=maxent"]
@@ -168,8 +169,8 @@ def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypa
 # --- the report ----------------------------------------------------------------------------------
 
 def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path, monkeypatch):
-    import mdl.report_figures as figs
-    from mdl.report import build_report
+    import mdl.report.figures as figs
+    from mdl.report.build import build_report
 
     runs = {}
     for eraser in ("none", "qleace"):

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from mdl.engine.protocol import fits_of
-from mdl.experiment import config_hash, run_experiment
-from mdl.identity import engine_name, members_per_fit
-from tests.conftest import compose_config
+from mdl.run.experiment import run_experiment
+from mdl.run.identity import config_hash
+from mdl.run.identity import engine_name, members_per_fit
+from conftest import compose_config
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "default_run_cbb5538.json").read_text())
 

@@ -14,7 +14,7 @@ from torch import nn
 from conftest import FAST, compose_config
 from mdl.engine.single_fit import EpochProtocol
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
-from mdl.experiment import run_experiment, summary
+from mdl.run.experiment import run_experiment, summary
 
 # Blocks long enough for the untrained model to win somewhere: digits' first block of 64 examples.
 SCHEDULE = ["trainer.kwargs.max_epochs=12", "trainer.patience=4", "mdl.num_blocks=4", "width=32", "model.base_width=32"]

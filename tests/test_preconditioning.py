@@ -9,7 +9,8 @@ import schedulefree
 import torch
 
 from conftest import FAST, compose_config
-from mdl.experiment import config_hash, run_experiment
+from mdl.run.experiment import run_experiment
+from mdl.run.identity import config_hash
 from models import Classifier, create_model
 from models.preconditioning import PreconditionFirstLayer, first_layer_weight
 from models.stacked_module import StackedClassifier

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, python_path
-from mdl.preemption import EXIT_CODE
+from mdl.engine.preemption import EXIT_CODE
 
 # Long enough to be interrupted (hundreds of epochs), checkpointing only at the first epoch end
 # unless a SIGTERM forces one: a checkpoint newer than the signal proves it was written for it.

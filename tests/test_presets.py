@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from conftest import CONF, REPO, run_launch
-from mdl.sweep_cost import CostTable, main as cost_main, sweep_jobs
+from mdl.sweeps.cost import CostTable, main as cost_main, sweep_jobs
 
 PAPER = CONF / "experiment" / "paper"
 # preset -> (data source, jobs, fixed (key, value) of its figure)

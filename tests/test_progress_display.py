@@ -12,7 +12,7 @@ from rich.console import Console
 
 from datamodules.stacked_batches import StackedBatches
 from mdl.engine.stacked_fit import StackedProtocol
-from mdl.progress_display import MemberProgress
+from mdl.engine.progress_display import MemberProgress
 
 
 def _protocol(patience: int = 5) -> StackedProtocol:
@@ -37,7 +37,7 @@ def test_log_lines_name_every_member_still_training(caplog) -> None:
     protocol.outcomes[0] = object()  # member 0 has stopped
     display = MemberProgress(protocol, interval=0.0, live=False)
     display.on_train_start(None, None)
-    with caplog.at_level(logging.INFO, logger="mdl.progress_display"):
+    with caplog.at_level(logging.INFO, logger="mdl.engine.progress_display"):
         display.on_train_batch_end(None, None)
     (line,) = [r.getMessage() for r in caplog.records]
     assert "2/3 members training" in line and "block 2 e7 best 0.4321" in line and "block 1 " not in line and "final e0" in line
@@ -69,7 +69,7 @@ from conftest import FAST, compose_config  # noqa: E402
 def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_path, monkeypatch) -> None:
     """Both engines call the per-epoch hook at each epoch's end of every member (blocks and final fit),
     before that block is reported finished: what W&B shows live equals results.json's curves."""
-    from mdl import experiment
+    from mdl.run import experiment
 
     events: list[tuple] = []
     real_live, real_block = experiment.live_epochs, experiment.log_block
@@ -96,7 +96,7 @@ def test_one_model_fit_logs_a_progress_line(caplog) -> None:
     from types import SimpleNamespace
 
     from mdl.engine.single_fit import EpochProtocol
-    from mdl.progress_display import FitProgress
+    from mdl.engine.progress_display import FitProgress
 
     protocol = EpochProtocol(lambda: [], patience=10, device="cpu")
     protocol.state.best_val_loss, protocol.state.wait = 0.5, 3
@@ -107,7 +107,7 @@ def test_one_model_fit_logs_a_progress_line(caplog) -> None:
     progress.on_train_start(trainer, module)
     module.train_loss_curve += [0.9, 0.7]
     module.val_loss_curve += [0.8, 0.6]
-    with caplog.at_level(logging.INFO, logger="mdl.progress_display"):
+    with caplog.at_level(logging.INFO, logger="mdl.engine.progress_display"):
         progress.on_train_epoch_start(trainer, module)
     assert seen == [(2, 0, 0.9, 0.8), (2, 1, 0.7, 0.6)]
     (line,) = [r.getMessage() for r in caplog.records]

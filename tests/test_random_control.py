@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config, pixel_classes
 from datamodules.datamodule import ErasedDataModule
-from mdl.experiment import DATA_KEYS_READ_ELSEWHERE
+from mdl.run.components import DATA_KEYS_READ_ELSEWHERE
 from erasure import fit_eraser
 
 
@@ -32,7 +32,7 @@ def datamodule(cache_dir, **options) -> ErasedDataModule:
     overrides = ["eraser=random", "device=cpu", f"data.cache_dir={cache_dir}", "data.diagnostics=false"]
     cfg = compose_config(overrides + [f"eraser.options.{k}={v}" for k, v in options.items()])
     data = OmegaConf.to_container(cfg.data, resolve=True)
-    for key in DATA_KEYS_READ_ELSEWHERE:  # the optimizer's and the block schedule's (mdl/experiment.py make_datamodule)
+    for key in DATA_KEYS_READ_ELSEWHERE:  # the optimizer's and the block schedule's (mdl/run/experiment.py make_datamodule)
         data.pop(key)
     return ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=0, seed=0, **data)
 

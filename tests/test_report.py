@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from mdl.report import build_report, main
-from mdl.report_runs import load_sweep
-from mdl.report_stats import backfire_flags, build_cells, coverage, detect_backfire
+from mdl.report.build import build_report, main
+from mdl.report.runs import load_sweep
+from mdl.report.stats import backfire_flags, build_cells, coverage, detect_backfire
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 20
@@ -164,7 +164,7 @@ def test_activation_and_eraser_options_split_labels_not_rows(tmp_path: Path):
 
 
 def test_settings_differing_between_erasers_of_a_row_are_reported(tmp_path: Path):
-    from mdl.report_stats import row_differences
+    from mdl.report.stats import row_differences
 
     for job, eraser in enumerate(("none", "qleace")):
         run_file = write_run(tmp_path, job, "mlp", eraser, 128, 2, 0) / "results.json"
@@ -272,8 +272,8 @@ def test_every_figure_written_and_not_blank(report: Path):
 def test_figure1_shows_erased_images(tmp_path: Path):
     """Columns: originals, LEACE (really applied: it changes the images), random control of
     LEACE's rank (no ALF-QLEACE here); the control's identity column is not repeated."""
-    from mdl.report_figures import figure1
-    from mdl.report_runs import load_sweep as load
+    from mdl.report.figure1 import figure1
+    from mdl.report.runs import load_sweep as load
 
     sweep = load([write_sweep(tmp_path)])
     captured = {}
@@ -282,7 +282,7 @@ def test_figure1_shows_erased_images(tmp_path: Path):
         captured.update(columns)
         return path
 
-    import mdl.report_figures as figs
+    import mdl.report.figures as figs
 
     original = figs._draw_figure1
     figs._draw_figure1 = spy_draw
@@ -300,7 +300,7 @@ def test_figure1_shows_erased_images(tmp_path: Path):
 
 
 def test_figure1_degrades_when_images_unavailable(sweep_dir: Path, tmp_path: Path):
-    from mdl.report_figures import figure1
+    from mdl.report.figure1 import figure1
 
     def broken(config):
         raise ImportError("no module named datamodules")
@@ -313,7 +313,7 @@ def test_figure1_degrades_when_images_unavailable(sweep_dir: Path, tmp_path: Pat
 
 def test_default_image_loader_reads_the_runs_data_source():
     """Figure 1's real loader goes through datamodules.load_source with config.data."""
-    from mdl.report_figures import default_image_loader
+    from mdl.report.figure1 import default_image_loader
 
     x, y = default_image_loader({"data": {"source": "digits", "options": {}, "val_size": 300}})
     assert x.shape == (1797, 1, 8, 8) and x.dtype == torch.float32 and float(x.max()) <= 1.0
@@ -505,7 +505,7 @@ def test_chance_levels_of_a_uniform_predictor():
     """paper MDL's chance is log2 K times the share of examples the blocks after the first code; loss ln K."""
     from types import SimpleNamespace
 
-    from mdl.report_figures import chance_level, display_name
+    from mdl.report.figures import chance_level, display_name
 
     run = SimpleNamespace(results={"num_classes": 4, "boundaries": [10, 30, 100]})
     cells = [SimpleNamespace(runs=[run])]
@@ -520,7 +520,7 @@ def test_chance_levels_of_a_uniform_predictor():
 def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path):
     """A sweep over optimizer.lr: report.md's "Learning rate" section picks the lr of lowest mean paper MDL
     per architecture and eraser, and says when it is at the edge of the grid."""
-    from mdl.report_lr import best_learning_rates
+    from mdl.report.lr import best_learning_rates
 
     sweep = tmp_path / "multirun"
     job = 0

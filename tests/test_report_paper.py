@@ -16,10 +16,10 @@ import pytest
 from conftest import CONF, FAST, run_launch
 from test_report import read_csv, write_run, write_sweep
 
-from mdl.report import build_report, main
-from mdl.report_paper import FLAG_SIGMAS, available_tables, compare, load_paper_table
-from mdl.report_runs import load_sweep
-from mdl.report_stats import build_cells, mdl_increase
+from mdl.report.build import build_report, main
+from mdl.report.paper import FLAG_SIGMAS, available_tables, compare, load_paper_table
+from mdl.report.runs import load_sweep
+from mdl.report.stats import build_cells, mdl_increase
 
 # The Appendix C table as the paper's text prints it (copied from the paper, not from the CSV):
 PAPER_ROWS = """
@@ -151,7 +151,7 @@ def test_raw_cifar10_is_not_compared_with_the_z_scored_table(tmp_path: Path):
 def test_figure3_draws_the_increase_over_the_control_per_width(tmp_path: Path, monkeypatch):
     """test_report's sweep: paper MDL = base(eraser) - 1 (LeNet) + 0.01 width/64 + 0.1 depth + 0.2 seed,
     except MLP / 128 / 2 / control = 7.0, 7.5, 8.5. Per (architecture, depth) panel, one line per eraser."""
-    import mdl.report_figures as figs
+    import mdl.report.figures as figs
 
     sweep = load_sweep([write_sweep(tmp_path / "runs", with_erasers=False)])
     cells = build_cells(sweep)
@@ -206,7 +206,7 @@ def test_report_group_composes_to_the_callback():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["report=table16"], return_hydra_config=True)
     node = cfg.hydra.callbacks.report
-    assert node._target_ == "mdl.report_callback.ReportAfterMultirun"
+    assert node._target_ == "mdl.report.callback.ReportAfterMultirun"
     assert (node.enabled, node.compare_to, node.images) == (True, "table16", 4)
     assert "report" not in cfg  # bookkeeping only: never in a run's config or hash
 
@@ -214,7 +214,7 @@ def test_report_group_composes_to_the_callback():
 def test_callback_refuses_unknown_table_and_writes_the_report(tmp_path: Path):
     from omegaconf import OmegaConf
 
-    from mdl.report_callback import ReportAfterMultirun
+    from mdl.report.callback import ReportAfterMultirun
 
     with pytest.raises(SystemExit, match="no such paper table"):
         ReportAfterMultirun(compare_to="table_99").on_multirun_start(OmegaConf.create({}))

@@ -67,7 +67,7 @@ import pytest  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
 from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
-from mdl.experiment import run_experiment  # noqa: E402
+from mdl.run.experiment import run_experiment# noqa: E402
 
 KILL_SETTINGS = ["mdl.engine=sequential", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=25", "mdl.num_blocks=3", "data.first_block=100", "width=32", "model.base_width=32"]
 EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "blocks", "val_loss_curve", "train_loss_curve", "final_epochs")

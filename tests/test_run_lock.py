@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from mdl.storage import HOLDER_FILE, StalledLockHolder, read_holder, run_lock
+from mdl.run.storage import HOLDER_FILE, StalledLockHolder, read_holder, run_lock
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from mdl.storage import run_lock
+from mdl.run.storage import run_lock
 with run_lock(Path(sys.argv[1]), lease_s=float(sys.argv[2])):
     print("held", flush=True)
     time.sleep(float(sys.argv[3]))
@@ -70,7 +70,7 @@ def test_live_holder_is_waited_for_past_the_lease(tmp_path: Path) -> None:
 def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
     """launch.py reports a stalled holder as `error: ...` with exit code 2, not a traceback or a hang."""
     from conftest import FAST, compose_config
-    from mdl.experiment import config_hash
+    from mdl.run.identity import config_hash
 
     overrides = FAST + [f"paths.output_root={tmp_path}", "mdl.lock_lease_s=1"]
     store = Path(compose_config(overrides).paths.store_dir) / config_hash(compose_config(overrides))
@@ -94,7 +94,7 @@ def test_a_dead_holders_leftover_record_is_not_blamed(tmp_path: Path) -> None:
 
     from filelock import FileLock
 
-    from mdl.storage import LOCK_FILE
+    from mdl.run.storage import LOCK_FILE
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

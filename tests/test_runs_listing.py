@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from conftest import FAST, compose_config
-from mdl.experiment import run_experiment
+from mdl.run.experiment import run_experiment
 from mdl.runs import list_runs, main
 from test_resume import KILL_SETTINGS, run_killed_after
 

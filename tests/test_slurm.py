@@ -22,7 +22,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mdl.sweep_checks import (
+from mdl.sweeps.checks import (
     LOCAL_LAUNCHER,
     SLURM_LAUNCHER,
     SweepSetupError,
@@ -32,7 +32,7 @@ from mdl.sweep_checks import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-CALLBACK_TARGET = "mdl.sweep_checks.LauncherChecks"
+CALLBACK_TARGET = "mdl.sweeps.checks.LauncherChecks"
 # Small and fast: 3 prequential blocks, 2 epochs per fit, a narrow MLP on digits.
 FAST = ["width=16", "mdl.num_blocks=3", "trainer.kwargs.max_epochs=2", "trainer.patience=1"]
 SWEEP = ["seed=0,1", "eraser=none,leace"]
@@ -136,7 +136,7 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
 def test_callback_registered_in_config():
     assert callback_registered(), (
         "conf/config.yaml does not register the pre-submission checks; add under `hydra:`\n"
-        "  callbacks:\n    launcher_checks:\n      _target_: mdl.sweep_checks.LauncherChecks"
+        "  callbacks:\n    launcher_checks:\n      _target_: mdl.sweeps.checks.LauncherChecks"
     )
 
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from conftest import FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
-from mdl.experiment import make_loss, make_model_factory, make_optimizer, run_experiment
+from mdl.run.components import make_loss, make_model_factory, make_optimizer
+from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
 from models.losses import SpectralDecoupling, loss_from_options, spectral_penalty
 from models.stacked_module import StackedClassifier
@@ -322,7 +323,7 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
                 "trainer.patience=6", "mdl.checkpoint_every_s=0"]
     cfg = compose_config(settings, tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
-    from mdl.experiment import make_datamodule
+    from mdl.run.components import make_datamodule
 
     dm = make_datamodule(cfg)  # the run's own data module, set up
     model, sd = make_model_factory(cfg, dm.num_classes, dm.input_shape)(), make_loss(cfg, dm.num_classes)

@@ -16,11 +16,12 @@ from mup import MuReadout
 from conftest import FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.loader import DeviceBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches
-from mdl.experiment import make_model_factory, make_module_factory, run_experiment
+from mdl.run.components import make_model_factory, make_module_factory
+from mdl.run.experiment import run_experiment
 from mdl.engine.stacked_fit import StackedProtocol
 from mdl.engine.protocol import member_seeds
 from mdl.engine.stacked_fit import build_members
-from mdl.trainer_settings import refuse_for_stacked
+from mdl.engine.trainer_settings import refuse_for_stacked
 from models import Classifier, create_model
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
@@ -203,7 +204,7 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
         else:
             assert blocks[i]["val_bits_per_example"] * math.log(2) <= min(curve)
     # the scored weights give the best epoch's validation loss again
-    from mdl.experiment import make_datamodule
+    from mdl.run.components import make_datamodule
 
     dm = make_datamodule(cfg)  # the run's own data module, set up
     model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
@@ -291,7 +292,7 @@ def test_a_diverging_member_stops_the_run_with_the_learning_rate_in_the_message(
 
 
 def test_run_identity_is_the_engine_and_cpu_threads_not_how_often_it_checkpoints_or_how_it_groups_steps() -> None:
-    from mdl.experiment import DEFAULT_THREADS, config_hash
+    from mdl.run.identity import DEFAULT_THREADS, config_hash
 
     base = config_hash(compose_config(FAST))
     assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "mdl.steps_per_group=1"]))
@@ -372,7 +373,7 @@ def test_a_stacked_checkpoint_made_by_other_code_is_not_resumed(tmp_path: Path, 
 def test_callbacks_see_every_optimizer_step_of_a_group(tmp_path: Path, monkeypatch) -> None:
     """Steps run in groups inside one Lightning step; a callback's per-step hooks still run once per
     optimizer step: max over members of epochs x steps per epoch (they all start at step 0)."""
-    import mdl.experiment
+    import mdl.run.experiment
 
     calls = {"on_before_backward": 0, "on_after_backward": 0, "on_before_optimizer_step": 0}
 
@@ -388,7 +389,7 @@ def test_callbacks_see_every_optimizer_step_of_a_group(tmp_path: Path, monkeypat
             assert any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
             calls["on_before_optimizer_step"] += 1
 
-    monkeypatch.setattr(mdl.experiment, "make_preconditioner", lambda cfg, dm: ([CountSteps()], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([CountSteps()], None))
     cfg = compose_config([*STACKED, "trainer.kwargs.max_epochs=6", "trainer.patience=2", "mdl.steps_per_group=4"], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     batch = cfg.data.batch_size

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mdl.experiment import allocated_cpus
+from mdl.run.identity import allocated_cpus
 
 
 def test_outside_slurm_the_default_is_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import FAST, compose_config
 from datamodules.loader import DeviceBatches
-from mdl.experiment import run_experiment
+from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
 from models.module import optimizer_train_mode, set_optimizer_mode
 

@@ -24,16 +24,16 @@ import lightning as L
 from torch import nn
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.checkpoints import resumable, run_identity
+from mdl.engine.checkpoints import resumable, run_identity
 from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds, scoring_ranges
 from mdl.engine.single_fit import fit_one_member, fit_prefix
 from mdl.engine.stacked_fit import StackedProtocol, build_members
-from mdl.progress_display import EpochHook, FitProgress, MemberProgress
+from mdl.engine.progress_display import EpochHook, FitProgress, MemberProgress
 from mdl.results import PROGRESS_FILE, BlockResult
-from mdl.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
+from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
 from models.losses import SpectralDecoupling
 from models.module import Classifier, OptimizerFactory
 from models.stacked_module import StackedClassifier
@@ -66,7 +66,7 @@ class FitSettings:
     steps_per_group: int = 1
     untrained_candidate: bool = True
     callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models/preconditioning.py)
-    final_curves: Any = None  # a callback of the final member only (mdl/final_fit_curves.py)
+    final_curves: Any = None  # a callback of the final member only (mdl/engine/final_fit_curves.py)
     on_epoch: EpochHook | None = None
     identity: str = ""
 

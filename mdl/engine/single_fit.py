@@ -17,10 +17,10 @@ import lightning as L
 import torch
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.checkpoints import resumable
+from mdl.engine.checkpoints import resumable
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
 from mdl.engine.protocol import MemberOutcome, MemberState, scoring_ranges
-from mdl.trainer_settings import refuse_for_sequential, settings_needing_single_steps
+from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 
 
@@ -151,7 +151,7 @@ def fit_prefix(
     final fit's max-ent probe curves. One Lightning step trains ``steps_per_group`` consecutive
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     ``untrained_candidate``: the untrained model is validated too and kept if no epoch beats it.
-    ``identity`` (mdl/checkpoints.py ``run_identity``) stamps the checkpoint; only a checkpoint with the
+    ``identity`` (mdl/engine/checkpoints.py ``run_identity``) stamps the checkpoint; only a checkpoint with the
     same stamp is resumed.
     """
     start = time.perf_counter()

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from datamodules.stacked_batches import StackedBatches
 from mdl.engine.protocol import MemberOutcome, MemberState, max_epochs_of, require_finite
-from mdl.progress_display import EpochHook
+from mdl.engine.progress_display import EpochHook
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
 
@@ -62,7 +62,7 @@ class StackedProtocol(L.Callback):
         self.lr = lr
         self.on_finish = on_finish
         # member -> called at each of its epoch ends, after validation, with its evaluation weights
-        # (leading dimension 1); e.g. the final member's max-ent probe curves (mdl/final_fit_curves.py)
+        # (leading dimension 1); e.g. the final member's max-ent probe curves (mdl/engine/final_fit_curves.py)
         self.on_member_epoch = dict(on_member_epoch or {})
         self.members = {m: MemberState(m, s.n, s.steps_per_epoch) for m, s in loader.streams.items()}
         # the run's final fit, if it is in this stack (-1: the last member; None: not here)

@@ -104,7 +104,7 @@ def resumable(checkpoint: Path | None, identity: str) -> str | None:
     """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
     one, or one written by other code or another run, is removed with a warning (the fit starts over).
     Temporaries of killed writes of this checkpoint (``unique_temporary``) are removed first: the caller
-    holds the run's lock (mdl/storage.py run_lock), so no other writer of them can be alive."""
+    holds the run's lock (mdl/run/storage.py run_lock), so no other writer of them can be alive."""
     if checkpoint is None:
         return None
     stale = sorted(checkpoint.parent.glob(f"{checkpoint.name}.*.tmp"))

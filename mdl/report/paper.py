@@ -27,8 +27,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from mdl.report_runs import Sweep, eraser_sort_key, sortable
-from mdl.report_stats import Cell
+from mdl.report.runs import Sweep, eraser_sort_key, sortable
+from mdl.report.stats import Cell
+from mdl.report.tables import _num, markdown_table, write_csv
 
 FLAG_SIGMAS = 2.0
 PAPER_VALUES = "paper_values"
@@ -267,7 +268,6 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
         body.append([data, x.cell.arch, *map(str, x.cell.row), x.cell.eraser, ours_text,
                      f"{x.paper.printed} (n={x.paper.n_seeds})", _f(x.delta), _f(x.z_paper, 1), _f(x.z, 1),
                      "**yes**" if x.flagged else "no"])
-    from mdl.report import markdown_table  # noqa: PLC0415 - report imports this module
 
     md += [markdown_table(header, body), ""]
     flagged = [x for x in found if x.flagged]
@@ -282,6 +282,5 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
 
 
 def write_comparison_csv(path: Path, sweep: Sweep, rows: list[list[Any]]) -> Path:
-    from mdl.report import _num, write_csv  # noqa: PLC0415 - report imports this module
 
     return write_csv(path, comparison_header(sweep), ([_num(v) if isinstance(v, float) else v for v in r] for r in rows))

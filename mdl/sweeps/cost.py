@@ -2,7 +2,7 @@
 
 A paper preset is one command that can start hundreds of jobs; the user should see the bill first.
 
-    python -m mdl.sweep_cost +experiment=paper/appendix_c [overrides]   # print it, run nothing
+    python -m mdl.sweeps.cost +experiment=paper/appendix_c [overrides]   # print it, run nothing
     python launch.py -m +experiment=paper/appendix_c [overrides]        # print it, then run
 
 The job list is Hydra's own (BasicSweeper: ``hydra.sweeper.params``, then the command line, later
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
 
@@ -192,11 +192,11 @@ class InvalidJob(ValueError):
 
 def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int]]:
     """One composed config per distinct job (seeds aside) and how many jobs it stands for. Each is
-    checked as launch.py checks a run (mdl.experiment.validate_config): a sweep with an invalid job
+    checked as launch.py checks a run (mdl.run.config_checks.validate_config): a sweep with an invalid job
     is refused before its first job runs, and no refused job is priced."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from mdl.experiment import validate_config
+    from mdl.run.config_checks import validate_config
 
     groups: dict[tuple[str, ...], int] = {}
     for job in jobs:

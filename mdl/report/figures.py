@@ -1,5 +1,5 @@
 """The report's figures: MDL against width / depth, Figure 3 (MDL increase over the control per
-width), final-fit loss curves, and Figure 1.
+width), final-fit loss curves and probe curves (Figure 1, the erased images, is in figure1.py).
 
 Everything is drawn with matplotlib's Agg backend (no display needed), each figure as PNG (shown in
 report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends outside
@@ -13,7 +13,7 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import matplotlib
 
@@ -21,12 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mdl.report_runs import CONTROL, Run, Sweep, eraser_sort_key, sortable  # noqa: E402
-from mdl.report_stats import Cell, Increase, curve_stats, erasers_of, mdl_increase  # noqa: E402
+from mdl.report.runs import Sweep, sortable  # noqa: E402
+from mdl.report.stats import Cell, Increase, curve_stats, erasers_of, mdl_increase  # noqa: E402
 
 SCALING_METRICS = (("paper_mdl", "paper MDL (bits/sample)"), ("online_bits_per_example", "online code length (bits/example)"))
 MAX_COLUMNS = 4
-RANDOM_FIT_IMAGES = 8192
 
 
 @dataclass
@@ -59,7 +58,7 @@ def legend(ax) -> None:
 
 def chance_level(cells: list[Cell], metric: str) -> float | None:
     """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
-    paper MDL log2 K * sum(t_2..t_S) / N (mdl/experiment.py summary), online code log2 K, loss ln K nats."""
+    paper MDL log2 K * sum(t_2..t_S) / N (mdl/run/experiment.py summary), online code log2 K, loss ln K nats."""
     runs = [r.results for c in cells for r in c.runs]
     keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
     if len(keys) != 1:
@@ -321,154 +320,3 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                                   "dashed line close to the solid one: what the network uses so far is in the class "
                                   "means and covariances."))
     return figures, notes
-
-
-# --- Figure 1: the same images under each eraser ----------------------------------------------
-
-ImageLoader = Callable[[dict[str, Any]], tuple[Any, Any]]
-"""config of a run -> (images float (n, c, h, w), int64 labels (n,)) of its data source."""
-
-
-def default_image_loader(config: dict[str, Any]) -> tuple[Any, Any]:
-    """Training images of the run's data source through ``datamodules.load_source``."""
-    from datamodules import load_source
-
-    data = dict(config.get("data") or {})
-    name = data.pop("source", None) or data.pop("name", None)
-    if name is None:
-        raise ValueError("config.data has no `source` key naming the data set")
-    options = data.get("options") if isinstance(data.get("options"), dict) else {}
-    source = load_source(name, **options)
-    return source.train.x, source.train.y
-
-
-def edit_rank(eraser: Any) -> int | None:
-    """Number of directions an eraser edits, from its saved metadata when it records one."""
-    meta = eraser.metadata() if hasattr(eraser, "metadata") else {}
-    for key in ("edit_rank", "rank", "num_directions", "n_directions"):
-        if isinstance(meta.get(key), int):
-            return int(meta[key])
-    tensors = eraser.tensors() if hasattr(eraser, "tensors") else {}
-    for key in ("directions", "basis"):
-        if key in tensors and tensors[key].ndim == 2:
-            return int(min(tensors[key].shape))
-    return None
-
-
-def random_control(x, y, shown, rank: int):
-    """The paper's equal-rank control: erasure's ``random`` eraser (``rank`` random directions
-    through the data mean removed), fitted on (a sample of) the image set, applied to the shown ones."""
-    from erasure import fit_eraser
-
-    x, y = x[:RANDOM_FIT_IMAGES], y[:RANDOM_FIT_IMAGES]  # only the mean is fitted: a sample is plenty
-    return fit_eraser("random", x.double(), y.long(), rank=rank, seed=0)(shown.double()).to(shown.dtype)
-
-
-def pick_images(y, n_images: int) -> list[int]:
-    """The first example of each of the first ``n_images`` classes (deterministic, varied)."""
-    firsts: dict[int, int] = {}
-    for i, label in enumerate(y.tolist()):
-        firsts.setdefault(int(label), i)
-    return [firsts[c] for c in sorted(firsts)[:n_images]]
-
-
-def figure1(sweep: Sweep, out: Path, image_loader: ImageLoader | None = default_image_loader,
-            n_images: int = 4) -> tuple[list[FigureFile], list[str]]:
-    """For each data configuration: images (rows) as given and under every fitted eraser."""
-    figures, notes = [], []
-    if image_loader is None or n_images < 1:
-        return [], ["Figure 1: skipped (no image loader, or zero images asked for)."]
-    groups: dict[tuple, list[Run]] = {}
-    for run in sweep.runs:  # the images depend on the source and its options only
-        key = tuple(sorted((k, v) for k, v in run.flat.items() if k.startswith(("data.source", "data.options"))))
-        groups.setdefault(key, []).append(run)
-    used_names: set[str] = set()
-    for g, runs in enumerate(groups.values()):
-        source = (runs[0].results["config"].get("data") or {}).get("source", f"data{g}")
-        try:
-            x, y = image_loader(runs[0].results["config"])
-        except Exception as err:  # noqa: BLE001 - any loader failure only skips the figure
-            notes.append(f"Figure 1 ({source}): skipped, the images could not be loaded ({type(err).__name__}: {err}).")
-            continue
-        idx = pick_images(y, n_images)
-        xs, ys = x[idx].float(), y[idx].long()
-        columns, ranks = [("original", xs)], {}
-        # The control's "erased" images are the originals: its column would repeat the first one.
-        for eraser_label in sorted({r.eraser for r in runs if r.eraser != CONTROL}, key=eraser_sort_key):
-            image, rank, note = _apply_first_loadable([r for r in runs if r.eraser == eraser_label], xs, ys)
-            if note:
-                notes.append(f"Figure 1 ({source}), {eraser_label}: {note}")
-            if image is not None:
-                columns.append((eraser_label, image))
-                ranks[eraser_label] = rank
-        if len(columns) == 1:
-            notes.append(f"Figure 1 ({source}): skipped, no eraser of this data set could be applied.")
-            continue
-        caption_rank = ""
-        if not any(label.startswith("random") for label, _ in columns):  # else the sweep has its own
-            rank, origin = _reference_rank(ranks)
-            try:
-                if not rank:
-                    raise ValueError("no eraser records its edit rank")
-                columns.append((f"random (rank {rank})", random_control(x, y, xs, rank)))
-                caption_rank = f" The last column removes {rank} random directions (edit rank of {origin})."
-            except Exception as err:  # noqa: BLE001 - the control column is optional
-                notes.append(f"Figure 1 ({source}): no random-projection column ({type(err).__name__}: {err}).")
-        base = f"figure1_{slug(str(source))}"
-        name = base if base not in used_names else f"{base}_{g}"
-        used_names.add(name)
-        path = _draw_figure1(columns, out / f"{name}.png", float(x.min()), float(x.max()))
-        figures.append(FigureFile(path, f"Figure 1: {source} images under each eraser",
-                                  "Rows: the first example of each of the first classes of the training set; columns: "
-                                  "unedited (= the control) and under each fitted eraser (label-dependent erasers get the true label). "
-                                  f"Pixels clipped to the data range for display.{caption_rank}"))
-    return figures, notes
-
-
-def _reference_rank(ranks: dict[str, int | None]) -> tuple[int | None, str]:
-    for label, rank in ranks.items():
-        if label.startswith("alf_qleace") and rank:
-            return rank, label
-    known = [(r, label) for label, r in ranks.items() if r]
-    return max(known) if known else (None, "")
-
-
-def _apply_first_loadable(runs: list[Run], xs, ys):
-    """Apply the eraser of the first run whose file loads; (images, edit rank, note)."""
-    from erasure import load_eraser
-
-    reasons = []
-    for run in sorted(runs, key=lambda r: str(r.replicate)):
-        raw = run.results.get("eraser_path")
-        if not raw:
-            reasons.append("eraser_path is null (the run saved no eraser, e.g. one that cannot transform new data)")
-            continue
-        path = Path(raw)
-        if not path.exists() and (run.path.parent / path.name).exists():
-            path = run.path.parent / path.name  # the sweep was moved: look next to results.json
-        try:
-            eraser = load_eraser(path)
-            out = eraser(xs, ys) if getattr(eraser, "requires_labels", False) else eraser(xs)
-            return out, edit_rank(eraser), None
-        except Exception as err:  # noqa: BLE001 - report and try the next seed's file
-            reasons.append(f"{path}: {type(err).__name__}: {err}")
-    return None, None, "not shown; " + "; ".join(dict.fromkeys(reasons))
-
-
-def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: float) -> Path:
-    n_rows, n_cols = columns[0][1].shape[0], len(columns)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.6 * n_rows), squeeze=False)
-    span = hi - lo if hi > lo else 1.0
-    for j, (label, images) in enumerate(columns):
-        for i in range(n_rows):
-            img = ((images[i].detach().double().cpu().numpy() - lo) / span).clip(0, 1)
-            ax = axes[i][j]
-            if img.shape[0] == 1:
-                ax.imshow(img[0], cmap="gray", vmin=0, vmax=1)
-            else:
-                ax.imshow(np.moveaxis(img[:3], 0, -1))
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if i == 0:
-                ax.set_title(label, fontsize=8)
-    return _save(fig, path)

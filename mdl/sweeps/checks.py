@@ -19,7 +19,7 @@ Register it in conf/config.yaml::
     hydra:
       callbacks:
         launcher_checks:
-          _target_: mdl.sweep_checks.LauncherChecks
+          _target_: mdl.sweeps.checks.LauncherChecks
 """
 
 from __future__ import annotations

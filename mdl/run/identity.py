@@ -1,8 +1,8 @@
 """The one definition of the settings that say where or how a run is done, not what it computes.
 
-They are left out of a run's identity (its config hash: mdl/experiment.py ``config_hash``, which
-decides skip-if-done and resume), the report does not split cells on them (mdl/report_runs.py), and W&B
-run names leave them out (mdl/run_logging.py). Hydra's job folder names leave the same ones out
+They are left out of a run's identity (its config hash, ``config_hash`` below, which decides
+skip-if-done and resume), the report does not split cells on them (mdl/report/runs.py), and W&B
+run names leave them out (mdl/run/loggers.py). Hydra's job folder names leave the same ones out
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.
 
@@ -13,7 +13,12 @@ the thread count (``cpu_threads`` is added to the identity: 1 and 2 threads redu
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 BOOKKEEPING_KEYS = (
     # where things go and how they are recorded
@@ -85,3 +90,64 @@ def canonical_fit_mode(mdl: dict[str, Any]) -> None:
     mdl["engine"] = "stacked" if name.startswith("fits of") else name
     if name.startswith("fits of"):
         mdl["members_per_fit"] = k
+
+
+# --- a run's identity: the config hash ----------------------------------------------------------
+
+def allocated_cpus() -> int:
+    """The CPU threads a run trains with by default: the CPUs Slurm allocated to the task
+    (SLURM_CPUS_PER_TASK, capped by the process's CPU affinity), which no other job uses; elsewhere 1.
+
+    On a machine whose cores other work shares (a login node, CI, a workstation) more threads than one
+    only fight that work: the default run took 18.1 s with 2 spinning threads and 13.0 s with 2 sleeping
+    ones against 10.1 s with one, while 2 busy processes ran on 2 cores (benchmarks/bench_threads.py; on a
+    quiet machine 2 threads saved 7%). The thread count is part of a CPU run's identity, so it must not
+    depend on the load of the moment: set trainer.torch_threads=N where N cores are yours."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if not (slurm.isdigit() and int(slurm) > 0):
+        return 1
+    count = int(slurm)
+    if hasattr(os, "sched_getaffinity"):
+        count = min(count, len(os.sched_getaffinity(0)))
+    return max(count, 1)
+
+
+DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: the CPUs allocated to this task (1 outside Slurm)
+
+
+OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
+
+
+def training_threads(cfg: DictConfig) -> int:
+    """The CPU threads a run trains with: trainer.torch_threads, or the CPUs allocated to this process."""
+    return int(cfg.trainer.get("torch_threads") or DEFAULT_THREADS)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A short hash of the resolved config minus bookkeeping keys: the identity of a run. A run that
+    trains on a CPU also carries its thread count: 1 and 2 threads give different numbers (sums are
+    reduced in another order), so a run resumed or skipped with another count would mix them."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    if _trains_on_cpu(cfg):
+        data["cpu_threads"] = training_threads(cfg)
+    without_bookkeeping(data)  # where and how, not what
+    canonical_fit_mode(data["mdl"])  # mdl.engine=stacked and mdl.members_per_fit=all: one run
+    if not (data.get("probes") or {}).get("enabled", False):
+        data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
+    for group, keys in OPTIONAL_KEYS.items():
+        for key in keys:
+            if (data.get(group) or {}).get(key, "absent") is None:
+                data[group].pop(key)  # off: the hash runs had before the option existed
+    blob = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _trains_on_cpu(cfg: DictConfig) -> bool:
+    """Whether the run's device resolves to the CPU here (a device that cannot be resolved is reported
+    by check_trainer_config, not here)."""
+    from mdl.engine.device import training_device  # torch: only when a hash is made, not when the report imports this
+
+    try:
+        return training_device(cfg.device, cfg.data.get("device")).type == "cpu"
+    except ValueError:
+        return False

@@ -50,7 +50,8 @@ def batch_metrics(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 
 
 def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
-    from mdl.experiment import check_trainer_config, make_datamodule, make_module_factory, validate_config
+    from mdl.run.components import make_datamodule, make_module_factory
+    from mdl.run.config_checks import check_trainer_config, validate_config
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"overfit_one_batch={steps!r}: the number of steps, an integer >= 1; e.g. overfit_one_batch=300")

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mdl.report_runs import Sweep
-from mdl.report_stats import Cell
+from mdl.report.runs import Sweep
+from mdl.report.stats import Cell
 
 LR_KEY = "optimizer.lr"
 

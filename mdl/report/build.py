@@ -1,7 +1,7 @@
 """``python -m mdl.report SWEEP_DIR... [--out DIR]``: the paper's table and figures from a sweep.
 
 Reads every ``results.json`` below the given directories, groups runs into conditions (the
-resolved config minus seeds and paths, see ``mdl.report_runs``) and writes into ``--out``
+resolved config minus seeds and paths, see ``mdl.report.runs``) and writes into ``--out``
 (default ``<first SWEEP_DIR>/report``) a Markdown report with its PNG figures beside it plus CSVs:
 
     report.md          the Appendix-C table, the comparison with the paper's published values,
@@ -19,7 +19,7 @@ versions (results.json ``code_version``, else ``git_sha``) go to different cells
 ``code_version`` column, unless ``--merge-code-versions``; when the runs come from more than one
 version, a console line and report.md say how many and whether cells were split or merged.
 
-The paper's published values ship in ``mdl/paper_values`` (``mdl.report_paper``): a table whose
+The paper's published values ship in ``mdl/paper_values`` (``mdl.report.paper``): a table whose
 data set the runs share is compared automatically; ``--compare-to NAME`` compares with a named
 table whatever the data set (matching architecture x eraser; the section says the data sets differ).
 """
@@ -27,75 +27,24 @@ table whatever the data set (matching architecture x eraser; the section says th
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
-from mdl.report_figures import (
-    FigureFile, ImageLoader, default_image_loader, figure1, figure3, loss_figures, probe_figures, scaling_figures,
+from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
+from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures
+from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
+from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
+from mdl.report.lr import lr_section
+from mdl.sweeps.jobs import MissingJob, missing_jobs
+from mdl.report.tables import (
+    PARTIAL_MARK, _num, _triple, markdown_table, pivot, write_csv, write_latex_table,
 )
-from mdl.report_paper import available_tables, load_paper_table, paper_section, write_comparison_csv
-from mdl.report_runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
-from mdl.report_lr import lr_section
-from mdl.sweep_jobs import MissingJob, missing_jobs
-from mdl.report_stats import (
+from mdl.report.stats import (
     METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
-    mdl_backfire, mdl_increase, row_differences, rows_of,
+    mdl_backfire, mdl_increase, row_differences,
 )
-
-PARTIAL_MARK = "†"
-
-
-def fmt(mean: float, std: float, n: int, digits: int = 2) -> str:
-    if n == 0 or math.isnan(mean):
-        return "—"
-    spread = "n/a" if math.isnan(std) else f"{std:.{digits}f}"
-    return f"{mean:.{digits}f} ± {spread} (n={n})"
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def pivot(sweep: Sweep, cells: list[Cell], metric: str, max_seeds: int, digits: int = 2) -> str:
-    """Architecture (and row keys) down, erasers across: 'mean ± std (n)' per cell."""
-    by_key = {(c.arch, c.row, c.eraser): c for c in cells}
-    erasers = erasers_of(cells)
-    body = []
-    for arch, row in rows_of(cells):
-        line = [arch, *map(str, row)]
-        for e in erasers:
-            cell = by_key.get((arch, row, e))
-            if cell is None:
-                line.append("missing")
-                continue
-            text = fmt(*cell.mean_std(metric), digits=digits)
-            line.append(text + (f" {PARTIAL_MARK}" if cell.n < max_seeds else ""))
-        body.append(line)
-    return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
-
-
-# --- CSV ---------------------------------------------------------------------------------------
-
-def write_csv(path: Path, header: list[str], rows: Iterable[Sequence[Any]]) -> Path:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
-def _num(x: Any) -> str:
-    """CSV text of a number: ints as ints, floats in full precision, missing / NaN as empty."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or (isinstance(x, float) and math.isnan(x)):
-        return ""
-    return str(x) if isinstance(x, int) else repr(float(x))
-
 
 def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], out: Path) -> list[Path]:
     keys = list(sweep.row_keys)
@@ -146,41 +95,6 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
     return paths
 
 
-LATEX_METRICS = ("paper_mdl", "online_bits_per_example", "final_val_loss")
-
-
-def latex_escape(text: Any) -> str:
-    return "".join("\\" + ch if ch in "&%$#_{}" else ch for ch in str(text))
-
-
-def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
-    """The table as a booktabs LaTeX tabular (mean ± sample std over seeds, n when seeds are missing),
-    erasers under the paper's names; paste it into a paper with \\usepackage{booktabs}."""
-    from mdl.report_figures import display_name
-
-    keys = list(sweep.row_keys)
-    header = ["architecture", *keys, "eraser", *(f"{METRICS[m][0]} ({METRICS[m][1]})" for m in LATEX_METRICS)]
-    max_n = max((c.n for c in cells), default=0)
-    lines = [f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}", "\\toprule",
-             " & ".join(map(latex_escape, header)) + " \\\\", "\\midrule"]
-    for c in cells:
-        values = []
-        for metric in LATEX_METRICS:
-            mean, std, n = c.mean_std(metric)
-            text = "--" if n == 0 else f"{mean:.3f}" + (f" $\\pm$ {std:.3f}" if n > 1 else "")
-            values.append(text + (f" ($n$={n})" if 0 < n < max_n else ""))
-        lines.append(" & ".join([latex_escape(c.arch), *map(latex_escape, c.row), latex_escape(display_name(c.eraser)),
-                                 *values]) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", ""]
-    path.write_text("\n".join(lines))
-    return path
-
-
-def _triple(cell: Cell, metric: str) -> list[str]:
-    mean, std, n = cell.mean_std(metric)
-    return [_num(mean), _num(std), str(n)]
-
-
 # --- the report --------------------------------------------------------------------------------
 
 def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
@@ -190,7 +104,7 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                  compare_to: str | None = None) -> Path:
     """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file.
 
-    ``compare_to`` names a shipped paper table (``mdl.report_paper.available_tables()``) to compare
+    ``compare_to`` names a shipped paper table (``mdl.report.paper.available_tables()``) to compare
     with whatever the runs' data set; None compares with the tables of the runs' own data set.
 
     Runs of different code versions land in different cells unless ``merge_code_versions``; when

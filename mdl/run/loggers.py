@@ -22,7 +22,7 @@ from typing import Any, Callable
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mdl.identity import engine_name, is_bookkeeping
+from mdl.run.identity import engine_name, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,8 @@ def erased_images(run_dir: Path) -> list[tuple[Path, str]]:
     eraser and under a random projection of equal rank), drawn as the report draws it, in
     ``<run dir>/figures``; none for the control or when the images cannot be loaded."""
     try:
-        from mdl.report_figures import figure1
-        from mdl.report_runs import load_sweep
+        from mdl.report.figure1 import figure1
+        from mdl.report.runs import load_sweep
 
         figures, _ = figure1(load_sweep([run_dir]), _mkdir(run_dir / "figures"), n_images=4)
     except Exception as err:  # noqa: BLE001 - a picture must never fail a finished run

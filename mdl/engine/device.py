@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from datamodules.datamodule import resolve_device
+from datamodules.settings import resolve_device
 
 LIGHTNING_CPU = ("cpu",)
 LIGHTNING_CUDA = ("cuda", "gpu")

@@ -11,7 +11,7 @@ paper's numbers, in the sweep directory without a second command. Registered by
     images       Figure 1 rows (0: no Figure 1, no data loading)
 
 An unknown ``compare_to`` stops the sweep before any job starts (``on_multirun_start``), like
-``mdl.sweep_checks``. A report that fails after the jobs ran is logged as an error and leaves
+``mdl.sweeps.checks``. A report that fails after the jobs ran is logged as an error and leaves
 the results alone: ``python -m mdl.report <sweep dir>`` can be run again by hand.
 """
 
@@ -34,7 +34,7 @@ class ReportAfterMultirun(Callback):
         self.images = int(images)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from mdl.report_paper import available_tables
+        from mdl.report.paper import available_tables
 
         if self.enabled and self.compare_to and self.compare_to not in available_tables():
             raise SystemExit(f"hydra.callbacks.report.compare_to={self.compare_to!r}: no such paper table; shipped: "
@@ -43,7 +43,7 @@ class ReportAfterMultirun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled:
             return
-        from mdl.report import build_report
+        from mdl.report.build import build_report
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:

@@ -1,0 +1,176 @@
+"""Applying a fitted eraser to the splits, and checking what it left: the erasure diagnostics, the
+criterion (equal class moments), the quadratic leftover, a summary line; the QDA of eval_labels=predicted."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from datamodules.qda import QuadraticDiscriminant
+from datamodules.settings import ERASE_CHUNK
+from datamodules.splits import Splits
+from erasure import Eraser, class_moments, erasure_report
+from erasure.diagnostics import erasure_shortfall, probe_shortfall
+
+log = logging.getLogger(__name__)
+
+
+def eraser_on(eraser: Eraser, device: torch.device) -> Eraser:
+    """The same eraser with its tensors on ``device`` (so applying it per batch moves nothing)."""
+    moved = {name: t.to(device) for name, t in eraser.tensors().items()}
+    return dataclasses.replace(eraser, **moved) if moved else eraser
+
+
+def erase(eraser: Eraser, x: Tensor, labels: Tensor | None) -> Tensor:
+    """Apply ``eraser`` in chunks (float32 out, on x's device)."""
+    if not getattr(eraser, "can_transform_new_data", True):
+        return eraser(x, labels)  # edits exactly the data it was fitted on: one call
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], ERASE_CHUNK):
+        sl = slice(start, start + ERASE_CHUNK)
+        out[sl] = eraser(x[sl], labels[sl] if labels is not None else None)
+    return out
+
+
+def needs_eval_labels(eraser: Eraser) -> bool:
+    """Label-dependent maps (qleace) and data-editing erasers (gradient, refitted per split) use
+    labels on val/test; every other eraser maps them without."""
+    return bool(eraser.requires_labels) or not getattr(eraser, "can_transform_new_data", True)
+
+
+def _report_gaps(report: dict[str, float]) -> tuple[dict[str, float], dict[str, float]] | None:
+    """(before, after) moment gaps out of an ``erasure_report``, or None without diagnostics."""
+    split = [{k[: -len(when)]: v for k, v in report.items() if k.endswith(when)} for when in ("_before", "_after")]
+    return (split[0], split[1]) if split[0] and split[1] else None
+
+
+def not_erased(eraser: Eraser, split: str, gaps: tuple[dict[str, float], dict[str, float]] | None) -> list[str]:
+    """A warning when the eraser left the class moments it targets almost as they were: a run on
+    such data measures no erasure, whatever its name says."""
+    missed = erasure_shortfall(*gaps, eraser.targeted_gaps()) if gaps is not None else []
+    if not missed:
+        return []
+    return [
+        f"the {eraser.name!r} eraser did not erase on the {split} split: {', '.join(missed)} (less than 10% "
+        f"removed), so this run trains and evaluates on nearly unerased data. To fix it: {eraser.tuning_hint()}"
+    ]
+
+
+def criterion_check(
+    eraser: Eraser, report: dict[str, float], checks: dict[str, Any] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """(record, warnings) for an eraser that declares a probe criterion (``criterion_probes``, the
+    gradient eraser). The paper's criterion (Sec. 2.4: the data "close to the original images" with
+    "almost no quadratically available information") is read as every held-out probe at most
+    ``checks.criterion_points`` above chance, and the relative RMS change at most
+    ``checks.max_relative_rms_change`` (when the eraser records one); (None, []) otherwise."""
+    keys = tuple(getattr(eraser, "criterion_probes", ()))
+    if not keys:
+        return None, []
+    checks = checks or {}
+    points = float(checks.get("criterion_points", getattr(eraser, "criterion_points", 0.02)))
+    rms, rms_bound = getattr(eraser, "relative_rms_change", None), checks.get("max_relative_rms_change")
+    far = rms is not None and rms_bound is not None and math.isfinite(rms) and rms > float(rms_bound)
+    distance = [] if not far else [
+        f"the {eraser.name!r} eraser moved the images too far to count as close to the originals (paper Sec. 2.4): "
+        f"relative RMS change {rms:.3g} > eraser.checks.max_relative_rms_change={rms_bound}; to fix it: raise "
+        f"eraser.options.distance_weight or lower the mean and covariance weights"
+    ]
+    checked = [key for key in keys if f"{key}_after" in report]
+    if "chance" not in report or not checked:
+        return {"checked": False, "relative_rms_change": rms}, distance + [
+            f"the {eraser.name!r} eraser's criterion (probes within {100 * points:g} points of chance) was not checked: "
+            f"no probe accuracy in the erasure diagnostics (data.diagnostics=true computes them)"
+        ]
+    missed = probe_shortfall(report, checked, points)
+    record = {"checked": True, "met": not missed and not far, "points": points, "chance": report["chance"],
+              **{key: report[f"{key}_after"] for key in checked},
+              "relative_rms_change": rms, "max_relative_rms_change": rms_bound}
+    if not missed:
+        return record, distance
+    gaps = ", ".join(f"{key} {report[f'{key}_after']:.4g}" for key in ("max_mean_gap", "max_cov_gap") if f"{key}_after" in report)
+    return record, [
+        f"the {eraser.name!r} eraser did not erase enough to meet the paper's criterion (almost no quadratically "
+        f"available information, section 2.4; here: held-out {' and '.join(checked)} within {100 * points:g} points "
+        f"of chance {report['chance']:.3f}): {', '.join(missed)}; residual {gaps}. To fix it: {eraser.tuning_hint()}"
+    ] + distance
+
+
+def quadratic_leftover(eraser: Eraser, report: dict[str, float], points: float | None) -> list[str]:
+    """A warning when an eraser that targets class covariances (``erases_quadratic``) leaves a held-out
+    quadratic probe more than ``points`` above chance: the data still carries quadratically available
+    class information, whatever the eraser's name says (QLEACE on digits: QDA 96% against chance 10%)."""
+    if not getattr(eraser, "erases_quadratic", False) or points is None:
+        return []
+    if "qda_acc_after" not in report or "chance" not in report or report["qda_acc_after"] <= report["chance"] + points:
+        return []
+    return [
+        f"after the {eraser.name!r} eraser a held-out quadratic probe (QDA) still reads {report['qda_acc_after']:.3f} "
+        f"against chance {report['chance']:.3f} (more than eraser.checks.qda_warning_points={points} above): class "
+        f"information is still quadratically available (e.g. in singular class covariances, or from a fit that "
+        f"stopped early), so this run does not measure learning without it"
+    ]
+
+
+def diagnostics_summary(report: dict[str, float]) -> str:
+    """One log line: residual moment gaps and held-out probe accuracies, before -> after."""
+    names = {"max_mean_gap": "max mean gap", "max_cov_gap": "max cov gap", "linear_probe_acc": "linear probe", "qda_acc": "QDA"}
+    parts = [f"{label} {report[f'{key}_before']:.4g} -> {report[f'{key}_after']:.4g}"
+             for key, label in names.items() if f"{key}_before" in report and f"{key}_after" in report]
+    if "chance" in report:
+        parts.append(f"chance {report['chance']:.3f}")
+    return "erasure diagnostics: " + (", ".join(parts) or "none computed")
+
+
+def edit_rank(eraser: Eraser) -> int:
+    """The number of directions an eraser edits (``edit_rank``, or ``rank`` for leace and random)."""
+    meta = eraser.metadata()
+    for key in ("edit_rank", "rank"):
+        if isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool):
+            return int(meta[key])
+    raise ValueError(
+        f"eraser.options.rank_from={eraser.name}: the {eraser.name!r} eraser edits no fixed number of directions "
+        f"(it records no edit rank); use alf_qleace or leace, or give eraser.options.rank"
+    )
+
+
+def diagnose(
+    eraser: Eraser, splits: Splits, train_after: Tensor, val_after: Tensor, skipped: dict[str, str], device: torch.device,
+    raw_train: bool, own_edit_per_split: bool, data_seed: int,
+) -> dict[str, float]:
+    """Moment gaps and linear/QDA probe accuracies on held-out data, before and after erasure.
+    Optional numbers: what cannot be computed is recorded in ``skipped`` and warned, never fatal.
+    ``raw_train``: the stored training images are raw (augment_then_erase). ``own_edit_per_split``: an eraser
+    that edits only its own fitting data was fitted per split, so its probes hold out training rows."""
+    train_before, y = splits.train.x.to(device), splits.train.y.to(device)
+    if raw_train:
+        train_after = erase(eraser, train_before, y if eraser.requires_labels else None)
+    log.info("erasure diagnostics: moment gaps, linear probe and QDA before/after")
+    # Probes are scored on held-out rows of data edited by the same fit.
+    held_out = {} if own_edit_per_split else {
+        "x_test_before": splits.val.x.to(device), "x_test_after": val_after, "y_test": splits.val.y.to(device)}
+    try:
+        return erasure_report(train_before, train_after, y, seed=data_seed, skipped=skipped, **held_out)
+    except (ValueError, RuntimeError, ArithmeticError) as err:
+        skipped["all"] = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            f"erasure diagnostics failed ({skipped['all']}); the run goes on without them "
+            f"(data.diagnostics=false skips them)", RuntimeWarning, stacklevel=2,
+        )
+        return {}
+
+
+def label_predictor(eraser: Eraser, splits: Splits, eval_labels: bool | str, device: torch.device,
+                    regularization: float) -> QuadraticDiscriminant | None:
+    """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""
+    if not needs_eval_labels(eraser) or eval_labels is True:
+        return None
+    moments = class_moments(splits.train.x.to(device), splits.train.y.to(device), len(splits.classes))
+    log.info("eval_labels=predicted: val/test mapped with QDA labels (regularization %g)", regularization)
+    return QuadraticDiscriminant.from_moments(moments, regularization)

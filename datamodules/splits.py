@@ -1,0 +1,102 @@
+"""Splits of a data set: seeded splitting, class balancing, standardisation and the covariance transform."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from datamodules.sources import ImageSet
+from erasure import CovariancePower
+from datamodules.settings import ERASE_CHUNK, check_balance
+
+log = logging.getLogger(__name__)
+
+
+def seeded_split(n: int, sizes: list[int], data_seed: int) -> list[Tensor]:
+    """A random permutation of range(n) cut into consecutive pieces; the remainder comes last."""
+    if sum(sizes) >= n:
+        raise ValueError(f"split sizes {sizes} leave no training data out of {n} examples; lower val_size/test_size")
+    g = torch.Generator().manual_seed(data_seed)
+    perm = torch.randperm(n, generator=g)
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(perm[start : start + size])
+        start += size
+    pieces.append(perm[start:])
+    return pieces
+
+
+def balance_indices(y: Tensor, method: str, data_seed: int) -> Tensor:
+    """Positions into the training labels ``y`` (already in their seeded order) that make the stored
+    training split, in its stored (prequential) order.
+
+    suby: every class keeps its first m examples in that order, m the smallest class count (classes
+    absent from the split are ignored); the kept examples keep their relative (random) order.
+    rwy: every example, as it is: RWY reweights the *sampling* of each epoch (datamodules/loader.py
+    ``class_balanced_weights``), never the stored data. It once drew one fixed bootstrap here, which
+    put copies of training examples into the blocks the online code scores (35.6% on digits)."""
+    check_balance(method)
+    if method == "rwy":
+        return torch.arange(len(y))
+    y = y.cpu()
+    counts = torch.bincount(y)
+    smallest = int(counts[counts > 0].min())
+    rank_in_class = torch.empty_like(y)
+    for c in torch.nonzero(counts).flatten().tolist():
+        where = torch.nonzero(y == c).flatten()
+        rank_in_class[where] = torch.arange(len(where))
+    return torch.nonzero(rank_in_class < smallest).flatten()
+
+
+def apply_transform(transform: CovariancePower, x: Tensor) -> Tensor:
+    """Apply the transform in chunks (same dtype, on x's device); p = 0 returns x itself."""
+    if transform.is_identity:
+        return x
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], ERASE_CHUNK):
+        out[start : start + ERASE_CHUNK] = transform(x[start : start + ERASE_CHUNK])
+    bad = int((~torch.isfinite(out)).sum())
+    if bad:  # the data were finite when loaded (sources.check_source): the transform made these
+        raise ValueError(
+            f"data.transform (covariance_power, p={transform.p:g}, eps={transform.eps:g}) made {bad} values NaN or "
+            f"infinite in {out.dtype} (the covariance's condition number is {transform.condition_before:.3g}, and "
+            f"Sigma^(p/2) spreads it to the power |p|/2); choose p closer to 0 (-1 whitens) or a larger eps"
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    train: ImageSet
+    val: ImageSet
+    test: ImageSet
+    classes: list[str]
+    balance: dict[str, Any] | None = None  # class counts of the training split before / after balancing
+    zscore: dict[str, Any] | None = None  # data.zscore: what the standardisation was fitted on
+
+
+def standardised(splits: Splits) -> Splits:
+    """Every split z-scored per (pixel, channel) with the training split's mean and standard deviation
+    (float64 statistics, float32 data), before any eraser sees the data: the condition of the paper's
+    Figure 16 and its table. As the original code (EleutherAI/mdl experiments/cli.py normalize_dataset,
+    commit 0cc7065): per-coordinate mean and std, std + float32 eps (a constant pixel maps to 0, not NaN),
+    applied to the images before erasure and augmentation, so crops pad with the mean. Ours: the
+    statistics come from the training split only (the original's came from its pool minus a 1024-image
+    validation set, which held the sweep's own validation and test chunks)."""
+    x = splits.train.x.double().flatten(1)
+    mean, std = x.mean(0), x.std(0) + torch.finfo(torch.float32).eps
+
+    def z(images: ImageSet) -> ImageSet:
+        shape = images.x.shape
+        out = ((images.x.double().flatten(1) - mean.to(images.x.device)) / std.to(images.x.device)).float()
+        return ImageSet(out.view(shape), images.y)
+
+    info = {"statistics": "training split", "examples": int(x.shape[0]),
+            "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum())}
+    log.info("data.zscore: every split standardised with the training split's mean and std (%d constant features)",
+             info["constant_features"])
+    return dataclasses.replace(splits, train=z(splits.train), val=z(splits.val), test=z(splits.test), zscore=info)

@@ -1,0 +1,7 @@
+"""``python -m mdl.report <folders>``: see mdl/report/build.py."""
+
+import sys
+
+from mdl.report.build import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""The parts of a run built from its config: data module, model and module factories, optimizer, loss,
+preconditioner, the final fit's probe curves, the profiler. Hydra's ``instantiate`` where the config
+names a class; nothing here trains."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from datamodules.datamodule import ErasedDataModule
+from datamodules.maxent_probes import maxent_probe_set
+from mdl.engine.final_fit_curves import FinalFitCurves
+from mdl.run.config_checks import PROFILERS, probes_enabled
+from models import Classifier, create_model, depth_scaled_lr
+from models.losses import SpectralDecoupling, loss_from_options
+from models.precision import CompiledModel, check_compile
+
+log = logging.getLogger(__name__)
+
+DATA_KEYS_READ_ELSEWHERE = ("lr", "first_block")  # conf/data values read through optimizer.lr and mdl.first_block
+
+
+def make_final_curves(cfg: DictConfig, dm: ErasedDataModule) -> FinalFitCurves | None:
+    """The max-ent probe set next to the real validation split, evaluated every epoch of the final fit."""
+    if not probes_enabled(cfg):
+        return None
+    probe = maxent_probe_set(dm, OmegaConf.select(cfg, "probes.n_per_class"))
+    return FinalFitCurves(
+        {"maxent_probe": (probe.x, probe.y), "val": (dm.val_set.x, dm.val_set.y)}, dm.eval_batch_size,
+        with_loss=("maxent_probe",), info=probe.info,
+    )
+
+
+def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], nn.Module]:
+    """A function returning a freshly initialised (muP) model of the configured architecture.
+
+    The config is read here, once: resolving its interpolations costs milliseconds, and a run makes
+    a model per block (the stacked engine one per member)."""
+    m = cfg.model
+    options = OmegaConf.to_container(m.options, resolve=True) or {}
+    name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width
+    return lambda: create_model(name, width, depth, num_classes, input_shape, base_width=base_width, **options)
+
+
+def run_lr(cfg: DictConfig) -> float:
+    """The learning rate at this depth (muP transfers it across width; depth needs the exponent)."""
+    return depth_scaled_lr(cfg.optimizer.lr, cfg.depth, cfg.model.base_depth, cfg.model.lr_depth_exponent)
+
+
+def make_optimizer(cfg: DictConfig) -> Callable[..., torch.optim.Optimizer]:
+    params = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    params.pop("precondition", None)  # ours, not the optimizer's (make_preconditioner)
+    return instantiate(params, _convert_="all")  # plain lists: checkpoints load with weights_only
+
+
+def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.Callback], dict[str, Any] | None]:
+    """``optimizer.precondition={p, eps}``: the first layer's gradient times c^2 Sigma^p, Sigma the
+    (erased) training covariance (models/preconditioning.py); the callback and its spectrum summary."""
+    setting = cfg.optimizer.get("precondition")
+    if setting is None:
+        return [], None
+    from erasure.covariance_power import fit_covariance_power
+    from models.preconditioning import PreconditionFirstLayer, first_layer_weight
+
+    unknown = set(setting) - {"p", "eps"}
+    if unknown or "p" not in setting or "eps" not in setting:
+        raise ValueError(f"optimizer.precondition={dict(setting)}: give exactly p and eps, e.g. optimizer.precondition={{p:-1,eps:1.0e-6}}")
+    transform = fit_covariance_power(dm.train_set.x, float(setting.p), float(setting.eps))
+    features = int(math.prod(dm.input_shape))
+    name = first_layer_weight(make_model_factory(cfg, dm.num_classes, dm.input_shape)(), features)
+    matrix = transform.matrix.to(dm.device)
+    return [PreconditionFirstLayer((matrix @ matrix).float(), name)], {"parameter": name, **transform.summary()}
+
+
+def make_loss(cfg: DictConfig, num_classes: int) -> SpectralDecoupling | None:
+    """The training-loss setting (conf/loss): None for plain cross-entropy. Code lengths, validation
+    and early stopping are plain cross-entropy whatever it is (models/losses.py)."""
+    options = cfg.get("loss")
+    return loss_from_options(None if options is None else OmegaConf.to_container(options, resolve=True), num_classes)
+
+
+def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]):
+    """A function returning a freshly initialised Classifier: one per prequential block.
+
+    With ``trainer.compile`` the first model is compiled and every later block's fresh weights
+    are loaded into it (models/precision.py: CompiledModel), so compilation happens once per run.
+    """
+    t = cfg.trainer
+    make_model = make_model_factory(cfg, num_classes, input_shape)
+    lr, optimizer = run_lr(cfg), make_optimizer(cfg)
+    backend = check_compile(t.compile)
+    compiled = CompiledModel(backend) if backend else None
+    loss = make_loss(cfg, num_classes)
+    options = {"mup": cfg.model.base_width is not None, "precision": t.precision, "channels_last": t.channels_last}
+
+    def make() -> Classifier:
+        model = make_model()
+        if compiled is not None:
+            model = compiled.adopt(model)
+        return Classifier(model, optimizer, lr=lr, loss=loss, **options)
+
+    return make
+
+
+def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> ErasedDataModule:
+    """The run's data module, set up (split, eraser fitted or read from the cache, splits erased),
+    its splits on ``device`` (None: where ``data.device`` says)."""
+    data_options = OmegaConf.to_container(cfg.data, resolve=True)
+    for key in DATA_KEYS_READ_ELSEWHERE:  # a data set's defaults for the optimizer and the block schedule
+        data_options.pop(key, None)
+    if device is not None:
+        data_options["device"] = str(device)
+    dm = ErasedDataModule(
+        eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
+        **data_options,
+    )
+    dm.setup()
+    return dm
+
+
+def make_profiler(name: str | None, folder: Path) -> Any:
+    """Lightning's profiler writing every fit's report into ``folder`` (appended, one file per kind)."""
+    if name is None:
+        return None
+    if name not in PROFILERS:
+        raise ValueError(f"trainer.profiler={name!r}: choose one of {PROFILERS} or null")
+    from lightning.pytorch import profilers
+
+    kind = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
+            "pytorch": profilers.PyTorchProfiler}[name]
+    return kind(dirpath=str(folder), filename="profile")
+
+
+def show_profile(folder: Path, lines: int = 25) -> None:
+    """The head of the profiler's report (its slowest actions first), and where the rest is."""
+    reports = sorted(folder.glob("*.txt"))
+    if not reports:
+        return
+    head = reports[0].read_text().splitlines()[:lines]
+    print(f"profile ({reports[0]}, first {lines} lines):\n" + "\n".join(head), flush=True)

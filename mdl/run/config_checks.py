@@ -1,0 +1,114 @@
+"""Checks of a composed config before anything is loaded: unknown names and keys, sizes that cannot
+work, trainer settings the device cannot honour; each error names the setting and a value that works."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from erasure import available_erasers
+from mdl.codelength import check_paper_loss
+from mdl.engine.device import training_device
+from mdl.run.identity import members_per_fit
+from mdl.run.loggers import check_logger
+from models import available_models
+from models.precision import check_compile, check_precision
+
+# Keys that say where or how a run is recorded or its data is fetched, not what it computes.
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def probes_enabled(cfg: DictConfig) -> bool:
+    """Whether the max-ent probes (conf/probes) are on; a config without the group has them off."""
+    return bool(OmegaConf.select(cfg, "probes.enabled", default=False))
+
+
+def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
+    """A key added to ``group`` on the command line (``+trainer.patiense=1``) that none of the group's
+    config files defines would be ignored silently: refuse it, naming the nearest known key."""
+    import difflib
+
+    known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml"))) - {"defaults"}
+    for key in cfg.get(group) or {}:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
+            hint = f"did you mean {group}.{near[0]}? " if near else ""
+            raise ValueError(f"{group}.{key}: unknown setting, it would be ignored; {hint}"
+                             f"{group} takes {', '.join(sorted(map(str, known)))}")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Fail before any data is loaded or any eraser fitted (minutes on CIFAR-10) on names that do
+    not exist and sizes that cannot work, with the setting, the smallest value that works and a usual one."""
+    from datamodules import available_sources
+    from datamodules.settings import check_data_settings
+    from datamodules.sources import check_source_options
+
+    def require_int(key: str, low: int, usual: str, allowed: tuple[Any, ...] = ()) -> None:
+        value = OmegaConf.select(cfg, key)
+        if value in allowed and not isinstance(value, bool):
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            also = "".join(f" or {'null' if v is None else v}" for v in allowed)
+            raise ValueError(f"{key}={value!r}: must be an integer >= {low}{also}; e.g. {key}={usual}")
+
+    if cfg.eraser.name not in available_erasers():
+        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
+    members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
+    check_paper_loss(cfg.mdl.paper_loss)
+    check_precision(cfg.trainer.precision)
+    check_compile(cfg.trainer.compile)
+    check_logger(cfg)
+    if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
+        raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
+    for group in ("trainer", "mdl", "data"):
+        refuse_unknown_keys(cfg, group)
+    if cfg.model.name not in available_models():
+        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
+    if cfg.data.source not in available_sources():
+        raise ValueError(
+            f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
+        )
+    check_source_options(cfg.data.source, cfg.data.get("options") or {})
+    for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
+                            ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
+                            ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2"), ("mdl.steps_per_group", 1, "16")):
+        require_int(key, low, usual)
+    every = cfg.mdl.checkpoint_every_s
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
+        raise ValueError(f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
+                         f"e.g. mdl.checkpoint_every_s=30")
+    lease = cfg.mdl.get("lock_lease_s")
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
+        raise ValueError(f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300")
+    require_int("model.base_width", 1, "128", allowed=(None,))
+    require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
+    lr = cfg.optimizer.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"optimizer.lr={lr!r} (data.lr by default): must be a positive number; e.g. data.lr=5e-4")
+    d = cfg.data
+    check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
+    if probes_enabled(cfg):
+        require_int("probes.n_per_class", 1, "200", allowed=(None,))
+
+
+def check_trainer_config(cfg: DictConfig) -> torch.device:
+    """The training device and speed settings, checked before any data is loaded."""
+    kwargs = cfg.trainer.kwargs
+    if kwargs.get("precision") not in (None, 32, "32", "32-true"):
+        raise ValueError(
+            f"trainer.kwargs.precision={kwargs.precision} is not used: mixed precision has one switch, "
+            f"trainer.precision=bf16 (or fp32). Remove trainer.kwargs.precision."
+        )
+    if kwargs.get("devices") not in (None, 1):
+        raise ValueError(f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N")
+    check_precision(cfg.trainer.precision)
+    check_compile(cfg.trainer.compile)
+    return training_device(cfg.device, cfg.data.get("device"), kwargs.get("accelerator"))
+
+
+PROFILERS = ("simple", "advanced", "pytorch")

@@ -1,0 +1,233 @@
+"""One run from a composed config: data -> eraser -> prequential MDL -> results.json.
+
+``run_experiment(cfg, run_dir)`` does everything ``launch.py`` does and can be called from
+tests and notebooks with a config from ``hydra.compose``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from datamodules.datamodule import ErasedDataModule
+from mdl.engine.driver import ModelRecipe, run_prequential
+from mdl.engine.preemption import sigterm_guard
+from mdl.results import (
+    PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, code_version, git_sha,
+    read_checked_json, write_checked_json,
+)
+from mdl.run.components import (
+    make_datamodule, make_final_curves, make_loss, make_model_factory, make_module_factory, make_optimizer,
+    make_preconditioner, make_profiler, run_lr, show_profile,
+)
+from mdl.run.config_checks import check_trainer_config, validate_config
+from mdl.run.identity import config_hash, engine_name, members_per_fit, training_threads
+from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
+from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
+from mdl.schedule import block_boundaries
+
+log = logging.getLogger(__name__)
+
+
+def quiet_lightning() -> None:
+    """Lightning announces devices and tips for every Trainer; the driver makes dozens of them."""
+    import warnings
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    for pattern in (".*srun.*", ".*LeafSpec.*", ".*does not have many workers.*", ".*litlogger.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    overrides = list(overrides or [])
+    validate_config(cfg)
+    device = check_trainer_config(cfg)
+    key = config_hash(cfg)
+    store = Path(cfg.paths.store_dir) / key
+    require_writable(run_dir, "paths.output_root")
+    require_writable(store, "paths.output_root (or paths.store_dir)")
+    with run_lock(store, cfg.mdl.lock_lease_s), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
+        # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/engine/preemption.py)
+        done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
+        if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
+            discard_resume_state(store)
+        if done is not None:
+            log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
+            write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
+            logging_never_fails(log_stored_run, cfg, run_dir, overrides, done, store)
+            return {**done, "skipped": True}
+        # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
+        atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
+                                                     "config_hash": key, "code_version": code_version()})
+        try:
+            return _run(cfg, run_dir, overrides, device, key, store)
+        except OSError as err:  # a disk that filled mid-run: say which, and that the checkpoints are kept
+            clear = no_space_error(err, (store, run_dir), "paths.output_root")
+            if clear is None:
+                raise
+            raise clear from err
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as strings ("nan"): a bad setting is reported by the check that owns
+    it (e.g. the data source), not by the JSON writer of the run store's config record."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def logging_never_fails(fn: Callable[..., None], *args: Any) -> None:
+    """A logger that fails (W&B down, a full disk under its files) after the results are safe must not fail the run."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - results.json is written; the log can be made again (skip + logger)
+        log.error("logging the results failed (%s: %s); results.json is complete", type(err).__name__, err)
+
+
+def finished_results(path: Path) -> dict[str, Any] | None:
+    """The stored results of a finished run, or None (a damaged file is reported and redone)."""
+    if not path.exists():
+        return None
+    try:
+        return read_checked_json(path)
+    except DamagedRecord as err:
+        log.warning("the stored results are damaged, so this run is done again: %s", err)
+        return None
+
+
+def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.device, key: str, store: Path) -> dict[str, Any]:
+    L.seed_everything(cfg.seed, verbose=False)
+    dm = make_datamodule(cfg, device)
+    eraser_path = None
+    if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
+        eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
+
+    require_space(store, checkpoint_bytes(cfg, dm), "this run's checkpoints", "paths.output_root")
+
+    # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
+    torch.set_num_threads(training_threads(cfg))
+    torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
+    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
+    logger = make_logger(cfg, run_dir, overrides)
+    trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
+    for key_set_by_device in ("accelerator", "devices", "precision"):
+        trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl/engine/device.py and models/precision.py own them
+    t = cfg.trainer
+    profiler = make_profiler(t.get("profiler"), run_dir / "profile")
+    if profiler is not None:
+        trainer_kwargs["profiler"] = profiler
+    engine = engine_name(cfg.mdl)
+    log.info(
+        "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
+        key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
+    )
+    on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
+    on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
+    precondition, preconditioning = make_preconditioner(cfg, dm)
+    final_curves = make_final_curves(cfg, dm)
+    if engine != "sequential" and (t.compile or t.channels_last):
+        log.info("fits of several members run their stack under vmap: trainer.compile and trainer.channels_last "
+                 "apply to fits of one member only (mdl.members_per_fit=1)")
+    recipe = ModelRecipe(
+        make_module_factory(cfg, dm.num_classes, dm.input_shape), make_model_factory(cfg, dm.num_classes, dm.input_shape),
+        make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),
+    )
+    outcome = run_prequential(
+        dm, boundaries, recipe, trainer_kwargs, t.patience, cfg.seed, store, members_per_fit=members_per_fit(cfg.mdl),
+        on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s, final_curves=final_curves,
+        callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group, paper_loss=cfg.mdl.paper_loss,
+        on_epoch=on_epoch,
+    )
+    warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
+    if profiler is not None:
+        show_profile(run_dir / "profile")
+    results = {
+        **({"preconditioning": preconditioning} if preconditioning is not None else {}),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config_hash": key,
+        "overrides": overrides,
+        "git_sha": git_sha(),
+        "code_version": code_version(),
+        "engine": engine,
+        "members_per_fit": members_per_fit(cfg.mdl) or "all",
+        "device": str(device),
+        "eraser_path": eraser_path,
+        "data_diagnostics": dm.diagnostics,
+        **outcome,
+    }
+    if final_curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
+        results |= {**final_curves.results(), "maxent_probes": final_curves.info}
+    write_checked_json(run_dir / RESULTS_FILE, results)
+    write_checked_json(store / RESULTS_FILE, results)
+    discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
+    if logger is not None:
+        logging_never_fails(log_results, logger, results, run_dir)
+    return results
+
+
+# Measured (digits MLP, widths 32 and 256; tests/test_disk_full.py checks it): a single model's checkpoint
+# holds 16 bytes per parameter (float32 weights, best weights and two optimizer moments), a stacked fit's
+# 8 per parameter and member, and either some tens of KiB of Lightning state.
+CHECKPOINT_BYTES_PER_PARAMETER = {"sequential": 16, "stacked": 8}
+CHECKPOINT_OVERHEAD_BYTES = 64 * 1024
+
+
+def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
+    """Room the run's checkpoints need at once: the largest checkpoint file, twice over while a new one
+    is written next to the old one (a stacked fit holds every block's member in one file)."""
+    model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
+    parameters = sum(p.numel() for p in model.parameters())
+    members = min(members_per_fit(cfg.mdl) or cfg.mdl.num_blocks, cfg.mdl.num_blocks)  # one member per boundary
+    per_parameter = CHECKPOINT_BYTES_PER_PARAMETER["sequential" if members == 1 else "stacked"]
+    largest = per_parameter * parameters * members + CHECKPOINT_OVERHEAD_BYTES
+    return 2 * largest
+
+
+def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int) -> None:
+    """Fits that ended at ``trainer.kwargs.max_epochs`` were still improving (early stopping had not
+    stopped them): their code lengths are those of under-trained models."""
+    if max_epochs is None or max_epochs < 0:
+        return
+    capped = [f"block {i + 1}" for i, b in enumerate(outcome["blocks"]) if b["epochs"] >= max_epochs]
+    if outcome.get("final_epochs", 0) >= max_epochs:
+        capped.append("the final fit")
+    if capped:
+        log.warning("%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
+                    "they may still have been improving (under-trained models code longer); raise "
+                    "trainer.kwargs.max_epochs (or -1: until early stopping)", ", ".join(capped), max_epochs, patience)
+
+
+def discard_resume_state(store: Path) -> None:
+    """Remove what only a resume would read: checkpoints and the block progress of this run."""
+    shutil.rmtree(store / "checkpoints", ignore_errors=True)
+    (store / PROGRESS_FILE).unlink(missing_ok=True)
+
+
+def summary(results: dict[str, Any], path: Path) -> str:
+    k = results["num_classes"]
+    estimate = results.get("paper_loss", "val_min")  # runs made before mdl.paper_loss existed measured val_min
+    other = {"last_block": "val_min", "val_min": "last_block"}[estimate]
+    also = f"; {other}: {results[f'paper_mdl_{other}']:.4f}" if f"paper_mdl_{other}" in results else ""
+    return (
+        f"paper MDL: {results['paper_mdl']:.4f} bits/example ({estimate}, mdl.paper_loss{also}; "
+        f"chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
+        f"online code length: {results['online_codelength_bits']:.1f} bits = "
+        f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
+        f"final val loss: {results['final_val_loss']:.4f} nats\n"
+        f"engine: {results.get('engine', 'sequential')} (mdl.members_per_fit, or mdl.engine naming it)\n"
+        f"results: {path}"
+    )
