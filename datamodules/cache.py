@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager, suppress
@@ -33,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import Tensor
 
-from datamodules.code_digest import source_digest
+from erasure.files import atomic_write, source_digest
 from erasure import Eraser, load_eraser
 from erasure.base import save_file_as_oserror
 
@@ -85,13 +84,6 @@ def cache_writes(folder: Path) -> Iterator[None]:
 def _unlink_quietly(path: str | os.PathLike) -> None:
     with suppress(OSError):
         os.unlink(path)
-
-
-def _temporary(path: Path) -> str:
-    """A new empty temporary next to ``path``, unique per writer (pid + random)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    os.close(fd)
-    return tmp
 
 
 def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S) -> list[Path]:
@@ -146,8 +138,8 @@ def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
 
 
 def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
-    """Write tensors with their checksum, atomically (temporary file in the same folder, then rename);
-    an OS error (full disk, read-only folder) removes the temporary and becomes ``CacheWriteError``."""
+    """Write tensors with their checksum, atomically (erasure/files.py); an OS error (full disk, read-only
+    folder) becomes ``CacheWriteError``."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -156,23 +148,8 @@ def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[s
         "cache_format_version": str(CACHE_FORMAT_VERSION),
         "checksum": tensors_checksum(tensors),
     }
-    tmp = None
-    with cache_writes(path.parent):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _temporary(path)
-            save_file_as_oserror(save_file, tensors, tmp, meta)  # a full disk: OSError, so cache_writes explains it
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the cache is shared by a sweep's jobs
-            os.replace(tmp, path)
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                _unlink_quietly(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    with cache_writes(path.parent):  # a full disk: OSError (save_file_as_oserror), so cache_writes explains it
+        atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), meta))
 
 
 def read_checked(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:

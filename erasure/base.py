@@ -12,7 +12,6 @@ import inspect
 import json
 import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
+
+from erasure.files import atomic_write
 
 FORMAT_VERSION = 1
 _REGISTRY: dict[str, type["Eraser"]] = {}
@@ -194,20 +195,10 @@ class Eraser(ABC):
 
 
 def save_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
-    """One safetensors file, written to a unique temporary name and renamed into place."""
+    """One safetensors file, written atomically (erasure/files.py)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file_as_oserror(save_file, tensors, tmp, metadata)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), metadata))
 
 
 def save_file_as_oserror(save_file: Any, tensors: dict[str, Tensor], filename: str, metadata: dict[str, str]) -> None:

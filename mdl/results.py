@@ -12,12 +12,11 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datamodules.code_digest import source_digest
+from erasure.files import atomic_write, source_digest
 
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
@@ -73,25 +72,14 @@ def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def code_version() -> str:
-    """A short hash of the framework's own source files: what computed a result (datamodules/code_digest.py)."""
+    """A short hash of the framework's own source files: what computed a result (erasure/files.py)."""
     return source_digest(SOURCE_PACKAGES)[:12]
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
-    """Write JSON to a temporary file in the same folder, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    """JSON (no NaN or infinity: they are not JSON), written atomically (erasure/files.py)."""
+    text = json.dumps(payload, indent=2, allow_nan=False)
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def read_json(path: str | os.PathLike) -> Any:

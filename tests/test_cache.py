@@ -208,7 +208,7 @@ def test_data_made_by_other_eraser_code_is_not_served(tmp_path: Path, monkeypatc
     fits again instead of serving what the old code made (it served it before)."""
     import datamodules.cache as cache_module
     import datamodules.datamodule as dm_module
-    from datamodules.code_digest import source_digest
+    from erasure.files import source_digest
 
     assert len(source_digest(cache_module.ERASURE_CODE_PACKAGES)) == 64
     fits = Spy(dm_module.fit_eraser)

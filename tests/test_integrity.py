@@ -158,7 +158,7 @@ def test_temporaries_of_killed_checkpoint_writes_are_removed_on_the_next_attempt
     cfg = compose_config(SETTINGS, tmp_path)
     assert run_killed_after(cfg, tmp_path / "a", 2, monkeypatch)
     (ckpt,) = _store(tmp_path).glob("checkpoints/*.ckpt")
-    left = ckpt.with_name(f"{ckpt.name}.12345.deadbeef.tmp")
+    left = ckpt.with_name(f".{ckpt.name}.12345.deadbeef.tmp")
     left.write_bytes(b"half a checkpoint")
     with caplog.at_level(logging.WARNING):
         _same(run_experiment(cfg, tmp_path / "b"), reference)

@@ -14,16 +14,15 @@ One ``RunCheckpointIO`` per fit (a Lightning CheckpointIO plugin):
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from erasure.files import atomic_write_bytes, sha256_hex
 
 log = logging.getLogger(__name__)
 MAGIC = b"MDLCKPT2"  # MDLCKPT1 files (no identity) were written by older code: never resumed
@@ -35,30 +34,11 @@ class DamagedCheckpoint(RuntimeError):
     """A checkpoint file whose checksum or header does not match its contents."""
 
 
-def unique_temporary(path: Path) -> Path:
-    """A sibling temporary name no other writer (process or thread) will use."""
-    return path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def write_checksummed(path: Path, payload: bytes, identity: str = "") -> None:
-    """magic + SHA-256 + identity + payload (the digest covers both), written to a unique temporary and
-    renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """magic + SHA-256 + identity + payload (the digest covers both), written atomically (erasure/files.py)."""
     ident = identity.encode()
     body = len(ident).to_bytes(IDENTITY_LEN_BYTES, "big") + ident + payload
-    tmp = unique_temporary(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(body).hexdigest().encode() + body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:  # a full disk fails in write() with no file name: name the checkpoint
-        if err.filename is None:
-            raise type(err)(err.errno, err.strerror or str(err), str(path)) from err
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_bytes(path, MAGIC + sha256_hex(body).encode() + body)
 
 
 def read_checksummed(path: Path) -> bytes:
@@ -78,7 +58,7 @@ def _read(path: Path) -> tuple[str, bytes]:
         raise DamagedCheckpoint(f"{path}: not a checkpoint of this version of the framework (missing header); it was "
                                 f"truncated, written by another program or by older code")
     digest, body = blob[len(MAGIC):head].decode(errors="replace"), blob[head:]
-    if hashlib.sha256(body).hexdigest() != digest:
+    if sha256_hex(body) != digest:
         raise DamagedCheckpoint(f"{path}: checksum mismatch ({len(body)} bytes); the file is damaged")
     n = int.from_bytes(body[:IDENTITY_LEN_BYTES], "big")
     return body[IDENTITY_LEN_BYTES:IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n:]
@@ -103,11 +83,11 @@ def run_identity(run_dir: Path) -> str:
 def resumable(checkpoint: Path | None, identity: str) -> str | None:
     """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
     one, or one written by other code or another run, is removed with a warning (the fit starts over).
-    Temporaries of killed writes of this checkpoint (``unique_temporary``) are removed first: the caller
+    Temporaries of killed writes of this checkpoint (erasure/files.py ``temporary_sibling``) are removed first: the caller
     holds the run's lock (mdl/run/storage.py run_lock), so no other writer of them can be alive."""
     if checkpoint is None:
         return None
-    stale = sorted(checkpoint.parent.glob(f"{checkpoint.name}.*.tmp"))
+    stale = sorted(checkpoint.parent.glob(f".{checkpoint.name}.*.tmp"))
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     if stale:
