@@ -1,0 +1,83 @@
+"""Every command the README and docs/ show works as written.
+
+A ``python launch.py ...`` command is composed by Hydra exactly as typed (a sweep's every job: each
+comma list expanded) and checked by ``validate_config``, as launch.py checks it before loading data;
+that needs no GPU, no Slurm and no download, so every such command is covered here. The commands a CPU
+runs in seconds are run for real by other tests (the default run: test_cli.py; sweeps and reports:
+test_report.py, test_slurm.py). A ``python -m mdl...`` or script command is started with ``--help``
+(its placeholders, ``<date>``, name folders that only exist after a sweep).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import CONF, REPO, python_path
+from mdl.run.config_checks import validate_config
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND = re.compile(r"^\s*(?:\$\s*)?(python3? (?:launch\.py|-m mdl\.\S+|benchmarks/\S+|scripts/\S+).*)$")
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command line in a page's code (indented lines or fenced blocks)."""
+    found = []
+    for page in PAGES:
+        fenced = False
+        for line in page.read_text().splitlines():
+            if line.strip().startswith("```"):
+                fenced = not fenced
+                continue
+            if not (fenced or line.startswith("    ")):
+                continue
+            for part in line.split("&&"):
+                m = COMMAND.match(part)
+                if m:
+                    found.append((page.name, m.group(1).split("  #")[0].split(" # ")[0].strip()))
+    return found
+
+
+COMMANDS = documented_commands()
+LAUNCH = [(p, c) for p, c in COMMANDS if " launch.py" in c]
+MODULES = sorted({c.split()[2] if c.split()[1] == "-m" else c.split()[1] for _, c in COMMANDS if " launch.py" not in c})
+
+
+def test_the_pages_show_commands() -> None:
+    assert len(LAUNCH) >= 15 and "mdl.report" in MODULES and "mdl.runs" in MODULES
+
+
+def _jobs(command: str) -> list[list[str]]:
+    """The override lists of the jobs a documented launch.py command starts ([...] marks an optional part,
+    kept; a comma list is a sweep, ``-m``)."""
+    args = [a for a in shlex.split(command.replace("[", "").replace("]", ""))[2:] if a not in ("-m", "--multirun")]
+    choices = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        sweep = "," in value and not value.startswith(("{", "[", "'"))
+        choices.append([f"{key}={v}" for v in value.split(",")] if sweep else [arg])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+@pytest.mark.parametrize("page, command", LAUNCH, ids=[c for _, c in LAUNCH])
+def test_documented_launch_command_composes_and_passes_the_checks(page: str, command: str, tmp_path: Path) -> None:
+    for overrides in _jobs(command):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[*overrides, f"paths.output_root={tmp_path}"], return_hydra_config=True)
+        validate_config(cfg)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_documented_tool_starts(module: str) -> None:
+    argv = [sys.executable, "-m", module] if module.startswith("mdl.") else [sys.executable, module]
+    done = subprocess.run([*argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip(), "prints its help"
