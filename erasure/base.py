@@ -100,7 +100,7 @@ class Eraser(ABC):
     requires_labels: ClassVar[bool] = False
     can_transform_new_data: ClassVar[bool] = True
     # targets class covariances (quadratically available information) too: a held-out quadratic probe
-    # far above chance after erasure is warned about (datamodules/datamodule.py quadratic_leftover)
+    # far above chance after erasure is warned about (datamodules/erasure_checks.py quadratic_leftover)
     erases_quadratic: ClassVar[bool] = False
 
     # z-score statistics (erasure.preprocess): set by fit_eraser(..., zscore=True), applied to every

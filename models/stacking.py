@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
-import torch
 from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
@@ -120,7 +119,7 @@ def _require_stackable(model: nn.Module) -> None:
         ):
             raise ValueError(
                 f"{type(module).__name__} at {name or 'the top'} cannot be stacked (mdl.engine=stacked); "
-                f"use mdl.engine=sequential for this model"
+                f"use mdl.engine=sequential (mdl.members_per_fit=1) for this model"
             )
 
 

@@ -28,9 +28,10 @@ VALIDATES = ("the prequential protocol validates every model at the end of each 
              "split (mdl/engine/protocol.py); remove it")
 STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
          "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, in the sequential engine, min_epochs)")
-STACKED = ("the stacked engine's members follow the prequential protocol (one step per member per global step, "
-           "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential")
-CLIPS = "Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential for gradient clipping"
+STACKED = ("the members of a stacked fit follow the prequential protocol (one step per member per global step, "
+           "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential (mdl.members_per_fit=1)")
+CLIPS = ("Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential "
+         "(mdl.members_per_fit=1) for gradient clipping")
 
 
 def active(trainer_kwargs: dict[str, Any], settings: dict[str, Any]) -> list[str]:
