@@ -67,6 +67,7 @@ class Classifier(L.LightningModule):
         self.channels_last = channels_last
         self.train_loss_curve: list[float] = []
         self.val_loss_curve: list[float] = []
+        self.val_accuracy_curve: list[float] = []  # fraction of validation examples the argmax gets right
         self._sums: dict[str, list[Any]] = {}  # key -> [loss sum (tensor on the device), count]
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start (grouped steps)
 
@@ -122,6 +123,7 @@ class Classifier(L.LightningModule):
         """Whatever mode we are in, the checkpoint holds the eval-mode (averaged) weights."""
         checkpoint["loss_curves"] = {
             "train": list(self.train_loss_curve), "val": list(self.val_loss_curve),
+            "val_accuracy": list(self.val_accuracy_curve),
             "pending": {k: [float(v[0]), v[1]] for k, v in self._sums.items()},
         }
         opts = self.trainer.optimizers if self._trainer is not None else []
@@ -140,6 +142,7 @@ class Classifier(L.LightningModule):
         if curves is None:
             return
         self.train_loss_curve, self.val_loss_curve = list(curves["train"]), list(curves["val"])
+        self.val_accuracy_curve = list(curves.get("val_accuracy", []))
         self._sums = {k: list(v) for k, v in curves["pending"].items()}
         if "train" in self._sums:  # saved in on_train_epoch_end, before this module's hook ran
             self.train_loss_curve.append(self._epoch_mean("train"))
@@ -199,12 +202,14 @@ class Classifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        loss_sum = F.cross_entropy(self(x), y, reduction="sum")
-        self._accumulate("val", loss_sum, y.shape[0])
+        logits = self(x)
+        self._accumulate("val", F.cross_entropy(logits, y, reduction="sum"), y.shape[0])
+        self._accumulate("val_correct", (logits.argmax(-1) == y).sum(), y.shape[0])  # read with the loss
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             self._sums.pop("val", None)
+            self._sums.pop("val_correct", None)
             return
         self.log("val_loss", self._record_validation(), prog_bar=False, logger=False)
 
@@ -224,6 +229,7 @@ class Classifier(L.LightningModule):
         self._read_sums()
         mean = self._require_finite(self._epoch_mean("val"), "validation")
         self.val_loss_curve.append(mean)
+        self.val_accuracy_curve.append(self._epoch_mean("val_correct"))
         return mean
 
 

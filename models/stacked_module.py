@@ -120,24 +120,32 @@ class StackedClassifier(L.LightningModule):
 
     @torch.no_grad()
     def loss_sums(
-        self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any, float64: bool = True
-    ) -> tuple[Tensor, int]:
+        self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any, float64: bool = True,
+        with_correct: bool = False,
+    ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         """Per member, the sum of cross-entropies (nats) over ``batches`` (accumulated in float64) and
         the count. ``float64=False`` computes each batch's sum in float32 from float32 logits, as the
-        sequential engine's validation does (so early stopping compares the same numbers)."""
+        sequential engine's validation does (so early stopping compares the same numbers).
+        ``with_correct``: also each member's count of examples its argmax classifies right (same pass)."""
         params, buffers = weights
-        total, count = None, 0
+        members = len(next(iter(params.values())))
+        total, count, correct = None, 0, None
         for x, y in batches:
             with autocast_context(self.precision, x.device.type):
                 logits = self.stack.run(params, buffers, x, shared_input=True)
             m = logits.shape[0]
+            if with_correct:
+                hits = (logits.argmax(-1) == y).sum(1)
+                correct = hits if correct is None else correct + hits
             logits = logits.double() if float64 else logits.float()
             nats = F.cross_entropy(logits.flatten(0, 1), y.repeat(m), reduction="none").view(m, -1).sum(1).double()
             total = nats if total is None else total + nats
             count += y.shape[0]
         if total is None:
-            total = torch.zeros(len(next(iter(params.values()))), dtype=torch.float64, device=self.train_sums.device)
-        return total, count
+            total = torch.zeros(members, dtype=torch.float64, device=self.train_sums.device)
+        if not with_correct:
+            return total, count
+        return total, count, (torch.zeros_like(total) if correct is None else correct.double())
 
     @torch.no_grad()
     def correct_counts(self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any) -> tuple[Tensor, int]:

@@ -72,11 +72,12 @@ def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_p
     from mdl.run import experiment
 
     events: list[tuple] = []
+    accuracies: list[float] = []
     real_live, real_block = experiment.live_epochs, experiment.log_block
 
     def recording_live(logger, num_blocks):
         hook = real_live(logger, num_blocks)
-        return lambda m, e, tr, va: (events.append(("epoch", m, e, tr, va)), hook(m, e, tr, va))
+        return lambda m, e, tr, va, acc: (events.append(("epoch", m, e, tr, va)), accuracies.append(acc), hook(m, e, tr, va, acc))
 
     monkeypatch.setattr(experiment, "live_epochs", recording_live)
     monkeypatch.setattr(experiment, "log_block", lambda logger, i, b, curves=False: (events.append(("block", i)), real_block(logger, i, b, curves)))
@@ -89,6 +90,7 @@ def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_p
         if m < num_blocks:  # live: the block's epochs came before its end
             last_epoch = max(i for i, ev in enumerate(events) if ev[0] == "epoch" and ev[1] == m)
             assert last_epoch < events.index(("block", m))
+    assert len(accuracies) == sum(e[0] == "epoch" for e in events) and all(0.0 <= a <= 1.0 for a in accuracies)
 
 
 def test_one_model_fit_logs_a_progress_line(caplog) -> None:
@@ -109,6 +111,34 @@ def test_one_model_fit_logs_a_progress_line(caplog) -> None:
     module.val_loss_curve += [0.8, 0.6]
     with caplog.at_level(logging.INFO, logger="mdl.engine.progress_display"):
         progress.on_train_epoch_start(trainer, module)
-    assert seen == [(2, 0, 0.9, 0.8), (2, 1, 0.7, 0.6)]
+    assert seen == [(2, 0, 0.9, 0.8, None), (2, 1, 0.7, 0.6, None)]  # no accuracy curve in this stand-in module
     (line,) = [r.getMessage() for r in caplog.records]
     assert "block 3/9: epoch 2, val loss 0.6000 nats, best 0.5000, 3/10 without improving" in line and "left" in line
+
+
+def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
+    """A known answer for both engines' accuracy: logits that always favour class 0, on labels of which 3 in 10
+    are 0, are right 30% of the time (one model, and every member of a stack)."""
+    import torch
+    from torch import nn
+
+    from models.module import Classifier
+    from models.stacked_module import StackedClassifier
+    from models.stacking import StackedModel
+
+    y = torch.tensor([0, 0, 0, 1, 2, 3, 1, 2, 3, 4])
+    x = torch.zeros(10, 3)
+
+    def favours_zero() -> nn.Module:
+        model = nn.Linear(3, 5)
+        with torch.no_grad():
+            model.weight.zero_()
+            model.bias.copy_(torch.tensor([1.0, 0, 0, 0, 0]))
+        return model
+
+    single = Classifier(favours_zero(), lambda params, lr: torch.optim.SGD(params, lr=lr), lr=0.1)
+    single.validate([(x[:4], y[:4]), (x[4:], y[4:])])
+    assert single.val_accuracy_curve == [0.3]
+    stacked = StackedClassifier(StackedModel([favours_zero(), favours_zero()]), lambda p: torch.optim.SGD(p, lr=0.1), lr=0.1)
+    _, count, correct = stacked.loss_sums(stacked.eval_weights([0, 1]), [(x[:4], y[:4]), (x[4:], y[4:])], with_correct=True)
+    assert count == 10 and (correct / count).tolist() == [0.3, 0.3]

@@ -24,7 +24,8 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
         assert sweep.name.encode() in record  # group: the sweep
         assert f"eraser={eraser}".encode() in record  # name: the job's overrides
         assert eraser.encode() in record  # job type
-        for series in (b"block01/val_loss", b"block01/train_loss", b"epoch", b"block02/val_loss", b"final/val_loss", b"paper_mdl"):
+        for series in (b"block01/val_loss", b"block01/train_loss", b"block01/val_accuracy", b"epoch", b"block02/val_loss",
+                       b"final/val_loss", b"final/val_accuracy", b"paper_mdl"):
             assert series in record, series
 
 

@@ -111,7 +111,8 @@ class MemberProgress(L.Callback):
         return table
 
 
-EpochHook = Callable[[int, int, float, float], None]  # (member, epoch from 0, train loss, val loss), nats
+EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member, epoch from 0, train loss, val loss
+# in nats, val accuracy or None)
 
 
 class FitProgress(L.Callback):
@@ -144,8 +145,9 @@ class FitProgress(L.Callback):
         train, val = pl_module.train_loss_curve, pl_module.val_loss_curve
         done = min(len(train), len(val))
         if self.on_epoch is not None:
+            accuracy = getattr(pl_module, "val_accuracy_curve", [])
             for epoch in range(self.reported, done):
-                self.on_epoch(self.member, epoch, train[epoch], val[epoch])
+                self.on_epoch(self.member, epoch, train[epoch], val[epoch], accuracy[epoch] if epoch < len(accuracy) else None)
         self.reported = done
         now = time.monotonic()
         if done and now - self.last > self.interval:

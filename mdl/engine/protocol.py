@@ -60,6 +60,7 @@ class MemberState:
     wait: int = 0
     val_loss_curve: list[float] = field(default_factory=list)
     train_loss_curve: list[float] = field(default_factory=list)
+    val_accuracy_curve: list[float] = field(default_factory=list)  # live logging only (not in results.json)
     finished_at: float | None = None
 
     def judge(self, mean: float, epoch: int) -> bool:

@@ -66,7 +66,8 @@ class EpochProtocol(L.Callback):
                                  if type(cb).on_validation_end is not L.Callback.on_validation_end]
         if self.untrained_candidate and self.state.initial_val_loss is None:  # not again on a resume
             mean = pl_module.validate(self.val_batches())
-            pl_module.val_loss_curve.pop()  # the curve holds trained epochs only
+            pl_module.val_loss_curve.pop()  # the curves hold trained epochs only
+            pl_module.val_accuracy_curve.pop()
             self.state.initial_val_loss = mean
             self.state.judge(mean, epoch=-1)
             self._snapshot(pl_module)

@@ -82,8 +82,9 @@ class StackedProtocol(L.Callback):
             # finished blocks are re-logged by the driver (on_block); the final fit is not
             for m in [m for m in self.members if m in self.active or m == self.final_member]:
                 state = self.members[m]
+                accuracy = state.val_accuracy_curve
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
-                    self.on_epoch(m, epoch, train, val)
+                    self.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)
         fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
         if self.untrained_candidate and fresh:  # not again on a resume
             self._validate_untrained(module, fresh)
@@ -125,8 +126,9 @@ class StackedProtocol(L.Callback):
         """Validate the members that finished an epoch; return those that stop now."""
         rows = [module.members.index(m) for m in ended]
         weights = module.eval_weights(rows)
-        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)  # as a single fit validates
-        train_sums, val_means = torch.stack([module.take_train_sums(rows), val_sums / max(count, 1)]).tolist()  # the one read
+        val_sums, count, correct = module.loss_sums(weights, self.val_batches(), float64=False, with_correct=True)  # as a single fit validates
+        train_sums, val_means, accuracy = torch.stack(  # the one read
+            [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
         for j, m in enumerate(ended):
@@ -135,8 +137,9 @@ class StackedProtocol(L.Callback):
             self._require_finite(val_means[j], "validation", state)
             state.train_loss_curve.append(train[j])
             state.val_loss_curve.append(val_means[j])
+            state.val_accuracy_curve.append(accuracy[j])
             if self.on_epoch is not None:
-                self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j])
+                self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j], accuracy[j])
             if m in self.on_member_epoch:
                 self.on_member_epoch[m](module, ({n: t[j : j + 1] for n, t in weights[0].items()},
                                                  {n: t[j : j + 1] for n, t in weights[1].items()}))

@@ -103,15 +103,20 @@ def share_epoch_axis(logger: Any) -> None:
             define_metric(pattern, step_metric="epoch")
 
 
-def log_epoch(logger: Any, name: str, epoch: int, train_loss: float, val_loss: float) -> None:
-    logger.log_metrics({f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch})
+def log_epoch(logger: Any, name: str, epoch: int, train_loss: float, val_loss: float,
+              val_accuracy: float | None = None) -> None:
+    metrics = {f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch}
+    if val_accuracy is not None:
+        metrics[f"{name}/val_accuracy"] = val_accuracy
+    logger.log_metrics(metrics)
 
 
-def live_epochs(logger: Any, num_blocks: int) -> Callable[[int, int, float, float], None]:
-    """The engines' per-epoch hook (member, epoch, train loss, val loss): logged as it happens, so a
-    multi-hour fit shows its curves live."""
+def live_epochs(logger: Any, num_blocks: int) -> Callable[..., None]:
+    """The engines' per-epoch hook (member, epoch, train loss, val loss, val accuracy): logged as it
+    happens, so a multi-hour fit shows its curves live."""
     share_epoch_axis(logger)
-    return lambda member, epoch, train, val: log_epoch(logger, series_name(member, num_blocks), epoch, train, val)
+    return lambda member, epoch, train, val, accuracy=None: log_epoch(
+        logger, series_name(member, num_blocks), epoch, train, val, accuracy)
 
 
 def log_block(logger: Any, index: int, block: BlockResult, curves: bool = False) -> None:
@@ -132,7 +137,7 @@ def log_results(logger: Any, results: dict[str, Any], run_dir: Path, live: bool 
     share_epoch_axis(logger)
     curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
     for name, curve in curves.items():
-        if live and name in ("val_loss", "train_loss"):
+        if live and name in ("val_loss", "train_loss", "val_accuracy"):
             continue
         for epoch, value in enumerate(curve):
             if value is not None:
