@@ -146,3 +146,19 @@ def show_profile(folder: Path, lines: int = 25) -> None:
         return
     head = reports[0].read_text().splitlines()[:lines]
     print(f"profile ({reports[0]}, first {lines} lines):\n" + "\n".join(head), flush=True)
+
+
+def make_user_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """The Lightning callbacks of the ``callbacks`` group (conf/callbacks/), joining every fit."""
+    made = []
+    for name, spec in (cfg.get("callbacks") or {}).items():
+        try:
+            callback = instantiate(spec)
+        except Exception as err:  # an import or argument error of the user's class: name the entry
+            raise ValueError(f"callbacks.{name}: cannot build {spec.get('_target_')!r} ({type(err).__name__}: {err}); "
+                             f"fix its _target_ or arguments, or drop it with ~callbacks.{name}") from err
+        if not isinstance(callback, L.Callback):
+            raise ValueError(f"callbacks.{name}: {spec.get('_target_')!r} made a {type(callback).__name__}, not a "
+                             f"lightning.Callback")
+        made.append(callback)
+    return made

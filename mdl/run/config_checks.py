@@ -63,6 +63,10 @@ def validate_config(cfg: DictConfig) -> None:
     check_precision(cfg.trainer.precision)
     check_compile(cfg.trainer.compile)
     check_logger(cfg)
+    for name, spec in (cfg.get("callbacks") or {}).items():
+        if not (isinstance(spec, DictConfig) and spec.get("_target_")):
+            raise ValueError(f"callbacks.{name}={spec!r}: a callback needs a class to build; "
+                             f"e.g. +callbacks.{name}._target_=lightning.pytorch.callbacks.ModelSummary")
     if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
         raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
     for group in ("trainer", "mdl", "data"):

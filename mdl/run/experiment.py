@@ -26,7 +26,7 @@ from mdl.results import (
 )
 from mdl.run.components import (
     make_datamodule, make_final_curves, make_loss, make_model_factory, make_module_factory, make_optimizer,
-    make_preconditioner, make_profiler, run_lr, show_profile,
+    make_preconditioner, make_profiler, make_user_callbacks, run_lr, show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
 from mdl.run.identity import config_hash, engine_name, members_per_fit, training_threads
@@ -42,6 +42,7 @@ def quiet_lightning() -> None:
     import warnings
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.callbacks.model_summary").setLevel(logging.INFO)  # asked for: callbacks=model_summary
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     for pattern in (".*srun.*", ".*LeafSpec.*", ".*does not have many workers.*", ".*litlogger.*"):
         warnings.filterwarnings("ignore", message=pattern)
@@ -149,7 +150,7 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     outcome = run_prequential(
         dm, boundaries, recipe, trainer_kwargs, t.patience, cfg.seed, store, members_per_fit=members_per_fit(cfg.mdl),
         on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s, final_curves=final_curves,
-        callbacks=precondition, steps_per_group=cfg.mdl.steps_per_group, paper_loss=cfg.mdl.paper_loss,
+        callbacks=[*precondition, *make_user_callbacks(cfg)], steps_per_group=cfg.mdl.steps_per_group, paper_loss=cfg.mdl.paper_loss,
         on_epoch=on_epoch,
     )
     warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)

@@ -134,6 +134,8 @@ def config_hash(cfg: DictConfig) -> str:
     canonical_fit_mode(data["mdl"])  # mdl.engine=stacked and mdl.members_per_fit=all: one run
     if not (data.get("probes") or {}).get("enabled", False):
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
+    if not data.get("callbacks"):
+        data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
     for group, keys in OPTIONAL_KEYS.items():
         for key in keys:
             if (data.get(group) or {}).get(key, "absent") is None:
