@@ -142,3 +142,26 @@ def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
     stacked = StackedClassifier(StackedModel([favours_zero(), favours_zero()]), lambda p: torch.optim.SGD(p, lr=0.1), lr=0.1)
     _, count, correct = stacked.loss_sums(stacked.eval_weights([0, 1]), [(x[:4], y[:4]), (x[4:], y[4:])], with_correct=True)
     assert count == 10 and (correct / count).tolist() == [0.3, 0.3]
+
+
+def test_a_fit_of_one_model_shows_the_same_table_as_a_stacked_fit() -> None:
+    """One display for every fit: a single model's fit draws the stacked fit's table, with its one row."""
+    from types import SimpleNamespace
+
+    from mdl.engine.protocol import MemberState
+    from mdl.engine.single_fit import EpochProtocol
+    from mdl.engine.progress_display import FitProgress
+
+    protocol = EpochProtocol(lambda: [], patience=10, device="cpu", state=MemberState(member=2, n_train=321))
+    protocol.state.best_val_loss, protocol.state.wait = 0.4321, 4
+    module = SimpleNamespace(train_loss_curve=[0.9, 0.7], val_loss_curve=[0.8, 0.6])
+    fit = FitProgress(2, "block 3/9", patience=10, max_epochs=200, live=False)
+    fit.on_train_start(SimpleNamespace(callbacks=[protocol]), module)
+    fit.reported = 2
+    single, stacked = io.StringIO(), io.StringIO()
+    Console(file=single, width=120).print(fit._table())
+    Console(file=stacked, width=120).print(MemberProgress(_protocol(), live=False)._table())
+    for column in ("member", "prefix", "epoch", "best val loss", "without"):  # the same columns
+        assert column in stacked.getvalue() and column in single.getvalue(), column
+    row = [line for line in single.getvalue().splitlines() if "block 3/9" in line and "321" in line]
+    assert row and "0.4321" in row[0] and "4/10" in row[0] and " 2 " in row[0]

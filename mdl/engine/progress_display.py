@@ -1,8 +1,9 @@
-"""What a stacked fit is doing, for a person watching it: a live table, or plain periodic lines.
+"""What a fit is doing, for a person watching it: one live table for every fit, or plain periodic lines.
 
 On a terminal (and with ``rich`` installed) a table redraws in place: every member still
-training, its prefix, epoch, best validation loss and patience left, and the time left. In a
-log file (Slurm, CI) a redrawn bar is noise, so one line is logged every ``interval`` seconds.
+training (all of a stacked fit's, or the one model of a single fit), its prefix, epoch, best
+validation loss and patience left, and the time left. In a log file (Slurm, CI) a redrawn table
+is noise, so one line is logged every ``interval`` seconds.
 
 The time left is an estimate: a member stops no earlier than ``patience`` epochs without
 improving (or at ``max_epochs``, if sooner), so the fit lasts about as long as the member
@@ -30,42 +31,81 @@ def _duration(seconds: float) -> str:
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
+Row = tuple[str, int, int, float, int]  # (member name, prefix, epochs done, best val loss in nats, epochs without improving)
+
+
+def progress_table(title: str, rows: list[Row], patience: int) -> Any:
+    """The one table every fit shows on a terminal: a row per member still training."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("member", "prefix", "epoch", "best val loss (nats)", "epochs without improving"):
+        table.add_column(column, justify="right")
+    for name, prefix, epoch, best, wait in rows:
+        table.add_row(name, str(prefix), str(epoch), f"{best:.4f}", f"{wait}/{patience}")
+    return table
+
+
+class LiveTable:
+    """A table redrawn in place on a terminal (with ``rich``); nothing elsewhere (the callers log lines)."""
+
+    def __init__(self, wanted: bool | None) -> None:
+        self.wanted = sys.stderr.isatty() if wanted is None else wanted
+        self.live: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self.live is not None
+
+    def start(self, render: Callable[[], Any]) -> None:
+        if not self.wanted:
+            return
+        try:
+            from rich.live import Live
+        except ImportError:
+            return
+        self.live = Live(render(), refresh_per_second=2, transient=False)
+        self.live.start()
+
+    def update(self, render: Callable[[], Any]) -> None:
+        if self.live is not None:
+            self.live.update(render())
+
+    def stop(self, render: Callable[[], Any]) -> None:
+        if self.live is not None:
+            self.live.update(render())
+            self.live.stop()
+            self.live = None
+
+
 class MemberProgress(L.Callback):
+    """A stacked fit's members (``StackedProtocol``): the table on a terminal, a line every ``interval`` s in a log."""
+
     def __init__(self, protocol: Any, interval: float = 30.0, live: bool | None = None) -> None:
         self.protocol = protocol
         self.interval = interval
-        self.live_wanted = sys.stderr.isatty() if live is None else live
-        self.live: Any = None
+        self.table = LiveTable(live)
         self.last = 0.0
         self.started = 0.0
         self.steps = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.started = self.last = time.monotonic()
-        if self.live_wanted:
-            try:
-                from rich.live import Live
-            except ImportError:
-                return
-            self.live = Live(self._table(), refresh_per_second=2, transient=False)
-            self.live.start()
+        self.table.start(self._table)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any = None,
                            batch: Any = None, batch_idx: int = 0) -> None:
         self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
         now = time.monotonic()
-        if self.live is not None and now - self.last > 0.5:
-            self.live.update(self._table())
+        if self.table.on and now - self.last > 0.5:
+            self.table.update(self._table)
             self.last = now
-        elif self.live is None and now - self.last > self.interval:
+        elif not self.table.on and now - self.last > self.interval:
             log.info(self.line())
             self.last = now
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.live is not None:
-            self.live.update(self._table())
-            self.live.stop()
-            self.live = None
+        self.table.stop(self._table)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.on_train_end(trainer, pl_module)
@@ -97,18 +137,10 @@ class MemberProgress(L.Callback):
         )
 
     def _table(self) -> Any:
-        from rich.table import Table
-
         p = self.protocol
-        left = self.seconds_left()
-        table = Table(title=f"prequential members: {len(p.active)} of {len(p.members)} training, "
-                      f"about {_duration(left)} left")
-        for column in ("member", "prefix", "epoch", "best val loss (nats)", "epochs without improving"):
-            table.add_column(column, justify="right")
-        for m in p.active:
-            s = p.members[m]
-            table.add_row(self.member_name(m), str(s.n_train), str(s.epoch), f"{s.best_score:.4f}", f"{s.wait}/{p.patience}")
-        return table
+        rows = [(self.member_name(m), s.n_train, s.epoch, s.best_score, s.wait) for m, s in ((m, p.members[m]) for m in p.active)]
+        return progress_table(f"prequential members: {len(p.active)} of {len(p.members)} training, "
+                              f"about {_duration(self.seconds_left())} left", rows, p.patience)
 
 
 EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member, epoch from 0, train loss, val loss
@@ -116,30 +148,43 @@ EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member,
 
 
 class FitProgress(L.Callback):
-    """One model's fit (the sequential engine's block ``member`` or its final fit): every finished
-    epoch goes to ``on_epoch`` as it happens (live logging), and a line is logged every ``interval``
-    seconds with the epoch, the losses, the patience left and the time left, so a long ConvNeXt or
-    Swin fit is not silent between blocks. A Lightning callback after the protocol (mdl/engine/single_fit.py
-    EpochProtocol); an epoch is complete once the module has recorded its training loss, which
-    Lightning does after the callbacks' epoch-end hooks, so epochs are handed on at the next start."""
+    """One model's fit (a fit of one member: a block's model or the final fit): every finished epoch goes to
+    ``on_epoch`` as it happens (live logging); on a terminal the table every fit shows (``progress_table``)
+    is redrawn, in a log a line every ``interval`` seconds gives the epoch, the losses, the patience left
+    and the time left, so a long ConvNeXt or Swin fit is not silent between blocks. A Lightning callback
+    after the protocol (mdl/engine/single_fit.py EpochProtocol); an epoch is complete once the module has
+    recorded its training loss, which Lightning does after the callbacks' epoch-end hooks, so epochs are
+    handed on at the next start."""
 
     def __init__(self, member: int, name: str, patience: int, max_epochs: int | None,
-                 on_epoch: EpochHook | None = None, interval: float = 30.0) -> None:
+                 on_epoch: EpochHook | None = None, interval: float = 30.0, live: bool | None = None) -> None:
         self.member, self.name, self.on_epoch, self.interval = member, name, on_epoch, interval
         self.patience, self.max_epochs = patience, (max_epochs if max_epochs and max_epochs > 0 else None)
         self.reported = 0  # epochs handed to on_epoch
         self.started = self.last = 0.0
+        self.first_epoch = 0
+        self.table = LiveTable(live)
+        self.state: Any = None  # the protocol's MemberState, found at the start
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from mdl.engine.single_fit import EpochProtocol
+
         self.started = self.last = time.monotonic()
         self.first_epoch = min(len(pl_module.train_loss_curve), len(pl_module.val_loss_curve))  # > 0: resumed
         self.reported = 0  # a resumed fit hands on its earlier epochs too: this process's logger has not seen them
+        protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
+        self.state = protocol.state if protocol is not None else None
+        self.table.start(self._table)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer, pl_module)
+        self.table.stop(self._table)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.table.stop(self._table)
 
     def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         train, val = pl_module.train_loss_curve, pl_module.val_loss_curve
@@ -150,19 +195,28 @@ class FitProgress(L.Callback):
                 self.on_epoch(self.member, epoch, train[epoch], val[epoch], accuracy[epoch] if epoch < len(accuracy) else None)
         self.reported = done
         now = time.monotonic()
-        if done and now - self.last > self.interval:
+        if self.table.on:
+            self.table.update(self._table)
+        elif done and now - self.last > self.interval:
             log.info(self.line(trainer, done, val[done - 1], now))
             self.last = now
 
-    def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
-        from mdl.engine.single_fit import EpochProtocol
-
-        protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
+    def seconds_left(self, epochs: int, now: float) -> float:
+        """At most: the epochs until patience runs out (or max_epochs), at the speed measured so far."""
         per_epoch = (now - self.started) / max(epochs - self.first_epoch, 1)
-        state = protocol.state if protocol else None
-        best = f", best {state.best_val_loss:.4f}, {state.wait}/{self.patience} without improving" if state else ""
-        left = max(self.patience - (state.wait if state else 0), 1)
+        left = max(self.patience - (self.state.wait if self.state else 0), 1)
         if self.max_epochs is not None:
             left = min(left, self.max_epochs - epochs)
+        return per_epoch * left
+
+    def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
+        s = self.state
+        best = f", best {s.best_val_loss:.4f}, {s.wait}/{self.patience} without improving" if s else ""
         return (f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "
-                f"{_duration(now - self.started)} elapsed, at most about {_duration(per_epoch * left)} left")
+                f"{_duration(now - self.started)} elapsed, at most about {_duration(self.seconds_left(epochs, now))} left")
+
+    def _table(self) -> Any:
+        s, epochs, now = self.state, self.reported, time.monotonic()
+        rows = [] if s is None else [(self.name, s.n_train, epochs, s.best_val_loss, s.wait)]
+        left = _duration(self.seconds_left(epochs, now)) if epochs else "?"
+        return progress_table(f"{self.name}: one model training, at most about {left} left", rows, self.patience)
