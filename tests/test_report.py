@@ -539,3 +539,36 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     assert choices["leace"].lr == 3e-3 and choices["leace"].at_edge  # its grid ends at 3e-3
     text = path.read_text()
     assert "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.003 (at the edge of the grid" in text
+
+
+def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):
+    """A sweep over optimizer.lr and width: the best lr per width in a table that says whether it transfers,
+    and a figure with one line per width. Known answer: the optimum at 3e-3 for widths 64 and 256, and at
+    1e-2 for width 1024 (it does not transfer for that eraser), at 3e-3 everywhere for the other."""
+    from mdl.report.lr import best_lr_by_width
+
+    sweep = tmp_path / "multirun"
+    job = 0
+    optimum = {("none", 64): 3e-3, ("none", 256): 3e-3, ("none", 1024): 3e-3,
+               ("leace", 64): 3e-3, ("leace", 256): 3e-3, ("leace", 1024): 1e-2}
+    for (eraser, width), best in optimum.items():
+        for lr in (1e-3, 3e-3, 1e-2, 3e-2):
+            for seed in (0, 1):
+                run = write_run(sweep, job, "mlp", eraser, width, 2, seed)
+                job += 1
+                results = json.loads((run / "results.json").read_text())
+                results["config"]["optimizer"] = {"lr": lr}
+                results["paper_mdl"] = (math.log10(lr) - math.log10(best)) ** 2 + 0.01 * seed + width / 1e4
+                (run / "results.json").write_text(json.dumps(results))
+    path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
+    loaded = load_sweep([sweep])
+    best = best_lr_by_width(loaded, build_cells(loaded))
+    assert best[("mlp", "", "none")] == {64: 3e-3, 256: 3e-3, 1024: 3e-3}
+    assert best[("mlp", "", "leace")] == {64: 3e-3, 256: 3e-3, 1024: 1e-2}
+    text = path.read_text()
+    assert "Does the optimum transfer across widths?" in text
+    assert "| mlp | - | none | 64: 0.003, 256: 0.003, 1024: 0.003 | yes |" in text
+    assert "| mlp | - | leace | 64: 0.003, 256: 0.003, 1024: 0.01 | no |" in text
+    for fmt in ("png", "pdf", "svg"):
+        assert (tmp_path / "out" / f"lr_transfer_mlp.{fmt}").stat().st_size > 0
+    assert "lr_transfer_mlp.png" in text

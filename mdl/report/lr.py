@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from mdl.report.figures import FigureFile, _grid, _save, _title, display_name, legend, plt, slug
 from mdl.report.runs import Sweep
 from mdl.report.stats import Cell
 
@@ -61,4 +63,81 @@ def lr_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""
         md.append(f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge} | {c.mean:.4f} | {c.n} | "
                   f"{', '.join(f'{g:g}' for g in c.grid)} |")
+    return [*md, "", *transfer_section(sweep, cells)]
+
+
+# --- does the optimum transfer across widths? ----------------------------------------------------
+
+def best_lr_by_width(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> dict[tuple[str, str, str], dict[Any, float]]:
+    """(architecture, other settings, eraser) -> {width: the lr with the lowest mean ``metric``}, when a
+    sweep varied both ``optimizer.lr`` and ``width``."""
+    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
+        return {}
+    best: dict[tuple[str, str, str], dict[Any, tuple[float, float]]] = {}
+    for key, width, lr, mean, _, _ in _lr_points(sweep, cells, metric):
+        current = best.setdefault(key, {}).get(width)
+        if current is None or mean < current[1]:
+            best[key][width] = (lr, mean)
+    return {k: {w: lr for w, (lr, _) in sorted(v.items())} for k, v in sorted(best.items())}
+
+
+def _lr_points(sweep: Sweep, cells: list[Cell], metric: str):
+    """(group key, width, lr, mean, std, n) for every cell with a numeric lr and width."""
+    i, w = sweep.row_keys.index(LR_KEY), sweep.row_keys.index("width")
+    for c in cells:
+        mean, std, n = c.mean_std(metric)
+        if n and isinstance(c.row[i], (int, float)) and isinstance(c.row[w], (int, float)) and not math.isnan(mean):
+            setting = ", ".join(f"{name}={v}" for j, (name, v) in enumerate(zip(sweep.row_names(), c.row)) if j not in (i, w))
+            key = (c.arch, setting, c.eraser)
+            yield key, c.row[w], float(c.row[i]), mean, std, n
+
+
+def transfer_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
+    """The best lr at each width, and whether it is the same at every width (muP's promise)."""
+    best = best_lr_by_width(sweep, cells)
+    if not best:
+        return []
+    md = ["### Does the optimum transfer across widths?\n",
+          "The lr with the lowest mean paper MDL at each width (figure `lr_transfer_<arch>.png`). Under muP it "
+          "should be the same at every width.\n", "| architecture | setting | eraser | best lr by width | transfers |",
+          "|---|---|---|---|---|"]
+    for (arch, setting, eraser), by_width in best.items():
+        same = len(set(by_width.values())) == 1
+        md.append(f"| {arch} | {setting or '-'} | {eraser} | "
+                  f"{', '.join(f'{w}: {lr:g}' for w, lr in by_width.items())} | {'yes' if same else 'no'} |")
     return [*md, ""]
+
+
+def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl") -> tuple[list[FigureFile], list[str]]:
+    """Per architecture, panels per (setting, eraser): mean ``metric`` against lr, one line per width, each
+    width's best lr marked with a star."""
+    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
+        return [], []
+    series: dict[str, dict[tuple[str, str], dict[Any, list[tuple[float, float, float]]]]] = {}
+    for (arch, setting, eraser), width, lr, mean, std, _ in _lr_points(sweep, cells, metric):
+        series.setdefault(arch, {}).setdefault((setting, eraser), {}).setdefault(width, []).append((lr, mean, std))
+    figures = []
+    for arch, panels in sorted(series.items()):
+        fig, axes, cols = _grid(len(panels))
+        widths = sorted({w for lines in panels.values() for w in lines})
+        colors = {w: plt.cm.viridis(k / max(len(widths) - 1, 1)) for k, w in enumerate(widths)}
+        for p, ((setting, eraser), lines) in enumerate(sorted(panels.items())):
+            ax = axes[p // cols][p % cols]
+            for width, pts in sorted(lines.items()):
+                lr, mean, std = zip(*sorted(pts))
+                ax.errorbar(lr, mean, yerr=[0.0 if math.isnan(v) else v for v in std], color=colors[width],
+                            label=f"width {width}", capsize=2, marker="o", markersize=3)
+                k = min(range(len(mean)), key=mean.__getitem__)
+                ax.scatter([lr[k]], [mean[k]], marker="*", s=80, color=colors[width], zorder=3)
+            ax.set_xscale("log")
+            ax.set_xlabel("optimizer.lr")
+            ax.set_ylabel("paper MDL (bits/sample)")
+            ax.set_title(_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)), fontsize=7)
+            legend(ax)
+        for p in range(len(panels), len(axes) * cols):
+            axes[p // cols][p % cols].set_visible(False)
+        path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
+        figures.append(FigureFile(path, f"Learning rate across widths: {arch}",
+                                  "Mean paper MDL against the learning rate, one line per width (error bars: sample sd "
+                                  "over seeds); a star marks each width's best lr. Under muP the stars line up."))
+    return figures, []
