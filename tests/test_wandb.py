@@ -27,6 +27,27 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
         for series in (b"block01/val_loss", b"block01/train_loss", b"block01/val_accuracy", b"epoch", b"block02/val_loss",
                        b"final/val_loss", b"final/val_accuracy", b"paper_mdl"):
             assert series in record, series
+        _workspace_panels_have_data(record)
+
+
+def _workspace_panels_have_data(record: bytes) -> None:
+    """Every key the saved workspace's panels read (mdl/run/wandb_workspace.py) is in a real run's file, and the
+    workspace builds into W&B's own view model (nothing is sent)."""
+    import re
+
+    import pytest
+
+    from mdl.run.wandb_workspace import build, referenced_keys
+
+    keys, regexes = referenced_keys()
+    text = record.decode("latin-1")
+    for key in keys:
+        assert key in text, key
+    for regex in regexes:
+        assert re.search(regex, text), regex
+    pytest.importorskip("wandb_workspaces")
+    view = build("entity", "project")._to_model().model_dump_json()
+    assert all(key in view for key in keys) and "eraser.value.name" in view
 
 
 def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> None:
