@@ -282,7 +282,7 @@ def test_figure1_shows_erased_images(tmp_path: Path):
         captured.update(columns)
         return path
 
-    import mdl.report.figures as figs
+    import mdl.report.figure1 as figs
 
     original = figs._draw_figure1
     figs._draw_figure1 = spy_draw
