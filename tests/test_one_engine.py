@@ -50,7 +50,7 @@ def test_members_per_fit_is_read_and_checked() -> None:
     assert members_per_fit({"engine": "stacked", "members_per_fit": 1}) == 1
     assert engine_name({"engine": "sequential", "members_per_fit": 3, "num_blocks": 10}) == "fits of 3"
     for bad in (0, -2, "some", 1.5, True):
-        with pytest.raises(ValueError, match="mdl.members_per_fit=.*all, or an integer >= 1"):
+        with pytest.raises(ValueError, match="mdl.members_per_fit=.*all, auto, or an integer >= 1"):
             members_per_fit({"engine": "stacked", "members_per_fit": bad})
     with pytest.raises(ValueError, match="unknown engine mdl.engine='fast'"):
         members_per_fit({"engine": "fast", "members_per_fit": None})
@@ -73,3 +73,73 @@ def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path
     assert in_fits["engine"] == "fits of 4" and in_fits["members_per_fit"] == 4
     for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
         assert in_fits[key] == together[key], key
+
+
+# --- mdl.members_per_fit=auto ----------------------------------------------------------------------
+
+
+def test_auto_on_a_cpu_puts_every_member_in_one_fit() -> None:
+    import torch
+
+    from mdl.engine.memory import members_that_fit
+
+    assert members_that_fit(torch.device("cpu"), 10, lambda m: 1 // 0) is None  # nothing to measure: all in one
+
+
+def test_auto_count_comes_from_the_measured_memory_of_one_and_two_members(monkeypatch) -> None:
+    """Known answer: a step of 1 member peaks at 300 bytes, of 2 at 400: 100 per member, 200 fixed; with 1000
+    free and a margin of 0.8, (800 - 200) / 100 = 6 members fit."""
+    import torch
+
+    from mdl.engine import memory
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 4000))
+    assert memory.MEMORY_MARGIN == 0.8
+    assert memory.members_that_fit(torch.device("cuda"), 10, {1: 300, 2: 400}.get) == 6
+    assert memory.members_that_fit(torch.device("cuda"), 5, {1: 300, 2: 400}.get) is None  # all 5 fit: one fit
+    assert memory.members_that_fit(torch.device("cuda"), 10, {1: 900, 2: 1800}.get) == 1  # not even two
+
+
+FEW = ["mdl.num_blocks=8", "data.first_block=64", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
+       "width=32", "model.base_width=32", "trainer.torch_threads=1"]
+
+
+def _small_device(monkeypatch, most: int) -> list[int]:
+    """Stacked fits of more than ``most`` members run out of memory (as a GPU would); returns the sizes tried."""
+    import torch
+
+    import mdl.engine.driver as driver
+
+    real, sizes = driver.run_stacked_fit, []
+
+    def fit(dm, boundaries, members, *args, **kwargs):
+        sizes.append(len(members))
+        if len(members) > most:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return real(dm, boundaries, members, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "run_stacked_fit", fit)
+    return sizes
+
+
+def test_auto_halves_a_fit_that_runs_out_of_memory_and_goes_on(tmp_path: Path, monkeypatch, caplog) -> None:
+    """members_per_fit=auto: a fit of 8 that runs out of memory goes on as fits of 4, then 2, with a warning,
+    and gives the numbers of one fit of all (the MLP's members do not depend on their neighbours)."""
+    import logging
+
+    together = run_experiment(compose_config([*FEW, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run")
+    sizes = _small_device(monkeypatch, most=2)
+    with caplog.at_level(logging.WARNING):
+        halved = run_experiment(compose_config([*FEW, "mdl.members_per_fit=auto"], tmp_path / "b"), tmp_path / "b" / "run")
+    assert sizes == [8, 4, 2, 2, 4, 2, 2]
+    assert "out of memory with 8 members in one fit: going on with fits of 4" in caplog.text
+    assert halved["engine"] == "fits by memory" and halved["members_per_fit"] == "auto"
+    for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
+        assert halved[key] == together[key], key
+
+
+def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path, monkeypatch) -> None:
+    _small_device(monkeypatch, most=2)
+    with pytest.raises(RuntimeError, match=r"out of memory training 4 members in one fit .*mdl.members_per_fit \(e.g. 2\)"
+                                           r".*mdl.members_per_fit=auto"):
+        run_experiment(compose_config([*FEW, "mdl.members_per_fit=4"], tmp_path), tmp_path / "run")

@@ -14,25 +14,30 @@ whose blocks are all recorded and resumes a fit in progress from its checkpoint.
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import lightning as L
+import torch
 from torch import nn
 
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable, run_identity
 from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
+from mdl.engine.memory import measured_step_peak, members_that_fit, out_of_memory_errors, stacked_trial_step
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds, scoring_ranges
 from mdl.engine.single_fit import fit_one_member, fit_prefix
 from mdl.engine.stacked_fit import StackedProtocol, build_members
 from mdl.engine.progress_display import EpochHook, FitProgress, MemberProgress
 from mdl.results import PROGRESS_FILE, BlockResult
+from mdl.run.identity import AUTO
 from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
 from models.losses import SpectralDecoupling
 from models.module import Classifier, OptimizerFactory
@@ -79,7 +84,7 @@ def run_prequential(
     patience: int,
     seed: int,
     run_dir: str | Path,
-    members_per_fit: int | None = None,
+    members_per_fit: int | str | None = None,
     on_block: BlockHook | None = None,
     checkpoint_every_s: float = 0.0,
     final_curves: Any = None,
@@ -89,11 +94,17 @@ def run_prequential(
     on_epoch: EpochHook | None = None,
 ) -> dict[str, Any]:
     """Train every member (resuming from ``run_dir``) and return the results.json fields.
-    ``members_per_fit``: None = all in one fit. ``paper_loss`` (mdl/codelength.py PAPER_LOSSES) picks the
+    ``members_per_fit``: None = all in one fit; ``auto`` = as many as the device's memory holds (measured), and a
+    fit that runs out of memory is split in halves with a warning. ``paper_loss`` (mdl/codelength.py PAPER_LOSSES) picks the
     paper MDL's L(c_i); with ``last_block`` every member also has its untrained weights as a candidate."""
     run_dir = Path(run_dir)
     if boundaries[-1] != dm.num_train:
         raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {dm.num_train} training examples")
+    auto = members_per_fit == AUTO
+    seeds = member_seeds(seed, len(boundaries))
+    if auto:
+        trial = measured_step_peak(dm.device, lambda m: stacked_trial_step(dm, recipe, seeds, m))
+        members_per_fit = members_that_fit(dm.device, len(boundaries), trial)
     fits = fits_of(len(boundaries), members_per_fit)
     check_trainer_settings(trainer_kwargs, fits, steps_per_group)
     settings = FitSettings(trainer_kwargs, patience, checkpoint_every_s, steps_per_group,
@@ -121,22 +132,51 @@ def run_prequential(
         if on_block is not None:
             on_block(outcome.member, block)
 
-    seeds = member_seeds(seed, len(boundaries))
     outcomes: dict[int, MemberOutcome] = {}
-    for members in fits:
-        if members in skipped:
-            continue
+    pending = deque(f for f in fits if f not in skipped)
+    while pending:
+        members = pending.popleft()
         if len(members) == 1:
             outcomes |= run_single_fit(dm, boundaries, members[0], seeds[members[0]], recipe, settings, run_dir, record)
         else:
-            outcomes |= run_stacked_fit(dm, boundaries, members, seeds, recipe, settings, run_dir, record, on_block,
-                                        keep_checkpoint=final in members)
+            try:
+                outcomes |= run_stacked_fit(dm, boundaries, members, seeds, recipe, settings, run_dir, record, on_block,
+                                            keep_checkpoint=final in members)
+            except out_of_memory_errors() as err:
+                pending.extendleft(reversed(split_after_out_of_memory(members, recorded, final, auto, run_dir, err)))
+                continue
         missing = [m for m in members if m != final and m not in recorded]
         if missing:  # finished before an interruption (restored from the checkpoint) but not in progress.json
             recorded |= {m: outcomes[m].block().to_dict() for m in missing}
             write_progress(progress_path, boundaries, recorded)
     blocks = [BlockResult(**recorded[m]) for m in range(final)]
     return prequential_results(boundaries, dm.num_classes, blocks, outcomes[final], paper_loss)
+
+
+def split_after_out_of_memory(members: list[int], recorded: dict[int, Any], final: int, auto: bool, run_dir: Path,
+                              err: BaseException) -> list[list[int]]:
+    """The members of a fit that ran out of memory and are not done, in two fits of half as many (members_per_fit
+    auto); with a count the user chose, an error that says what to set instead."""
+    if not auto:
+        raise RuntimeError(
+            f"out of memory training {len(members)} members in one fit ({err}); set a smaller "
+            f"mdl.members_per_fit (e.g. {max(len(members) // 2, 1)}), or mdl.members_per_fit=auto to have it chosen "
+            f"and halved when needed"
+        ) from err
+    left = [m for m in members if m == final or m not in recorded]
+    half = max(1, (len(left) + 1) // 2)
+    log.warning("out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)",
+                len(members), half)
+    stacked_checkpoint(run_dir, members, final + 1).unlink(missing_ok=True)  # its state is of the larger stack
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return [left[i:i + half] for i in range(0, len(left), half)]
+
+
+def stacked_checkpoint(run_dir: Path, members: list[int], num_members: int) -> Path:
+    name = "stacked.ckpt" if len(members) == num_members else f"members{members[0]:02d}-{members[-1]:02d}.ckpt"
+    return run_dir / "checkpoints" / name
 
 
 def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[int]], steps_per_group: int) -> None:
@@ -220,8 +260,7 @@ def run_stacked_fit(
         heldout_batches=partial(batches, which=1), untrained_candidate=settings.untrained_candidate,
         on_epoch=settings.on_epoch, final_member=num_blocks if num_blocks in members else None,
     )
-    name = "stacked.ckpt" if len(members) == num_blocks + 1 else f"members{members[0]:02d}-{members[-1]:02d}.ckpt"
-    checkpoint = run_dir / "checkpoints" / name
+    checkpoint = stacked_checkpoint(run_dir, members, num_blocks + 1)
     callbacks = [protocol, MemberProgress(protocol), *settings.callbacks, SaveLastCheckpoint(checkpoint, settings.checkpoint_every_s)]
     if final_curves is not None:  # in the Trainer only for its state in the checkpoints
         callbacks.insert(2, final_curves)

@@ -29,7 +29,7 @@ from mdl.run.components import (
     make_preconditioner, make_profiler, make_user_callbacks, run_lr, show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
-from mdl.run.identity import config_hash, engine_name, members_per_fit, training_threads
+from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
@@ -192,7 +192,8 @@ def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
     is written next to the old one (a stacked fit holds every block's member in one file)."""
     model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
     parameters = sum(p.numel() for p in model.parameters())
-    members = min(members_per_fit(cfg.mdl) or cfg.mdl.num_blocks, cfg.mdl.num_blocks)  # one member per boundary
+    k = members_per_fit(cfg.mdl)  # auto: at most all of them
+    members = cfg.mdl.num_blocks if k is None or k == AUTO else min(k, cfg.mdl.num_blocks)  # one member per boundary
     per_parameter = CHECKPOINT_BYTES_PER_PARAMETER["sequential" if members == 1 else "stacked"]
     largest = per_parameter * parameters * members + CHECKPOINT_OVERHEAD_BYTES
     return 2 * largest

@@ -54,27 +54,35 @@ def without_bookkeeping(config: dict[str, Any]) -> dict[str, Any]:
 ENGINES = {"stacked": None, "sequential": 1}  # mdl.engine: a name for mdl.members_per_fit (None = all)
 
 
-def members_per_fit(mdl: Any) -> int | None:
-    """``mdl.members_per_fit`` (``all`` or an integer >= 1), or, when it is null, what ``mdl.engine``
+AUTO = "auto"  # mdl.members_per_fit=auto: as many as fit in the device's memory (mdl/engine/memory.py)
+
+
+def members_per_fit(mdl: Any) -> int | str | None:
+    """``mdl.members_per_fit`` (``all``, ``auto`` or an integer >= 1), or, when it is null, what ``mdl.engine``
     names; None means all members in one fit. ``mdl`` is the config's ``mdl`` node or a plain dict."""
     value = mdl.get("members_per_fit")
     if value is None:
         engine = mdl.get("engine")
         if engine not in ENGINES:
             raise ValueError(f"unknown engine mdl.engine={engine!r}; choose one of {tuple(ENGINES)} "
-                             f"(or set mdl.members_per_fit=all|1|k)")
+                             f"(or set mdl.members_per_fit=all|auto|1|k)")
         return ENGINES[engine]
     if value == "all":
         return None
+    if value == AUTO:
+        return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"mdl.members_per_fit={value!r}: must be all, or an integer >= 1 (1 = one model per fit, "
-                         f"as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked)")
+        raise ValueError(f"mdl.members_per_fit={value!r}: must be all, auto, or an integer >= 1 (1 = one model per "
+                         f"fit, as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked; auto = "
+                         f"as many as fit in the device's memory)")
     return value
 
 
 def engine_name(mdl: Any) -> str:
-    """``stacked`` (all members in one fit), ``sequential`` (one per fit), or ``fits of k``."""
+    """``stacked`` (all members in one fit), ``sequential`` (one per fit), ``fits of k`` or ``fits by memory``."""
     k = members_per_fit(mdl)
+    if k == AUTO:
+        return "fits by memory"
     if k is None or k >= mdl["num_blocks"]:  # a run has num_blocks members (one per boundary; the last is the final fit)
         return "stacked"
     return "sequential" if k == 1 else f"fits of {k}"
@@ -87,8 +95,9 @@ def canonical_fit_mode(mdl: dict[str, Any]) -> None:
     k = members_per_fit(mdl)
     name = engine_name(mdl)
     mdl.pop("members_per_fit", None)
-    mdl["engine"] = "stacked" if name.startswith("fits of") else name
-    if name.startswith("fits of"):
+    several = name.startswith("fits ")
+    mdl["engine"] = "stacked" if several else name
+    if several:
         mdl["members_per_fit"] = k
 
 
