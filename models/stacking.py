@@ -60,9 +60,32 @@ class StackedModel(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.run(self.param_dict(), self.buffer_dict(), x, shared_input=False)
 
+    def compile(self, backend: str) -> None:  # type: ignore[override]
+        """Compile the stacked computation once for the whole fit (``trainer.compile``). Members leave, so the
+        member axis shrinks: it is marked dynamic (``run``), so one graph serves every stack size instead of one
+        per size; training and evaluation (autograd on or off, one batch per member or one shared) and a stack
+        of one member (which dynamo specialises) get their own graphs (tests/test_one_engine.py counts them)."""
+        import torch
+        import torch._dynamo
+
+        # dynamo takes parameters' shapes as static by default: the stacked weights' member axis must not be
+        torch._dynamo.config.force_parameter_static_shapes = False
+        self.__dict__["_compiled_run"] = torch.compile(self._run, backend=backend)
+
     def run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
         """Outputs (M', B, K) of the members whose stacked weights are given; x is (M', B, ...)
         or, with ``shared_input``, one batch (B, ...) that every member sees."""
+        compiled = self.__dict__.get("_compiled_run")
+        if compiled is None:
+            return self._run(params, buffers, x, shared_input)
+        import torch._dynamo
+
+        for t in (*params.values(), *buffers.values(), *(() if shared_input else (x,))):
+            if t.shape[0] > 1:  # the member axis is symbolic from the start (a size of 1 is specialised anyway)
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return compiled(params, buffers, x, shared_input)
+
+    def _run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
 
         batched = getattr(self.template, "forward_stacked", None)
         if batched is not None:  # the model's own batched form (e.g. the MLP as batched matmuls)

@@ -17,7 +17,7 @@ from mdl.engine.protocol import fits_of
 from mdl.run.experiment import run_experiment
 from mdl.run.identity import config_hash
 from mdl.run.identity import engine_name, members_per_fit
-from conftest import compose_config
+from conftest import FAST, compose_config
 
 REFERENCE = json.loads((Path(__file__).parent / "reference" / "default_run_cbb5538.json").read_text())
 
@@ -143,3 +143,24 @@ def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path,
     with pytest.raises(RuntimeError, match=r"out of memory training 4 members in one fit .*mdl.members_per_fit \(e.g. 2\)"
                                            r".*mdl.members_per_fit=auto"):
         run_experiment(compose_config([*FEW, "mdl.members_per_fit=4"], tmp_path), tmp_path / "run")
+
+
+# --- trainer.compile in a fit of several members ---------------------------------------------------
+
+
+@pytest.mark.parametrize("num_blocks", [5, 9])
+def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(tmp_path: Path, num_blocks: int) -> None:
+    """trainer.compile in a fit of all members: the member axis is symbolic, so a whole run compiles the same
+    few graphs (training and evaluation, each for a stack of several members and of one) for 5 members or 9,
+    instead of one per stack size; the numbers are those of the uncompiled fit (the eager backend runs the
+    same kernels)."""
+    from torch._dynamo.utils import counters
+
+    base = [*FAST, f"mdl.num_blocks={num_blocks}", "trainer.kwargs.max_epochs=6", "trainer.patience=2",
+            "mdl.members_per_fit=all", "trainer.torch_threads=1"]
+    plain = run_experiment(compose_config(base, tmp_path / "a"), tmp_path / "a" / "run")
+    counters.clear()
+    compiled = run_experiment(compose_config([*base, "trainer.compile=eager"], tmp_path / "b"), tmp_path / "b" / "run")
+    assert counters["stats"]["unique_graphs"] <= 4
+    for key in ("blocks", "paper_mdl", "val_loss_curve", "final_val_loss"):
+        assert compiled[key] == plain[key], key

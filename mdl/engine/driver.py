@@ -59,6 +59,7 @@ class ModelRecipe:
     lr: float
     precision: str = "fp32"
     loss: SpectralDecoupling | None = None
+    compile_backend: str | None = None  # trainer.compile for a stacked fit (a single fit's module compiles itself)
 
 
 @dataclass
@@ -240,6 +241,8 @@ def run_stacked_fit(
     loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members)
     module = StackedClassifier(build_members(recipe.make_model, [seeds[m] for m in members], dm.device),
                                recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members)
+    if recipe.compile_backend is not None:
+        module.stack.compile(recipe.compile_backend)
     logged: set[int] = set()  # blocks given to on_block by this process
 
     def on_finish(outcome: MemberOutcome) -> None:

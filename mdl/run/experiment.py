@@ -33,6 +33,7 @@ from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, tr
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
+from models.precision import check_compile
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +141,13 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
-    if engine != "sequential" and (t.compile or t.channels_last):
-        log.info("fits of several members run their stack under vmap: trainer.compile and trainer.channels_last "
-                 "apply to fits of one member only (mdl.members_per_fit=1)")
+    if engine != "sequential" and t.channels_last:
+        log.info("fits of several members run their stack under vmap: trainer.channels_last applies to fits of one "
+                 "member only (mdl.members_per_fit=1)")
     recipe = ModelRecipe(
         make_module_factory(cfg, dm.num_classes, dm.input_shape), make_model_factory(cfg, dm.num_classes, dm.input_shape),
         make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),
+        compile_backend=check_compile(t.compile),
     )
     outcome = run_prequential(
         dm, boundaries, recipe, trainer_kwargs, t.patience, cfg.seed, store, members_per_fit=members_per_fit(cfg.mdl),
