@@ -30,14 +30,7 @@ from typing import Callable
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = [
-    "trainer.kwargs.max_epochs=3",
-    "trainer.patience=2",
-    "mdl.num_blocks=3",
-    "data.first_block=100",
-    "width=32",
-    "model.base_width=32",
-]
+FAST = ["debug=fast"]  # conf/debug/fast.yaml: a smoke of any config in seconds
 ERROR_EXIT = 2
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

@@ -37,14 +37,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 CONF = REPO / "conf"
 
 # A run that takes seconds: few epochs, three blocks.
-FAST = [
-    "trainer.kwargs.max_epochs=3",
-    "trainer.patience=2",
-    "mdl.num_blocks=3",
-    "data.first_block=100",
-    "width=32",
-    "model.base_width=32",
-]
+FAST = ["debug=fast"]  # conf/debug/fast.yaml: tiny data and epochs for any config (test_cli checks what it sets)
 
 
 def compose_config(overrides: list[str], output_root: Path | None = None) -> DictConfig:

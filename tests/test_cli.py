@@ -108,12 +108,17 @@ def test_print_config_is_not_part_of_a_runs_identity() -> None:
 
 
 def test_debug_fast_is_the_fast_settings() -> None:
-    """debug=fast composes the same run as the FAST override list the tests use (same identity)."""
+    """debug=fast (the tests' FAST) composes the same run as its settings typed out (same identity), and an
+    override typed after it wins."""
     from conftest import compose_config
     from mdl.run.identity import config_hash
 
-    assert config_hash(compose_config(["debug=fast"])) == config_hash(compose_config(FAST))
-    assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(compose_config([*FAST, "model=lenet"]))
+    typed = ["trainer.kwargs.max_epochs=3", "trainer.patience=2", "mdl.num_blocks=3", "data.first_block=100",
+             "width=32", "model.base_width=32"]
+    assert FAST == ["debug=fast"]
+    assert config_hash(compose_config(["debug=fast"])) == config_hash(compose_config(typed))
+    assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(compose_config([*typed, "model=lenet"]))
+    assert compose_config(["debug=fast", "mdl.num_blocks=8"]).mdl.num_blocks == 8
 
 
 def test_debug_profile_writes_and_shows_the_profile(tmp_path: Path) -> None:
