@@ -165,3 +165,16 @@ def test_resumed_run_logs_every_block(engine: str, tmp_path: Path, monkeypatch) 
     assert json.loads(progress.read_text())["blocks"], "killed before any block finished; kill later"
     run_experiment(cfg, tmp_path / "kill" / "b")
     assert block_series(tmp_path / "kill" / "b") == reference
+
+
+def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, monkeypatch) -> None:
+    """mdl.members_per_fit=2 with 5 members: stacked fits of 2, 2 and a plain fit of the last one. Killed after
+    a checkpoint in any of them (blocks of an earlier fit recorded, the fit in progress in its checkpoint) and
+    re-run, the run equals an uninterrupted one."""
+    settings = ["mdl.members_per_fit=2", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=12", "trainer.patience=3",
+                "mdl.num_blocks=5", "data.first_block=100", "width=32", "model.base_width=32", "trainer.torch_threads=1"]
+    reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
+    assert reference["engine"] == "fits of 2"
+    saves = count_saves(compose_config(settings, tmp_path / "count"), tmp_path / "count", monkeypatch)
+    points = sorted({1, saves // 4, saves // 2, 3 * saves // 4, saves - 1, saves} - {0})
+    assert_resumes_exactly(settings, reference, points, tmp_path, monkeypatch)
