@@ -239,7 +239,7 @@ def require_finite(mean: float, what: str, where: str, lr: float) -> float:
     if not math.isfinite(mean):
         raise FloatingPointError(
             f"training diverged: {where} has mean {what} loss {mean} with learning rate {lr:g} (optimizer.lr, whose "
-            f"default is data.lr, scaled for depth); lower it, e.g. optimizer.lr={lr / 10:g}"
+            f"default per data set is optimizer.lr_by_data, scaled for depth); lower it, e.g. optimizer.lr={lr / 10:g}"
         )
     return mean
 

@@ -3,6 +3,8 @@ run's identity, the report, W&B names and (checked here) Hydra's job folder name
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import OmegaConf
 
 from conftest import CONF, FAST, compose_config
@@ -40,3 +42,18 @@ def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
         assert is_ignored_key(key, '"x"'), key
     for override in ("width=64", "eraser=qleace", "mdl.engine=sequential", "trainer.patience=3", "data.options.n_test=5"):
         assert not is_bookkeeping(override.split("=")[0]), override
+
+
+def test_moving_the_lr_defaults_to_the_optimizer_config_keeps_every_run_s_identity() -> None:
+    """The data sets' default learning rates moved from conf/data (data.lr) to conf/optimizer
+    (optimizer.lr_by_data): every data set, with its default lr, an overridden one and another model and
+    eraser, composes the same lr and the same config hash as before the move (hashes stored from that code)."""
+    import json
+
+    stored = json.loads((Path(__file__).parent / "reference" / "hashes_before_lr_moved.json").read_text())["runs"]
+    assert len(stored) == 21
+    for overrides, before in stored.items():
+        cfg = compose_config(overrides.split())
+        assert cfg.optimizer.lr == before["lr"], overrides
+        assert config_hash(cfg) == before["hash"], overrides
+        assert "lr" not in cfg.data

@@ -57,7 +57,7 @@ def lr_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
     md = ["## Learning rate\n",
           f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
           "the base width, it transfers to the others). Use it with `optimizer.lr=<value>` (or the data set's "
-          "`data.lr`) in the real sweep.\n",
+          "`optimizer.lr_by_data.<data set>`) in the real sweep.\n",
           "| architecture | setting | eraser | best lr | paper MDL | n | grid |", "|---|---|---|---|---|---|---|"]
     for c in choices:
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""

@@ -25,7 +25,7 @@ from models.precision import CompiledModel, check_compile
 
 log = logging.getLogger(__name__)
 
-DATA_KEYS_READ_ELSEWHERE = ("lr", "first_block")  # conf/data values read through optimizer.lr and mdl.first_block
+DATA_KEYS_READ_ELSEWHERE = ("first_block",)  # conf/data values read through mdl.first_block
 
 
 def make_final_curves(cfg: DictConfig, dm: ErasedDataModule) -> FinalFitCurves | None:
@@ -58,6 +58,7 @@ def run_lr(cfg: DictConfig) -> float:
 def make_optimizer(cfg: DictConfig) -> Callable[..., torch.optim.Optimizer]:
     params = OmegaConf.to_container(cfg.optimizer, resolve=True)
     params.pop("precondition", None)  # ours, not the optimizer's (make_preconditioner)
+    params.pop("lr_by_data", None)  # ours: where optimizer.lr's default comes from
     return instantiate(params, _convert_="all")  # plain lists: checkpoints load with weights_only
 
 

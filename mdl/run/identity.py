@@ -101,6 +101,23 @@ def canonical_fit_mode(mdl: dict[str, Any]) -> None:
         mdl["members_per_fit"] = k
 
 
+# --- the learning rate's default: optimizer.lr_by_data, which conf/data held before ------------------
+
+# Keys that only say where optimizer.lr came from (the lr a run trained with is optimizer.lr itself):
+# the defaults table, and data.lr of runs made before the table moved from conf/data to conf/optimizer.
+LR_SOURCES = ("optimizer.lr_by_data", "data.lr")
+
+
+def canonical_lr_source(config: dict[str, Any]) -> None:
+    """In a plain config dict (changed in place), put the data set's default lr back where runs made before
+    the move had it (``data.lr``) and drop the table, so every run keeps its identity
+    (tests/test_identity.py compares with the hashes of that code)."""
+    by_data = (config.get("optimizer") or {}).pop("lr_by_data", None)
+    data = config.get("data")
+    if isinstance(by_data, dict) and isinstance(data, dict) and "lr" not in data and data.get("source") in by_data:
+        data["lr"] = by_data[data["source"]]
+
+
 # --- a run's identity: the config hash ----------------------------------------------------------
 
 def allocated_cpus() -> int:
@@ -141,6 +158,7 @@ def config_hash(cfg: DictConfig) -> str:
         data["cpu_threads"] = training_threads(cfg)
     without_bookkeeping(data)  # where and how, not what
     canonical_fit_mode(data["mdl"])  # mdl.engine=stacked and mdl.members_per_fit=all: one run
+    canonical_lr_source(data)  # the lr defaults table, where conf/data held it
     if not (data.get("probes") or {}).get("enabled", False):
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     if not data.get("callbacks"):
