@@ -44,7 +44,7 @@ from datamodules.erasure_checks import (
 from datamodules.loader import BatchTransform
 from datamodules.serving import BatchServing
 from datamodules.settings import (
-    FIT_SCOPES, NON_DATA_OPTIONS, check_balance, check_data_settings, check_erasure_settings, check_transform,
+    FIT_SCOPES, check_balance, check_data_settings, check_erasure_settings, check_transform,
     default_options, resolve_device,
 )
 from datamodules.sources import ImageSet, ImageSource, load_source
@@ -81,6 +81,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         balance: str | None = None,
         transform: dict[str, Any] | None = None,
         zscore: bool = False,
+        options_not_data: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         check_data_settings(val_size, test_size, batch_size, eval_batch_size, qda_regularization, padding_fraction)
@@ -94,6 +95,9 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         self._transform: CovariancePower | None = None
         self.source_name = source
         self.source_options = dict(options or {})
+        # source options that say where or how the data is fetched, not what it is: left out of the cache keys.
+        # A run passes the ones its identity leaves out (mdl/run/identity.py BOOKKEEPING_KEYS): one definition.
+        self.options_not_data = tuple(options_not_data)
         # how the run judges the erasure (warning thresholds): not part of what is computed, so not of cache keys
         self.eraser_checks = dict(self.eraser_cfg.get("checks") or {})
         self.data_seed, self.seed = data_seed, seed
@@ -116,7 +120,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
     # --- cache keys --------------------------------------------------------------------------
 
     def source_identity(self) -> dict[str, Any]:
-        options = {k: v for k, v in self.source_options.items() if k not in NON_DATA_OPTIONS}
+        options = {k: v for k, v in self.source_options.items() if k not in self.options_not_data}
         return {"name": self.source_name, "options": options}
 
     def split_identity(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ AUGMENT_ORDERS = ("erase_then_augment", "augment_then_erase")
 
 
 # Source options that do not change the data (only how it is fetched or decoded).
-NON_DATA_OPTIONS = ("download", "decode_batch_size")
 
 
 ERASE_CHUNK = 8192  # rows erased at once (bounds the float64 temporaries of the erasers)

@@ -57,3 +57,21 @@ def test_moving_the_lr_defaults_to_the_optimizer_config_keeps_every_run_s_identi
         assert cfg.optimizer.lr == before["lr"], overrides
         assert config_hash(cfg) == before["hash"], overrides
         assert "lr" not in cfg.data
+
+
+def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_leaves_out(tmp_path, monkeypatch) -> None:
+    """One definition: the erasure cache key ignores the data.options keys that BOOKKEEPING_KEYS names (where and
+    how the data is fetched), and keeps the others, as the run's config hash does."""
+    from mdl.run import components
+
+    monkeypatch.setattr(components.ErasedDataModule, "setup", lambda self, stage=None: None)  # keys only: no data
+
+    def keys(*overrides: str) -> tuple[str, str]:
+        cfg = compose_config(["data=cifarnet", "device=cpu", *overrides], tmp_path)
+        dm = components.make_datamodule(cfg)
+        return dm.eraser_key(), config_hash(cfg)
+
+    base = keys("data.options.root=/a", "data.options.download=false")
+    assert keys("data.options.root=/b", "data.options.download=true") == base  # fetched elsewhere: same data, same run
+    moved = keys("data.options.root=/a", "data.options.download=false", "data.options.decode_batch_size=64")
+    assert moved[0] != base[0] and moved[1] != base[1]  # an option the identity keeps, the cache key keeps too

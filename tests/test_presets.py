@@ -219,3 +219,13 @@ def test_lr_search_preset_trains_the_base_width_over_an_lr_grid() -> None:
             assert cfg.width == cfg.model.base_width  # muP: tune at the base width, transfer to the others
             lrs = [float(v) for v in str(cfg.hydra.sweeper.params["optimizer.lr"]).split(",")]
             assert len(lrs) >= 4 and lrs == sorted(lrs)
+
+
+def test_jobs_that_differ_only_in_bookkeeping_are_priced_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep over a bookkeeping key (mdl/run/identity.py) runs the same config twice: it is trained once and
+    skipped after, so it costs what the sweep without that key costs."""
+    cost_main(["+experiment=paper/appendix_c", "seed=0", "model=mlp"])
+    plain = re.search(r"estimated cost: ([\d.]+) GPU-hours", capsys.readouterr().out).group(1)
+    cost_main(["+experiment=paper/appendix_c", "seed=0", "model=mlp", "mdl.checkpoint_every_s=10,30"])
+    out = capsys.readouterr().out
+    assert "sweep: 10 jobs" in out and re.search(r"estimated cost: ([\d.]+) GPU-hours", out).group(1) == plain

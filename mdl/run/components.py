@@ -19,6 +19,7 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
 from mdl.run.config_checks import PROFILERS, probes_enabled
+from mdl.run.identity import is_bookkeeping
 from models import Classifier, create_model, depth_scaled_lr
 from models.losses import SpectralDecoupling, loss_from_options
 from models.precision import CompiledModel, check_compile
@@ -119,9 +120,10 @@ def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> Eras
         data_options.pop(key, None)
     if device is not None:
         data_options["device"] = str(device)
+    not_data = tuple(k for k in data_options.get("options") or {} if is_bookkeeping(f"data.options.{k}"))
     dm = ErasedDataModule(
         eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
-        **data_options,
+        options_not_data=not_data, **data_options,
     )
     dm.setup()
     return dm

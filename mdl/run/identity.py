@@ -1,7 +1,8 @@
 """The one definition of the settings that say where or how a run is done, not what it computes.
 
 They are left out of a run's identity (its config hash, ``config_hash`` below, which decides
-skip-if-done and resume), the report does not split cells on them (mdl/report/runs.py), and W&B
+skip-if-done and resume) and, for ``data.options``, out of the erasure cache keys (mdl/run/components.py
+``make_datamodule``), the report does not split cells on them (mdl/report/runs.py), and W&B
 run names leave them out (mdl/run/loggers.py). Hydra's job folder names leave the same ones out
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.

@@ -191,17 +191,21 @@ class InvalidJob(ValueError):
 
 
 def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int]]:
-    """One composed config per distinct job (seeds aside) and how many jobs it stands for. Each is
-    checked as launch.py checks a run (mdl.run.config_checks.validate_config): a sweep with an invalid job
-    is refused before its first job runs, and no refused job is priced."""
+    """One composed config per distinct job (seeds aside) and how many runs it stands for: jobs that differ only
+    in bookkeeping keys (mdl/run/identity.py: how a run is logged or stored) are one run, trained once and
+    skipped after. Each is checked as launch.py checks a run (mdl.run.config_checks.validate_config): a sweep
+    with an invalid job is refused before its first job runs, and no refused job is priced."""
     from hydra.core.global_hydra import GlobalHydra
 
     from mdl.run.config_checks import validate_config
+    from mdl.run.identity import is_bookkeeping
 
-    groups: dict[tuple[str, ...], int] = {}
+    runs: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
     for job in jobs:
-        key = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS)
-        groups[key] = groups.get(key, 0) + 1
+        run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
+        key = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS)
+        runs.setdefault(key, set()).add(run)
+    groups = {key: len(same) for key, same in runs.items()}
     loader = GlobalHydra.instance().config_loader()
     configs = []
     for key, count in groups.items():
