@@ -194,9 +194,10 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     group = next(loader)  # gathered outside the count: the steps alone, as above
     with CountKernels() as stacked:
         stack.train_group(group, optimizer)
-    seq, stk = members * one.kernels / len(batches), stacked.kernels / group.steps
+    per_model, stk = one.kernels / len(batches), stacked.kernels / group.steps
     print(f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
-          f"{members} x {one.kernels / len(batches):.0f} = {seq:.0f} | stacked {stk:.0f} | sequential/stacked = {seq / stk:.1f}x")
+          f"{members} x {per_model:.0f} = {members * per_model:.0f} | stacked {stk:.0f} | sequential/stacked = "
+          f"{members * per_model / stk:.1f}x | stacked/one model = {stk / per_model:.2f}x")
 
 
 def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:

@@ -17,14 +17,25 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from torch import Tensor
+
 import timm.models.convnext as timm_convnext
 from mup import MuReadout
 from timm.models.convnext import ConvNeXt
 
+from models import convnext_stacked
 from models.mup_setup import fast_timm_init
 from models.registry import check_image_shape, register_model
 
 NUM_STAGES = 4  # timm's ConvNeXt always has four stages
+
+
+class StackableConvNeXt(ConvNeXt):
+    """timm's ConvNeXt with a stacked form: a fit of several members runs them as one network with
+    grouped convolutions (models/convnext_stacked.py) instead of vmap's per-member fallbacks."""
+
+    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return convnext_stacked.forward_stacked(self, params, x)
 
 
 def stage_widths(width: int) -> list[int]:
@@ -64,8 +75,10 @@ def build_convnext(
     if h % patch_size or w % patch_size:
         raise ValueError(f"convnext patch_size {patch_size} must divide the {h}x{w} input; use patch_size 1")
     check_convnext_input((in_channels, h // patch_size, w // patch_size))
+    # conv_mlp (1x1 convolutions and channels-first norms) has no stacked form: vmap stacks it
+    architecture = ConvNeXt if conv_mlp else StackableConvNeXt
     with fast_timm_init(timm_convnext):  # timm's init, faster (the muP init replaces it anyway)
-        model = ConvNeXt(
+        model = architecture(
             in_chans=in_channels,
             num_classes=num_classes,
             depths=tuple(depth * d for d in stage_depths),
@@ -78,5 +91,7 @@ def build_convnext(
             drop_path_rate=0.0,
         )
     model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
+    if architecture is StackableConvNeXt and not convnext_stacked.stackable(model):
+        raise AssertionError("convnext: the stacked form does not match this structure (models/convnext_stacked.py)")
     return model
 

@@ -157,7 +157,7 @@ def build_swin(
         )
     num_stages = len(stage_depths)
     grids = stage_grids((h // patch_size, w // patch_size), num_stages)
-    windows = stage_windows(grids, window_size)
+    stage_windows(grids, window_size)  # refuses windows that do not tile a stage's grid
     single = [i + 1 for i, grid in enumerate(grids) if grid == (1, 1)]
     if single:
         warnings.warn(

@@ -148,15 +148,15 @@ def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path,
 # --- trainer.compile in a fit of several members ---------------------------------------------------
 
 
-@pytest.mark.parametrize("num_blocks", [5, 9])
-def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(tmp_path: Path, num_blocks: int) -> None:
+@pytest.mark.parametrize(("num_blocks", "model"), [(5, []), (9, []), (5, ["model=convnext", "width=8"])])
+def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(tmp_path: Path, num_blocks: int, model: list[str]) -> None:
     """trainer.compile in a fit of all members: the member axis is symbolic, so a whole run compiles the same
     few graphs (training and evaluation, each for a stack of several members and of one) for 5 members or 9,
     instead of one per stack size; the numbers are those of the uncompiled fit (the eager backend runs the
     same kernels)."""
     from torch._dynamo.utils import counters
 
-    base = [*FAST, f"mdl.num_blocks={num_blocks}", "trainer.kwargs.max_epochs=6", "trainer.patience=2",
+    base = [*FAST, *model, f"mdl.num_blocks={num_blocks}", "trainer.kwargs.max_epochs=6", "trainer.patience=2",
             "mdl.members_per_fit=all", "trainer.torch_threads=1"]
     plain = run_experiment(compose_config(base, tmp_path / "a"), tmp_path / "a" / "run")
     counters.clear()

@@ -142,8 +142,8 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
     if engine != "sequential" and t.channels_last:
-        log.info("fits of several members run their stack under vmap: trainer.channels_last applies to fits of one "
-                 "member only (mdl.members_per_fit=1)")
+        log.info("fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
+                 "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)")
     recipe = ModelRecipe(
         make_module_factory(cfg, dm.num_classes, dm.input_shape), make_model_factory(cfg, dm.num_classes, dm.input_shape),
         make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),

@@ -1,0 +1,96 @@
+"""ConvNeXt's stacked form (members folded into channels, grouped convolutions): each member's
+outputs and gradients are its own model's, and a step of many members launches about the kernels
+of one model's step."""
+
+from __future__ import annotations
+
+import pytest
+import schedulefree
+import torch
+from mup import MuReadout
+
+from conftest import RecordOps
+from datamodules.loader import BatchGroup
+from datamodules.stacked_batches import StackedBatch
+from models import Classifier, create_model
+from models.convnext import StackableConvNeXt
+from models.stacked_module import StackedClassifier
+from models.stacking import StackedModel
+
+SHAPE = (3, 16, 16)
+
+
+def members(count: int, width: int = 8, **options) -> list[torch.nn.Module]:
+    """ConvNeXts of different initial weights, with random readouts (muP starts them at zero) and GRN weights
+    (timm starts GRN as the identity), so every layer shapes the outputs and gradients."""
+    models = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        model = create_model("convnext", width, 1, 10, SHAPE, base_width=8, **options)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if isinstance(model.get_submodule(name.rsplit(".", 1)[0]), MuReadout) or ".grn." in name:
+                    p.normal_()
+        models.append(model)
+    return models
+
+
+@pytest.fixture
+def float64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def test_each_member_gets_its_own_models_outputs_and_gradients(float64) -> None:
+    models = members(3)
+    assert all(isinstance(m, StackableConvNeXt) for m in models)
+    stack = StackedModel(models)
+    x = torch.rand(3, 4, *SHAPE)
+    stacked = stack(x)
+    singles = torch.stack([m(x[i]) for i, m in enumerate(models)])
+    torch.testing.assert_close(stacked, singles, rtol=1e-10, atol=1e-10)
+    shared = stack.run(stack.param_dict(), stack.buffer_dict(), x[0], shared_input=True)
+    torch.testing.assert_close(shared, torch.stack([m(x[0]) for m in models]), rtol=1e-10, atol=1e-10)
+
+    target = torch.randn_like(stacked)
+    ((stacked - target) ** 2).sum().backward()
+    ((singles - target) ** 2).sum().backward()
+    for name, p in stack.param_dict().items():
+        each = torch.stack([m.get_parameter(name).grad for m in models])
+        torch.testing.assert_close(p.grad, each, rtol=1e-9, atol=1e-10, msg=name)
+
+
+def test_the_conv_mlp_variant_is_stacked_by_vmap_with_the_same_results() -> None:
+    models = members(2, conv_mlp=True)
+    assert not hasattr(models[0], "forward_stacked")
+    x = torch.rand(2, 3, *SHAPE)
+    torch.testing.assert_close(StackedModel(models)(x), torch.stack([m(x[i]) for i, m in enumerate(models)]),
+                               rtol=1e-4, atol=1e-5)
+
+
+def _step_kernels(count: int) -> tuple[int, int]:
+    """Kernels of one optimizer step (forward, backward, update) of one model, and of a stack of ``count``."""
+    optimizer = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
+    models = members(count)
+    single = Classifier(models[0], optimizer, lr=1e-2)
+    stack = StackedClassifier(StackedModel(models), optimizer, 1e-2)
+    x, y = torch.rand(count, 8, *SHAPE), torch.randint(0, 10, (count, 8))
+    counts = []
+    for module, group in ((single, BatchGroup([(x[0], y[0])])),
+                          (stack, StackedBatch(x[None], y[None], torch.ones(1, count, 8), list(range(count))))):
+        opt = module.configure_optimizers()
+        opt.train()
+        module.train_group(group, opt)  # the first step creates the optimizer's state
+        with RecordOps() as record:
+            module.train_group(group, opt)
+        counts.append(len(record.kernels))
+    return counts[0], counts[1]
+
+
+def test_a_step_of_ten_members_launches_at_most_one_and_a_half_times_one_models_kernels() -> None:
+    """Issue 25's criterion (counted exactly, as benchmarks/bench_engines.py does): vmap's form launched
+    more per step (its adaptive-pool fallback loops over members); the grouped form does not grow with M."""
+    one, ten = _step_kernels(10)
+    assert ten <= 1.5 * one, (one, ten)
+    assert _step_kernels(2)[1] == ten  # nothing per member
