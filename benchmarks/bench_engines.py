@@ -186,7 +186,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
         single.train_group(BatchGroup(batches), optimizer)
     stack = StackedClassifier(build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
                               make_optimizer(cfg), run_lr(cfg))
-    stack.train_sums = stack.train_sums.to(dm.device)  # as on_train_start does in a fit
+    stack.to(dm.device)  # its loss sums too, as on_train_start does in a fit
     loader = iter(dm.stacked_train_loader([dm.num_train] * members, steps))
     optimizer = stack.configure_optimizers()
     optimizer.train()

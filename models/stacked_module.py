@@ -47,7 +47,9 @@ class StackedClassifier(L.LightningModule):
         self.members: list[int] = list(range(stack.num_members)) if member_ids is None else list(member_ids)
         if len(self.members) != stack.num_members:
             raise ValueError(f"{len(self.members)} member ids for a stack of {stack.num_members}")
-        self.train_sums = torch.zeros(stack.num_members, dtype=torch.float64)  # this epoch's loss sums per row
+        # this epoch's loss sums per row; a buffer, so moving the module (.to, .cuda) moves it with the stack
+        # (not saved in the state dict: on_save_checkpoint stores it, as before)
+        self.register_buffer("train_sums", torch.zeros(stack.num_members, dtype=torch.float64), persistent=False)
         self.automatic_optimization = False  # training_step steps the optimizer once per step of its group
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start
 

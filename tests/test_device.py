@@ -215,3 +215,15 @@ def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
     totals, count = stack.loss_sums(stack.eval_weights([0, 1]), [(x[:16], y[:16])])
     assert totals.device == meta and totals.shape == (2,) and count == 16
     assert all(p.device == meta for p in stack.parameters()) and stack.train_sums.device == meta
+
+
+def test_moving_a_stacked_module_moves_its_loss_sums_with_the_stack() -> None:
+    """``.to(device)`` outside a fit (benchmarks, a user's loop) must not leave the per-member loss sums behind:
+    a step would then add CUDA losses into a CPU tensor. The meta device stands in for CUDA here."""
+    from models.stacked_module import StackedClassifier
+    from models.stacking import StackedModel
+
+    module = StackedClassifier(StackedModel([create_model("mlp", 8, 1, 10, (1, 8, 8)) for _ in range(2)]), torch.optim.SGD, lr=0.1)
+    module.to("meta")
+    assert module.train_sums.device.type == "meta" and module.train_sums.dtype == torch.float64
+    assert "train_sums" not in module.state_dict()

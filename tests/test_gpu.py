@@ -260,3 +260,27 @@ def test_members_per_fit_auto_measures_the_gpu_and_runs(tmp_path: Path) -> None:
     assert 0 < one < two
     results = run_experiment(cfg, tmp_path / "run")
     assert results["engine"] == "fits by memory" and math.isfinite(results["paper_mdl"])
+
+
+def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:
+    """The grouped-convolution form on CUDA (cuDNN's grouped and channels-last kernels): each member's logits
+    are its own model's in fp32, and a bf16 step compiled by inductor trains every member."""
+    from datamodules.stacked_batches import StackedBatch
+    from models.stacked_module import StackedClassifier
+    from models.stacking import StackedModel
+    from test_convnext_stacked import SHAPE, members
+
+    models = [m.cuda() for m in members(4, width=16)]
+    x = torch.rand(4, 8, *SHAPE, device="cuda")
+    stack = StackedModel(models)
+    with torch.no_grad():
+        torch.testing.assert_close(stack(x), torch.stack([m(x[i]) for i, m in enumerate(models)]), rtol=1e-3, atol=1e-3)
+    module = StackedClassifier(stack, lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), 1e-3, precision="bf16")
+    stack.compile("inductor")
+    before = [p.detach().clone() for p in stack.param_dict().values()]
+    opt = module.configure_optimizers()
+    opt.train()
+    batch = StackedBatch(x[None], torch.randint(0, 10, (1, 4, 8), device="cuda"), torch.ones(1, 4, 8, device="cuda"), [0, 1, 2, 3])
+    module.train_group(batch, opt)
+    moved = [(p.detach() - b).flatten(1).abs().amax(1) for p, b in zip(stack.param_dict().values(), before)]
+    assert torch.stack(moved).amax(0).gt(0).all()  # every member's weights moved
