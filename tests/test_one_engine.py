@@ -164,3 +164,17 @@ def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(tmp_path
     assert counters["stats"]["unique_graphs"] <= 4
     for key in ("blocks", "paper_mdl", "val_loss_curve", "final_val_loss"):
         assert compiled[key] == plain[key], key
+
+
+@pytest.mark.parametrize("model", [[], ["model=convnext", "width=8"]])
+def test_bf16_applies_to_a_fit_of_several_members(tmp_path: Path, model: list[str]) -> None:
+    """trainer.precision=bf16 in a fit of all members (the stacked form under bf16 autocast, the MLP's batched
+    matmuls and ConvNeXt's grouped convolutions alike): the numbers move by bf16's rounding, and not far."""
+    import math
+
+    base = [*FAST, *model, "mdl.num_blocks=3", "trainer.kwargs.max_epochs=4", "mdl.members_per_fit=all", "trainer.torch_threads=1"]
+    fp32 = run_experiment(compose_config(base, tmp_path / "a"), tmp_path / "a" / "run")
+    bf16 = run_experiment(compose_config([*base, "trainer.precision=bf16"], tmp_path / "b"), tmp_path / "b" / "run")
+    assert math.isfinite(bf16["paper_mdl"]) and bf16["members_per_fit"] == "all"
+    assert bf16["paper_mdl"] != fp32["paper_mdl"]
+    assert abs(bf16["paper_mdl"] - fp32["paper_mdl"]) < 0.05 * fp32["paper_mdl"]
