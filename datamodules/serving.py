@@ -60,14 +60,15 @@ class BatchServing:
         return self.num_classes if self.balance == "rwy" else None
 
     def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1,
-                             member_ids: list[int] | None = None) -> StackedBatches:
+                             member_ids: list[int] | None = None, seeds: list[int] | None = None) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
-        groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...)."""
+        groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
+        ``seeds``: each prefix's batch-order seed, default this module's ``seed``)."""
         assert self.train_set is not None, "call setup() first"
         return StackedBatches(
             self.train_set.x, self.train_set.y, prefixes, self.batch_size, seed=self.seed, augment=self.augment,
             flip=self.flip, padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
-            steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids,
+            steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
         )
 
     def val_dataloader(self) -> DeviceBatches:

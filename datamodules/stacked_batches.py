@@ -115,8 +115,10 @@ class StackedBatches:
         steps_per_group: int = 1,
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
+        seeds: list[int] | None = None,
     ) -> None:
-        """``member_ids``: each prefix's member id (default 0, 1, ...), e.g. a run's block indices."""
+        """``member_ids``: each prefix's member id (default 0, 1, ...), e.g. a run's block indices; ``seeds``: each
+        prefix's batch-order seed (default ``seed`` for all: the members of one run; packed runs each have theirs)."""
         if any(not 0 < n <= x.shape[0] for n in prefixes):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
         if augment and x.ndim != 4:
@@ -133,8 +135,11 @@ class StackedBatches:
         ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
         if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
             raise ValueError(f"member ids {ids} must name each of the {len(prefixes)} prefixes once")
-        self.streams = {m: MemberStream(n, batch_size, seed, x.device, augment, pads, flip, weights(n))
-                        for m, n in zip(ids, prefixes)}
+        seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
+        if len(seeds) != len(prefixes):
+            raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
+        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment, pads, flip, weights(n))
+                        for m, n, s in zip(ids, prefixes, seeds)}
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
 
     @property

@@ -27,21 +27,19 @@ import torch
 from torch import nn
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.engine.checkpoints import resumable, run_identity
+from mdl.engine.checkpoints import run_identity
 from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
-from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
 from mdl.engine.memory import measured_step_peak, members_that_fit, out_of_memory_errors, stacked_trial_step
 from mdl.engine.progress import finished_blocks, write_progress
-from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds, scoring_ranges
+from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds
 from mdl.engine.single_fit import fit_one_member, fit_prefix
-from mdl.engine.stacked_fit import StackedProtocol, build_members
-from mdl.engine.progress_display import EpochHook, FitProgress, MemberProgress
+from mdl.engine.stacked_runs import RunMembers, fit_stack
+from mdl.engine.progress_display import EpochHook, FitProgress
 from mdl.results import PROGRESS_FILE, BlockResult
 from mdl.run.identity import AUTO
 from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
 from models.losses import SpectralDecoupling
 from models.module import Classifier, OptimizerFactory
-from models.stacked_module import StackedClassifier
 
 log = logging.getLogger(__name__)
 BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
@@ -234,50 +232,11 @@ def run_stacked_fit(
     dm: ErasedDataModule, boundaries: Sequence[int], members: list[int], seeds: Sequence[int], recipe: ModelRecipe,
     settings: FitSettings, run_dir: Path, record: Callable[..., None], on_block: BlockHook | None, keep_checkpoint: bool,
 ) -> dict[int, MemberOutcome]:
-    """Several members in one fit of their stack. The stacked state is checkpointed at the end of a pass
-    over the longest prefix, at most once every ``checkpoint_every_s`` seconds (0: every pass)."""
-    num_blocks = len(boundaries) - 1
-    prefixes = [boundaries[m] if m < num_blocks else dm.num_train for m in members]
-    loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members)
-    module = StackedClassifier(build_members(recipe.make_model, [seeds[m] for m in members], dm.device),
-                               recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members)
-    if recipe.compile_backend is not None:
-        module.stack.compile(recipe.compile_backend)
-    logged: set[int] = set()  # blocks given to on_block by this process
-
-    def on_finish(outcome: MemberOutcome) -> None:
-        record(outcome)
-        logged.add(outcome.member)
-
-    def batches(member: int, which: int):
-        ranges = scoring_ranges(boundaries, member)
-        if ranges[which] is None:
-            return (dm.test_dataloader() if which == 0 else None)
-        return dm.eval_loader(*ranges[which])
-
-    final_curves = settings.final_curves if num_blocks in members else None
-    protocol = StackedProtocol(
-        loader, dm.val_dataloader, partial(batches, which=0), settings.patience,
-        settings.trainer_kwargs.get("max_epochs"), recipe.lr, on_finish=on_finish,
-        on_member_epoch={num_blocks: final_curves} if final_curves is not None else None,
-        heldout_batches=partial(batches, which=1), untrained_candidate=settings.untrained_candidate,
-        on_epoch=settings.on_epoch, final_member=num_blocks if num_blocks in members else None,
-    )
-    checkpoint = stacked_checkpoint(run_dir, members, num_blocks + 1)
-    callbacks = [protocol, MemberProgress(protocol), *settings.callbacks, SaveLastCheckpoint(checkpoint, settings.checkpoint_every_s)]
-    if final_curves is not None:  # in the Trainer only for its state in the checkpoints
-        callbacks.insert(2, final_curves)
-    kwargs = {**settings.trainer_kwargs, "max_epochs": -1}  # the protocol stops each member and then the fit
-    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, identity=settings.identity)
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, settings.identity))
-    restored = [m for m in members if m < num_blocks and m not in logged]
-    if restored and on_block is not None:  # finished before an interruption: this process's logger lacks them
-        log.info("resumed: logging the %d block(s) finished before the interruption", len(restored))
-        for m in restored:
-            on_block(m, protocol.outcomes[m].block(), True)  # restored: with its curves
-    if not keep_checkpoint:  # every member is recorded; the fit holding the final member keeps its checkpoint
-        checkpoint.unlink(missing_ok=True)  # until the results are written (experiment.discard_resume_state)
-    return dict(protocol.outcomes)
+    """Several members of this run in one fit of their stack (mdl/engine/stacked_runs.py)."""
+    run = RunMembers(dm.seed, seeds, members, record, on_block, settings.on_epoch,
+                     settings.final_curves if len(boundaries) - 1 in members else None)
+    checkpoint = stacked_checkpoint(run_dir, members, len(boundaries))
+    return fit_stack(dm, boundaries, [run], recipe, settings, checkpoint, keep_checkpoint)[0]
 
 
 def prequential_results(

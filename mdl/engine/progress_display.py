@@ -126,7 +126,9 @@ class MemberProgress(L.Callback):
 
     def member_name(self, m: int) -> str:
         """1-based block numbers, as the log lines, CSV and W&B series ("block 3"); the last member is the final fit."""
-        return "final" if m == self.protocol.final_member else f"block {m + 1}"
+        if m in self.protocol.labels:
+            return self.protocol.labels[m]
+        return "final" if m in self.protocol.final_members else f"block {m + 1}"
 
     def line(self) -> str:
         p = self.protocol

@@ -52,7 +52,12 @@ class StackedProtocol(L.Callback):
         untrained_candidate: bool = False,
         on_epoch: EpochHook | None = None,
         final_member: int | None = -1,
+        final_members: Sequence[int] = (),
+        labels: dict[int, str] | None = None,
     ) -> None:
+        """``final_member``: the run's final fit, if in this stack (-1: the last member; None: not here); a fit of
+        several runs' members (mdl/engine/pack.py) names theirs in ``final_members`` and each member's display
+        name in ``labels``."""
         self.loader = loader
         self.on_epoch = on_epoch  # (member, epoch from 0, train loss, val loss) at each member's epoch end: live logging
         self.val_batches, self.score_batches = val_batches, score_batches
@@ -65,8 +70,9 @@ class StackedProtocol(L.Callback):
         # (leading dimension 1); e.g. the final member's max-ent probe curves (mdl/engine/final_fit_curves.py)
         self.on_member_epoch = dict(on_member_epoch or {})
         self.members = {m: MemberState(m, s.n, s.steps_per_epoch) for m, s in loader.streams.items()}
-        # the run's final fit, if it is in this stack (-1: the last member; None: not here)
-        self.final_member = max(self.members) if final_member == -1 else final_member
+        final = max(self.members) if final_member == -1 else final_member
+        self.final_members = set(final_members) | ({final} if final is not None else set())
+        self.labels = dict(labels or {})
         self.best: dict[int, dict[str, Tensor]] = {}  # member -> its best epoch's weights
         self.outcomes: dict[int, MemberOutcome] = {}
         self.started = time.monotonic()
@@ -80,7 +86,7 @@ class StackedProtocol(L.Callback):
             trainer.should_stop = True
         if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger
             # finished blocks are re-logged by the driver (on_block); the final fit is not
-            for m in [m for m in self.members if m in self.active or m == self.final_member]:
+            for m in [m for m in self.members if m in self.active or m in self.final_members]:
                 state = self.members[m]
                 accuracy = state.val_accuracy_curve
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
