@@ -120,17 +120,7 @@ def run_prequential(
         for m in sorted(m for f in skipped for m in f):
             on_block(m, BlockResult(**recorded[m]), True)  # restored: with its curves
 
-    def record(outcome: MemberOutcome, seconds: float | None = None) -> None:
-        """A member finished in this process: its block into progress.json, a log line, the loggers."""
-        log_member(outcome, len(boundaries) - 1, seconds)
-        if outcome.member == final:
-            return
-        block = outcome.block()
-        recorded[outcome.member] = block.to_dict()
-        write_progress(progress_path, boundaries, recorded)
-        if on_block is not None:
-            on_block(outcome.member, block)
-
+    record = block_recorder(progress_path, boundaries, recorded, on_block)
     outcomes: dict[int, MemberOutcome] = {}
     pending = deque(f for f in fits if f not in skipped)
     while pending:
@@ -144,12 +134,37 @@ def run_prequential(
             except out_of_memory_errors() as err:
                 pending.extendleft(reversed(split_after_out_of_memory(members, recorded, final, auto, run_dir, err)))
                 continue
-        missing = [m for m in members if m != final and m not in recorded]
-        if missing:  # finished before an interruption (restored from the checkpoint) but not in progress.json
-            recorded |= {m: outcomes[m].block().to_dict() for m in missing}
-            write_progress(progress_path, boundaries, recorded)
+        record_restored(progress_path, boundaries, recorded, outcomes, members)
     blocks = [BlockResult(**recorded[m]) for m in range(final)]
     return prequential_results(boundaries, dm.num_classes, blocks, outcomes[final], paper_loss)
+
+
+def block_recorder(progress_path: Path, boundaries: Sequence[int], recorded: dict[int, Any],
+                   on_block: BlockHook | None) -> Callable[..., None]:
+    """What happens when a member finishes in this process: its block into ``recorded`` and progress.json, a log
+    line, the loggers (the final member: the log line only; results.json holds it)."""
+    final = len(boundaries) - 1
+
+    def record(outcome: MemberOutcome, seconds: float | None = None) -> None:
+        log_member(outcome, final, seconds)
+        if outcome.member == final:
+            return
+        block = outcome.block()
+        recorded[outcome.member] = block.to_dict()
+        write_progress(progress_path, boundaries, recorded)
+        if on_block is not None:
+            on_block(outcome.member, block)
+
+    return record
+
+
+def record_restored(progress_path: Path, boundaries: Sequence[int], recorded: dict[int, Any],
+                    outcomes: dict[int, MemberOutcome], members: Sequence[int]) -> None:
+    """Blocks a fit restored from its checkpoint as finished before an interruption, into progress.json."""
+    missing = [m for m in members if m != len(boundaries) - 1 and m not in recorded]
+    if missing:
+        recorded |= {m: outcomes[m].block().to_dict() for m in missing}
+        write_progress(progress_path, boundaries, recorded)
 
 
 def split_after_out_of_memory(members: list[int], recorded: dict[int, Any], final: int, auto: bool, run_dir: Path,

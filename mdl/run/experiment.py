@@ -10,8 +10,10 @@ import logging
 import math
 import os
 import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import lightning as L
 import torch
@@ -50,31 +52,62 @@ def quiet_lightning() -> None:
 
 
 def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    overrides = list(overrides or [])
-    validate_config(cfg)
-    device = check_trainer_config(cfg)
-    key = config_hash(cfg)
-    store = Path(cfg.paths.store_dir) / key
-    require_writable(run_dir, "paths.output_root")
-    require_writable(store, "paths.output_root (or paths.store_dir)")
-    with run_lock(store, cfg.mdl.lock_lease_s), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
+    job = Job.checked(cfg, run_dir, overrides)
+    with run_lock(job.store, cfg.mdl.lock_lease_s), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
         # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/engine/preemption.py)
+        done = job.stored_results()
+        if done is not None:
+            return done
+        with job.disk_errors_named():
+            return finish_run(*train_alone(prepare_run(job)))
+
+
+@dataclass
+class Job:
+    """A composed config, where its run writes (``run_dir``) and its entry in the run store (``store``)."""
+
+    cfg: DictConfig
+    run_dir: Path
+    overrides: list[str]
+    device: torch.device
+    key: str
+    store: Path
+
+    @classmethod
+    def checked(cls, cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> Job:
+        """The config's checks (before anything heavy), its identity and writable folders."""
+        validate_config(cfg)
+        device = check_trainer_config(cfg)
+        key = config_hash(cfg)
+        job = cls(cfg, Path(run_dir), list(overrides or []), device, key, Path(cfg.paths.store_dir) / key)
+        require_writable(job.run_dir, "paths.output_root")
+        require_writable(job.store, "paths.output_root (or paths.store_dir)")
+        return job
+
+    def stored_results(self) -> dict[str, Any] | None:
+        """With the run's lock held: the finished run's results if there is one (logged to the loggers once), else
+        None, after recording what this store entry is (and, with skip_if_done=false, dropping any resume state)."""
+        cfg, store = self.cfg, self.store
         done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
         if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
             discard_resume_state(store)
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
-            write_checked_json(run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
-            logging_never_fails(log_stored_run, cfg, run_dir, overrides, done, store)
+            write_checked_json(self.run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
+            logging_never_fails(log_stored_run, cfg, self.run_dir, self.overrides, done, store)
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
         atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
-                                                     "config_hash": key, "code_version": code_version()})
+                                                     "config_hash": self.key, "code_version": code_version()})
+        return None
+
+    @contextmanager
+    def disk_errors_named(self) -> Iterator[None]:
+        """A disk that filled mid-run: say which, and that the checkpoints are kept."""
         try:
-            return _run(cfg, run_dir, overrides, device, key, store)
-        except OSError as err:  # a disk that filled mid-run: say which, and that the checkpoints are kept
-            clear = no_space_error(err, (store, run_dir), "paths.output_root")
+            yield
+        except OSError as err:
+            clear = no_space_error(err, (self.store, self.run_dir), "paths.output_root")
             if clear is None:
                 raise
             raise clear from err
@@ -111,20 +144,42 @@ def finished_results(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.device, key: str, store: Path) -> dict[str, Any]:
+@dataclass
+class PreparedRun:
+    """A run ready to train: its data, block schedule, model recipe, trainer settings and loggers' hooks."""
+
+    job: Job
+    dm: ErasedDataModule
+    boundaries: list[int]
+    recipe: ModelRecipe
+    trainer_kwargs: dict[str, Any]
+    callbacks: list[Any]
+    logger: Any
+    on_block: Callable[..., None] | None
+    on_epoch: Any
+    final_curves: Any
+    profiler: Any
+    preconditioning: Any
+    eraser_path: str | None
+    engine: str
+
+
+def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
+    """Everything before training; ``dm``: a data module built for an identical data config (a pack's runs share one)."""
+    cfg, run_dir, device = job.cfg, job.run_dir, job.device
     L.seed_everything(cfg.seed, verbose=False)
-    dm = make_datamodule(cfg, device)
+    dm = dm if dm is not None else make_datamodule(cfg, device)
     eraser_path = None
     if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
 
-    require_space(store, checkpoint_bytes(cfg, dm), "this run's checkpoints", "paths.output_root")
+    require_space(job.store, checkpoint_bytes(cfg, dm), "this run's checkpoints", "paths.output_root")
 
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
     torch.set_num_threads(training_threads(cfg))
     torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
     boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
-    logger = make_logger(cfg, run_dir, overrides)
+    logger = make_logger(cfg, run_dir, job.overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
     for key_set_by_device in ("accelerator", "devices", "precision"):
         trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl/engine/device.py and models/precision.py own them
@@ -135,7 +190,7 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
     engine = engine_name(cfg.mdl)
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
-        key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
+        job.key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
     )
     on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
@@ -149,36 +204,49 @@ def _run(cfg: DictConfig, run_dir: Path, overrides: list[str], device: torch.dev
         make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),
         compile_backend=check_compile(t.compile),
     )
+    return PreparedRun(job, dm, boundaries, recipe, trainer_kwargs, [*precondition, *make_user_callbacks(cfg)], logger,
+                       on_block, on_epoch, final_curves, profiler, preconditioning, eraser_path, engine)
+
+
+def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
+    """The run's members, in fits of mdl.members_per_fit (mdl/engine/driver.py)."""
+    cfg = run.job.cfg
     outcome = run_prequential(
-        dm, boundaries, recipe, trainer_kwargs, t.patience, cfg.seed, store, members_per_fit=members_per_fit(cfg.mdl),
-        on_block=on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s, final_curves=final_curves,
-        callbacks=[*precondition, *make_user_callbacks(cfg)], steps_per_group=cfg.mdl.steps_per_group, paper_loss=cfg.mdl.paper_loss,
-        on_epoch=on_epoch,
+        run.dm, run.boundaries, run.recipe, run.trainer_kwargs, cfg.trainer.patience, cfg.seed, run.job.store,
+        members_per_fit=members_per_fit(cfg.mdl), on_block=run.on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
+        final_curves=run.final_curves, callbacks=run.callbacks, steps_per_group=cfg.mdl.steps_per_group,
+        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch,
     )
-    warn_capped_fits(outcome, trainer_kwargs.get("max_epochs"), t.patience)
-    if profiler is not None:
-        show_profile(run_dir / "profile")
+    return run, outcome
+
+
+def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
+    """results.json in the run folder and the store, the resume state dropped, the results logged."""
+    job, cfg = run.job, run.job.cfg
+    warn_capped_fits(outcome, run.trainer_kwargs.get("max_epochs"), cfg.trainer.patience)
+    if run.profiler is not None:
+        show_profile(job.run_dir / "profile")
     results = {
-        **({"preconditioning": preconditioning} if preconditioning is not None else {}),
+        **({"preconditioning": run.preconditioning} if run.preconditioning is not None else {}),
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "config_hash": key,
-        "overrides": overrides,
+        "config_hash": job.key,
+        "overrides": job.overrides,
         "git_sha": git_sha(),
         "code_version": code_version(),
-        "engine": engine,
+        "engine": run.engine,
         "members_per_fit": members_per_fit(cfg.mdl) or "all",
-        "device": str(device),
-        "eraser_path": eraser_path,
-        "data_diagnostics": dm.diagnostics,
+        "device": str(job.device),
+        "eraser_path": run.eraser_path,
+        "data_diagnostics": run.dm.diagnostics,
         **outcome,
     }
-    if final_curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
-        results |= {**final_curves.results(), "maxent_probes": final_curves.info}
-    write_checked_json(run_dir / RESULTS_FILE, results)
-    write_checked_json(store / RESULTS_FILE, results)
-    discard_resume_state(store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
-    if logger is not None:
-        logging_never_fails(log_results, logger, results, run_dir)
+    if run.final_curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
+        results |= {**run.final_curves.results(), "maxent_probes": run.final_curves.info}
+    write_checked_json(job.run_dir / RESULTS_FILE, results)
+    write_checked_json(job.store / RESULTS_FILE, results)
+    discard_resume_state(job.store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
+    if run.logger is not None:
+        logging_never_fails(log_results, run.logger, results, job.run_dir)
     return results
 
 

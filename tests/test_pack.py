@@ -1,0 +1,51 @@
+"""Packed runs (mdl/run/pack.py, ``hydra/launcher=packed``): runs of a sweep that differ only in their seed,
+trained as members of one fit, each with the numbers, folders and records it has alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, compose_config
+from mdl.run.experiment import Job, run_experiment
+from mdl.run.pack import pack_folder, pack_key, run_pack
+
+BASE = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=6", "trainer.torch_threads=1"]
+NUMBERS = ("config_hash", "paper_mdl", "paper_mdl_val_min", "online_codelength_bits", "blocks", "final_val_loss",
+           "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve")
+
+
+def jobs(root: Path, seeds=(0, 1, 2), extra=()) -> list[Job]:
+    return [Job.checked(compose_config([*BASE, *extra, f"seed={s}"], root), root / f"run{s}") for s in seeds]
+
+
+def test_packed_runs_give_each_run_its_own_numbers_to_the_bit(tmp_path: Path) -> None:
+    alone = [run_experiment(compose_config([*BASE, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}") for s in (0, 1, 2)]
+    packed = run_pack(jobs(tmp_path / "b"))
+    assert len({r["paper_mdl"] for r in alone}) == 3  # the seeds differ, so a mix-up would show
+    for one, other in zip(alone, packed):
+        for key in NUMBERS:
+            assert other[key] == one[key], key
+    for s, result in zip((0, 1, 2), packed):  # each run its own folder, results.json and store entry
+        assert json.loads((tmp_path / "b" / f"run{s}" / "results.json").read_text())["paper_mdl"] == result["paper_mdl"]
+        store = Path(compose_config([*BASE, f"seed={s}"], tmp_path / "b").paths.store_dir) / result["config_hash"]
+        assert json.loads((store / "results.json").read_text())["paper_mdl"] == result["paper_mdl"]
+    assert not pack_folder(jobs(tmp_path / "b")).exists()  # the pack's checkpoint is gone once every result is written
+
+
+def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path) -> None:
+    first = run_experiment(compose_config([*BASE, "seed=1"], tmp_path), tmp_path / "alone")
+    packed = run_pack(jobs(tmp_path))
+    assert packed[1]["skipped"] and packed[1]["paper_mdl"] == first["paper_mdl"]
+    assert not packed[0].get("skipped") and not packed[2].get("skipped")
+
+
+def test_only_runs_that_differ_in_their_seed_share_a_key(tmp_path: Path) -> None:
+    key = lambda *o: pack_key(compose_config([*BASE, *o], tmp_path))  # noqa: E731
+    assert key("seed=0") == key("seed=5") == key("seed=5", "logger=csv")
+    assert key("seed=0") != key("seed=0", "eraser=none") and key("seed=0") != key("seed=0", "data_seed=1")
+    assert key("seed=0", "mdl.members_per_fit=1") is None  # one member per fit: packing would change its numbers
+    with pytest.raises(ValueError, match="differ in more than their seed"):
+        run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["eraser=none"]))
