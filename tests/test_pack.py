@@ -49,3 +49,57 @@ def test_only_runs_that_differ_in_their_seed_share_a_key(tmp_path: Path) -> None
     assert key("seed=0", "mdl.members_per_fit=1") is None  # one member per fit: packing would change its numbers
     with pytest.raises(ValueError, match="differ in more than their seed"):
         run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["eraser=none"]))
+
+
+def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
+    """(eraser, seed) -> paper MDL of every job of the sweeps under ``root``."""
+    found = {}
+    for path in root.glob("multirun/*/*/*/results.json"):
+        r = json.loads(path.read_text())
+        found[(r["config"]["eraser"]["name"], str(r["config"]["seed"]))] = r["paper_mdl"]
+    return found
+
+
+def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_path: Path) -> None:
+    """`python launch.py -m ... hydra/launcher=packed`: 2 erasers x 2 seeds as 2 fits, every job its results.json
+    with the numbers Hydra's basic launcher gives it, and the sweep's report."""
+    from conftest import run_launch
+
+    sweep = ["-m", "seed=0,1", "eraser=none,leace", "debug=fast", "trainer.torch_threads=1"]
+    basic = run_launch([*sweep, f"paths.output_root={tmp_path / 'basic'}"], cwd=tmp_path)
+    packed = run_launch([*sweep, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path)
+    assert basic.returncode == 0, basic.stderr[-2000:]
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    assert "4 jobs in 2 fits" in packed.stdout + packed.stderr
+    expected = _sweep_results(tmp_path / "basic")
+    assert len(expected) == 4 and _sweep_results(tmp_path / "packed") == expected
+    assert list((tmp_path / "packed").glob("multirun/*/*/report/report.md"))
+
+
+def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch) -> None:
+    """Killed after its second checkpoint, the same pack launched again resumes from the pack's checkpoint and
+    gives every run the numbers of an uninterrupted pack."""
+    from mdl.engine.fitting import SaveLastCheckpoint
+
+    class Killed(Exception):
+        pass
+
+    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3"]
+    reference = run_pack(jobs(tmp_path / "ref", extra=settings))
+    original, saves = SaveLastCheckpoint.on_train_epoch_end, [0]
+
+    def save_then_die(self, trainer, module) -> None:
+        original(self, trainer, module)
+        saves[0] += 1
+        if saves[0] == 2:
+            raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(SaveLastCheckpoint, "on_train_epoch_end", save_then_die)
+        with pytest.raises(Killed):
+            run_pack(jobs(tmp_path / "run", extra=settings))
+    assert (pack_folder(jobs(tmp_path / "run", extra=settings)) / "checkpoints" / "pack.ckpt").exists()
+    resumed = run_pack(jobs(tmp_path / "run", extra=settings))
+    for one, other in zip(reference, resumed):
+        for key in NUMBERS:
+            assert other[key] == one[key], key
