@@ -103,3 +103,14 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
     for one, other in zip(reference, resumed):
         for key in NUMBERS:
             assert other[key] == one[key], key
+
+
+def test_the_cost_estimate_counts_the_fits_of_a_packed_sweep(capsys) -> None:
+    from mdl.sweeps.cost import main
+
+    main(["-m", "eraser=none,leace", "seed=0,1,2", "data_seed=0,1", "hydra/launcher=packed"])
+    assert "12 jobs in 4 fits" in capsys.readouterr().out  # seeds share a fit; erasers and data seeds do not
+    main(["-m", "seed=0,1,2", "model=convnext", "hydra/launcher=packed"])
+    assert "3 jobs in 3 fits" in capsys.readouterr().out  # one member per fit (ConvNeXt's default): not packed
+    main(["-m", "seed=0,1,2"])
+    assert "fits" not in capsys.readouterr().out

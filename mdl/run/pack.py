@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from erasure.files import sha256_hex
 from mdl.engine.driver import FitSettings
@@ -36,6 +36,8 @@ def pack_key(cfg: DictConfig) -> str | None:
     if members_per_fit(cfg.mdl) is not None or cfg.trainer.get("profiler"):
         return None
     unseeded = OmegaConf.merge(cfg, {"seed": 0})
+    with open_dict(unseeded):
+        unseeded.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
     return config_hash(unseeded)
 
 

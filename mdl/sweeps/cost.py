@@ -190,8 +190,9 @@ class InvalidJob(ValueError):
     """A job of the sweep that launch.py would refuse (named with its overrides)."""
 
 
-def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int]]:
-    """One composed config per distinct job (seeds aside) and how many runs it stands for: jobs that differ only
+def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int, tuple[str, ...]]]:
+    """One composed config per distinct job (seeds aside), how many runs it stands for and its overrides (without
+    bookkeeping and seed keys): jobs that differ only
     in bookkeeping keys (mdl/run/identity.py: how a run is logged or stored) are one run, trained once and
     skipped after. Each is checked as launch.py checks a run (mdl.run.config_checks.validate_config): a sweep
     with an invalid job is refused before its first job runs, and no refused job is priced."""
@@ -203,7 +204,7 @@ def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictCon
     runs: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
     for job in jobs:
         run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
-        key = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in SEED_KEYS)
+        key = _without(run, SEED_KEYS)
         runs.setdefault(key, set()).add(run)
     groups = {key: len(same) for key, same in runs.items()}
     loader = GlobalHydra.instance().config_loader()
@@ -214,7 +215,7 @@ def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictCon
             validate_config(cfg)
         except ValueError as err:
             raise InvalidJob(f"job {' '.join(key) or '(no overrides)'}: {err}") from err
-        configs.append((cfg, count))
+        configs.append((cfg, count, key))
     return configs
 
 
@@ -230,7 +231,8 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
     jobs = sweep_jobs(params, OmegaConf.to_container(master.hydra.overrides.task))
     dims = " x ".join(f"{k} {n}" for k, n in sweep_dimensions(jobs)) or "no swept keys"
     lines = [f"sweep: {len(jobs)} jobs ({dims})"]
-    costed = [(cfg, count, table.job_seconds(cfg, "gpu"), table.job_seconds(cfg, "cpu")) for cfg, count in job_configs(master, jobs)]
+    configs = job_configs(master, jobs)
+    costed = [(cfg, count, table.job_seconds(cfg, "gpu"), table.job_seconds(cfg, "cpu")) for cfg, count, _ in configs]
     gpu = sum(count * s for _, count, s, _ in costed)
     cpu = sum(count * s for _, count, _, s in costed)
     longest = max(s for _, _, s, _ in costed)
@@ -242,7 +244,33 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
         f"more; rates and how they were made: {table.path}"
     )
+    if str(master.hydra.launcher.get("_target_", "")).endswith("PackedLauncher"):
+        fits = packed_fits(jobs, {key for cfg, _, key in configs if _packable(cfg)})
+        lines.append(f"  packed (hydra/launcher=packed): {len(jobs)} jobs in {fits} fits; the estimate above prices every "
+                     f"run as if alone (no measured rate of packed fits yet)")
     return "\n".join(lines)
+
+
+def _without(run: tuple[str, ...], keys: Sequence[str]) -> tuple[str, ...]:
+    return tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in keys)
+
+
+def _packable(cfg: DictConfig) -> bool:
+    from mdl.run.pack import pack_key
+
+    return pack_key(cfg) is not None
+
+
+def packed_fits(jobs: list[list[str]], packable: set[tuple[str, ...]]) -> int:
+    """Fits of a packed sweep: one per group of runs that differ only in ``seed`` (where such runs are packed),
+    one per run elsewhere; jobs differing only in bookkeeping keys are one run."""
+    from mdl.run.identity import is_bookkeeping
+
+    fits = set()
+    for job in jobs:
+        run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
+        fits.add(("pack", _without(run, ("seed",))) if _without(run, SEED_KEYS) in packable else ("run", run))
+    return len(fits)
 
 
 class SweepCost(Callback):
