@@ -204,7 +204,7 @@ def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epoch
     """The stacked engine's path (one Trainer.fit, the StackedProtocol) with the final model alone."""
     loader = dm.stacked_train_loader([dm.num_train], steps_per_group)
     module = StackedClassifier(build_members(make_model, [0], dm.device), optimizer, lr)
-    protocol = StackedProtocol(loader, dm.val_dataloader, lambda m: dm.test_dataloader(), 10**6, epochs, lr)
+    protocol = StackedProtocol(loader, lambda m: dm.val_dataloader(), lambda m: dm.test_dataloader(), 10**6, epochs, lr)
     trainer = make_trainer({**kwargs, "max_epochs": -1}, dm.device, [protocol], checkpointing=False)
     trainer.fit(module, train_dataloaders=loader)
 

@@ -4,11 +4,11 @@ steps, the stacked members' batches, validation, test and the blocks to score. A
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.sources import ImageSet
-from datamodules.stacked_batches import StackedBatches
+from datamodules.stacked_batches import StackedBatches, TrainSource
 
 
 class BatchServing:
@@ -60,15 +60,19 @@ class BatchServing:
         return self.num_classes if self.balance == "rwy" else None
 
     def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1,
-                             member_ids: list[int] | None = None, seeds: list[int] | None = None) -> StackedBatches:
+                             member_ids: list[int] | None = None, seeds: list[int] | None = None,
+                             others: Sequence[BatchServing] = (), source_of: list[int] | None = None) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
         groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
-        ``seeds``: each prefix's batch-order seed, default this module's ``seed``)."""
+        ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
+        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
         assert self.train_set is not None, "call setup() first"
+        sources = [TrainSource(o.train_set.x, o.train_set.y, o._batch_eraser) for o in others]
         return StackedBatches(
             self.train_set.x, self.train_set.y, prefixes, self.batch_size, seed=self.seed, augment=self.augment,
             flip=self.flip, padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
             steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
+            other_sources=sources, source_of=source_of,
         )
 
     def val_dataloader(self) -> DeviceBatches:

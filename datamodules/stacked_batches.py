@@ -1,4 +1,4 @@
-"""Batches for a stack of models, each drawing from its own prefix of one training set.
+"""Batches for a stack of models, each drawing from its own prefix of a training set.
 
 Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
 n_m class-balanced draws with replacement) and crop/flip draws
@@ -13,6 +13,10 @@ stopping, members leaving) still acts between steps exactly where it would one s
 time. A group's batches are gathered from the resident training set with one index, augmented
 and (augment-then-erase) erased together: a few large kernels instead of many small ones, and
 one Lightning step (whose fixed host cost is about half a millisecond) per group.
+
+Members of several runs packed into one fit (mdl/engine/pack.py) may each have their own training set
+(another eraser, another data seed): ``TrainSource`` is one of them, and a group is gathered, augmented
+and erased per source, so a member's batches are what they are with its source alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ from torch import Tensor
 
 from datamodules.augment import CropFlip, apply_crop_flip, crop_flip_params, crop_padding
 from datamodules.loader import BatchTransform, class_balanced_weights, epoch_generator, epoch_order
+
+
+@dataclass
+class TrainSource:
+    """One training set members draw from: its examples, labels and (augment-then-erase) batch eraser."""
+
+    x: Tensor
+    y: Tensor
+    transform: BatchTransform | None = None
 
 
 @dataclass
@@ -116,21 +129,31 @@ class StackedBatches:
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
         seeds: list[int] | None = None,
+        other_sources: list[TrainSource] = (),
+        source_of: list[int] | None = None,
     ) -> None:
         """``member_ids``: each prefix's member id (default 0, 1, ...), e.g. a run's block indices; ``seeds``: each
-        prefix's batch-order seed (default ``seed`` for all: the members of one run; packed runs each have theirs)."""
-        if any(not 0 < n <= x.shape[0] for n in prefixes):
+        prefix's batch-order seed (default ``seed`` for all: the members of one run; packed runs each have theirs).
+        ``other_sources`` and ``source_of``: further training sets (of ``x``'s shape) and each prefix's source
+        (0 = ``x``, ``y``, ``transform``; i = ``other_sources[i - 1]``); default: every member draws from ``x``."""
+        self.sources = [TrainSource(x, y, transform), *other_sources]
+        source_of = [0] * len(prefixes) if source_of is None else list(source_of)
+        if len(source_of) != len(prefixes) or any(not 0 <= s < len(self.sources) for s in source_of):
+            raise ValueError(f"source_of {source_of}: one source in 0..{len(self.sources) - 1} for each of the {len(prefixes)} prefixes")
+        if any(s.x.shape[1:] != x.shape[1:] for s in self.sources):
+            raise ValueError(f"training sets of shapes {[tuple(s.x.shape) for s in self.sources]} cannot share a stack")
+        if any(not 0 < n <= self.sources[s].x.shape[0] for n, s in zip(prefixes, source_of)):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
         if augment and x.ndim != 4:
             raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, steps_per_group
-        self.pad_mode, self.transform = pad_mode, transform
+        self.pad_mode = pad_mode
         pads = (crop_padding(x.shape[2], padding_fraction), crop_padding(x.shape[3], padding_fraction)) if x.ndim == 4 else (0, 0)
         self.pads = pads
-        def weights(n: int) -> Tensor | None:  # each member balances the classes of its own prefix
-            return class_balanced_weights(y[:n], class_balance) if class_balance is not None else None
+        def weights(n: int, source: int) -> Tensor | None:  # each member balances the classes of its own prefix
+            return class_balanced_weights(self.sources[source].y[:n], class_balance) if class_balance is not None else None
 
         ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
         if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
@@ -138,13 +161,18 @@ class StackedBatches:
         seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
-        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment, pads, flip, weights(n))
-                        for m, n, s in zip(ids, prefixes, seeds)}
+        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment, pads, flip, weights(n, source))
+                        for m, n, s, source in zip(ids, prefixes, seeds, source_of)}
+        self.source_of = dict(zip(ids, source_of))
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
 
     @property
     def active(self) -> list[int]:
         return list(self.streams)
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
 
     def remove(self, member: int) -> None:
         self.streams.pop(member, None)
@@ -171,14 +199,34 @@ class StackedBatches:
         shape = (steps, len(members), self.batch_size)
         index = torch.stack([rows for step in draws for rows, _, _ in step]).view(shape)
         weight = torch.stack([valid for step in draws for _, valid, _ in step]).view(shape)
-        flat = index.flatten()
-        xb, yb = self.x[flat], self.y[flat]
+        crops = None
         if draws[0][0][2] is not None:
-            params = CropFlip(*(torch.cat([getattr(p, f) for step in draws for _, _, p in step]) for f in ("dy", "dx", "flip")))
-            xb = apply_crop_flip(xb, params, *self.pads, self.pad_mode)
-        if self.transform is not None:
-            xb = self.transform(xb, yb)
-        return StackedBatch(xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape), weight, members)
+            crops = CropFlip(*(torch.cat([getattr(p, f) for step in draws for _, _, p in step]) for f in ("dy", "dx", "flip")))
+        by_source: dict[int, list[int]] = {}
+        for j, m in enumerate(members):
+            by_source.setdefault(self.source_of[m], []).append(j)
+        if len(by_source) == 1:  # one training set: one gather for the whole group
+            xb, yb = self._gather(self.sources[self.source_of[members[0]]], index, crops)
+        else:  # each source's rows gathered, augmented and erased as they would be alone, then put in place
+            xb = yb = None
+            for source, rows in by_source.items():
+                picked = torch.tensor(rows, device=index.device)
+                part = None if crops is None else CropFlip(*(t.view(shape)[:, picked].flatten() for t in (crops.dy, crops.dx, crops.flip)))
+                xs, ys = self._gather(self.sources[source], index[:, picked], part)
+                if xb is None:
+                    xb, yb = xs.new_empty(*shape, *xs.shape[3:]), ys.new_empty(shape)
+                xb[:, picked], yb[:, picked] = xs, ys
+        return StackedBatch(xb, yb, weight, members)
+
+    def _gather(self, source: TrainSource, index: Tensor, crops: CropFlip | None) -> tuple[Tensor, Tensor]:
+        """One source's examples at ``index`` (G, M, B), augmented with ``crops`` and erased: x (G, M, B, ...), y."""
+        flat = index.flatten()
+        xb, yb = source.x[flat], source.y[flat]
+        if crops is not None:
+            xb = apply_crop_flip(xb, crops, *self.pads, self.pad_mode)
+        if source.transform is not None:
+            xb = source.transform(xb, yb)
+        return xb.view(*index.shape, *xb.shape[1:]), yb.view(index.shape)
 
     def state_dict(self) -> dict[str, Any]:
         return {m: s.state_dict() for m, s in self.streams.items()}

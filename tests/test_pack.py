@@ -1,5 +1,5 @@
-"""Packed runs (mdl/run/pack.py, ``hydra/launcher=packed``): runs of a sweep that differ only in their seed,
-trained as members of one fit, each with the numbers, folders and records it has alone."""
+"""Packed runs (mdl/run/pack.py, ``hydra/launcher=packed``): runs of a sweep that differ in their seed, eraser
+or data seed, trained as members of one fit, each with the numbers, folders and records it has alone."""
 
 from __future__ import annotations
 
@@ -42,13 +42,28 @@ def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path
     assert not packed[0].get("skipped") and not packed[2].get("skipped")
 
 
-def test_only_runs_that_differ_in_their_seed_share_a_key(tmp_path: Path) -> None:
+def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path) -> None:
     key = lambda *o: pack_key(compose_config([*BASE, *o], tmp_path))  # noqa: E731
     assert key("seed=0") == key("seed=5") == key("seed=5", "logger=csv")
-    assert key("seed=0") != key("seed=0", "eraser=none") and key("seed=0") != key("seed=0", "data_seed=1")
+    assert key("seed=0") == key("eraser=none") == key("eraser=qleace", "data_seed=1")
+    assert key("seed=0") != key("width=64") and key("seed=0") != key("data.zscore=true")  # another model or data set
     assert key("seed=0", "mdl.members_per_fit=1") is None  # one member per fit: packing would change its numbers
+    pre = "+optimizer.precondition={p:-1,eps:1.0e-3}"  # a fit-wide callback made from one run's data: seeds only
+    assert key(pre, "seed=1") == key(pre) != key(pre, "data_seed=1")
     with pytest.raises(ValueError, match="differ in more than their seed"):
-        run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["eraser=none"]))
+        run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["width=64"]))
+
+
+def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path) -> None:
+    """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone."""
+    variants = [["eraser=none"], ["eraser=leace"], ["eraser=leace", "seed=1"], ["eraser=leace", "data_seed=1"], ["eraser=qleace"]]
+    alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
+    together = [Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}") for i, v in enumerate(variants)]
+    packed = run_pack(together)
+    assert len({r["paper_mdl"] for r in alone}) == len(variants)  # all differ, so a mix-up would show
+    for one, other in zip(alone, packed):
+        for key in (*NUMBERS, "data_diagnostics"):
+            assert other[key] == one[key], key
 
 
 def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
@@ -61,7 +76,7 @@ def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
 
 
 def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_path: Path) -> None:
-    """`python launch.py -m ... hydra/launcher=packed`: 2 erasers x 2 seeds as 2 fits, every job its results.json
+    """`python launch.py -m ... hydra/launcher=packed`: 2 erasers x 2 seeds as one fit, every job its results.json
     with the numbers Hydra's basic launcher gives it, and the sweep's report."""
     from conftest import run_launch
 
@@ -70,7 +85,7 @@ def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_p
     packed = run_launch([*sweep, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path)
     assert basic.returncode == 0, basic.stderr[-2000:]
     assert packed.returncode == 0, packed.stderr[-2000:]
-    assert "4 jobs in 2 fits" in packed.stdout + packed.stderr
+    assert "4 jobs in 1 fit" in packed.stdout + packed.stderr
     expected = _sweep_results(tmp_path / "basic")
     assert len(expected) == 4 and _sweep_results(tmp_path / "packed") == expected
     assert list((tmp_path / "packed").glob("multirun/*/*/report/report.md"))
@@ -109,7 +124,9 @@ def test_the_cost_estimate_counts_the_fits_of_a_packed_sweep(capsys) -> None:
     from mdl.sweeps.cost import main
 
     main(["-m", "eraser=none,leace", "seed=0,1,2", "data_seed=0,1", "hydra/launcher=packed"])
-    assert "12 jobs in 4 fits" in capsys.readouterr().out  # seeds share a fit; erasers and data seeds do not
+    assert "12 jobs in 1 fit;" in capsys.readouterr().out  # seeds, erasers and data seeds share a fit
+    main(["-m", "eraser=none,leace", "seed=0,1", "width=32,64", "hydra/launcher=packed"])
+    assert "8 jobs in 2 fits" in capsys.readouterr().out  # widths do not
     main(["-m", "seed=0,1,2", "model=convnext", "hydra/launcher=packed"])
     assert "3 jobs in 3 fits" in capsys.readouterr().out  # one member per fit (ConvNeXt's default): not packed
     main(["-m", "seed=0,1,2"])

@@ -17,7 +17,7 @@ from mdl.engine.progress_display import MemberProgress
 
 def _protocol(patience: int = 5) -> StackedProtocol:
     loader = StackedBatches(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long), [20, 50, 100], batch_size=10)
-    protocol = StackedProtocol(loader, lambda: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
+    protocol = StackedProtocol(loader, lambda m: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
     protocol.members[1].epoch, protocol.members[1].best_score, protocol.members[1].wait = 7, 0.4321, 2
     return protocol
 

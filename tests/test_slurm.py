@@ -251,6 +251,26 @@ def test_slurm_sweep_then_relaunch_skips_all(env, tag):
     assert "0 run, 4 skipped" in again.stdout + again.stderr
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
+@needs_slurm
+def test_packed_slurm_sweep_is_one_array_task_per_pack_with_the_packed_numbers(env, tag, tmp_path):
+    """hydra/launcher=packed_slurm: 2 erasers x 2 seeds are one pack, so one array task; each job its own
+    results.json with the numbers the local packed launcher gives it."""
+    fast = [*SWEEP, *FAST, "trainer.torch_threads=1"]  # the node's CPU count must not change the runs
+    assert_ok(launch(["-m", "hydra/launcher=packed_slurm", *fast, f"hydra.launcher.comment={tag}", *callback_args()], env))
+    [(sweep_dir, results)] = sweep_results(Path(env["SLOWING_OUTPUT_ROOT"])).items()
+    assert len(results) == 4 and job_keys(results) == SWEEP_JOBS
+    [script] = sweep_dir.glob(".submitit/*/*_submission.sh")  # one sbatch (an array of one task is a plain job)
+    assert "--array" not in script.read_text() and "srun" in script.read_text()
+    assert len(list(sweep_dir.glob(".submitit/*/*_result.pkl"))) == 1  # one task: the pack
+    local = launch(["-m", "hydra/launcher=packed", *fast, f"paths.output_root={tmp_path / 'local'}"], env)
+    assert_ok(local)
+    [(_, expected)] = sweep_results(tmp_path / "local").items()
+    paper = lambda rs: {(r["config"]["eraser"]["name"], r["config"]["seed"]): r["paper_mdl"] for r in rs}  # noqa: E731
+    assert paper(results) == paper(expected)
+
+
 @pytest.mark.slow
 def test_local_launcher_runs_the_same_sweep(env):
     proc = launch(["-m", "hydra/launcher=local", *SWEEP, *FAST, *callback_args()], env)

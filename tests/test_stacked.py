@@ -15,7 +15,7 @@ from mup import MuReadout
 
 from conftest import FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.loader import DeviceBatches
-from datamodules.stacked_batches import StackedBatch, StackedBatches
+from datamodules.stacked_batches import StackedBatch, StackedBatches, TrainSource
 from mdl.run.components import make_model_factory, make_module_factory
 from mdl.run.experiment import run_experiment
 from mdl.engine.stacked_fit import StackedProtocol
@@ -177,6 +177,30 @@ def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> Non
     for _ in range(6):
         a, b = uninterrupted.next(), resumed.next()
         assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.weight, b.weight)
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment: bool) -> None:
+    """Packed runs with other erasers or data seeds: each member's batches (gathered, augmented, erased with its
+    own source's eraser) are those of a stack holding its source alone."""
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.rand(200, 3, 8, 8, generator=gen) for _ in range(3)]
+    ys = [torch.randint(0, 10, (200,), generator=gen) for _ in range(3)]
+    shifts = [None, lambda x, y: x + y[:, None, None, None], lambda x, y: 2 * x]  # each source's batch eraser
+    prefixes, seeds, sources = [40, 200, 120, 200, 77], [3, 3, 4, 5, 6], [0, 0, 1, 2, 1]
+    mixed = StackedBatches(xs[0], ys[0], prefixes, 16, augment=augment, steps_per_group=3, transform=shifts[0],
+                           seeds=seeds, source_of=sources,
+                           other_sources=[TrainSource(xs[i], ys[i], shifts[i]) for i in (1, 2)])
+    alone = {m: StackedBatches(xs[sources[m]], ys[sources[m]], [prefixes[m]], 16, seed=seeds[m], augment=augment,
+                               steps_per_group=3, transform=shifts[sources[m]]) for m in range(5)}
+    for _ in range(8):
+        group = mixed.next(2)
+        for row, m in enumerate(group.members):
+            own = alone[m].next(2)
+            assert torch.equal(group.x[:, row], own.x[:, 0]) and torch.equal(group.y[:, row], own.y[:, 0])
+            assert torch.equal(group.weight[:, row], own.weight[:, 0])
+    with pytest.raises(ValueError, match="cannot share a stack"):
+        StackedBatches(xs[0], ys[0], [10], 16, other_sources=[TrainSource(xs[1][:, :1], ys[1])], source_of=[1])
 
 
 def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_path: Path, monkeypatch) -> None:
@@ -424,7 +448,7 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
     module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
     val = DeviceBatches(x[64:], y[64:], 32)
-    protocol = StackedProtocol(loader, lambda: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
+    protocol = StackedProtocol(loader, lambda m: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
     reads = []
     end_epochs = protocol._end_epochs
 

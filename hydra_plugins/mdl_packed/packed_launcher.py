@@ -1,13 +1,14 @@
-"""``hydra/launcher=packed``: a multirun whose runs differ only in their seed trains them as members of one fit.
+"""``hydra/launcher=packed``: a multirun whose runs differ only in seed, eraser or data seed trains them as
+members of one fit.
 
-    python launch.py -m seed=0,1,2,3,4 eraser=none,leace hydra/launcher=packed
+    python launch.py -m seed=0,1,2,3,4 eraser=none,leace width=64,128 hydra/launcher=packed
 
 Every job is composed and checked first (its folder, .hydra/ files and callbacks as with Hydra's basic
-launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs but for ``seed``, all
-members in one fit) and each group is trained as one pack (mdl/run/pack.py): 2 erasers x 5 seeds above
-are 2 fits of 5 runs each. A job that cannot be packed runs alone. Each job still gets its own results.json,
-store entry and loggers, with the numbers it has alone. Jobs run in this process, one pack after another;
-their log lines go to this process's log, labelled by seed.
+launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs but for ``seed``, ``eraser``
+and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl/run/pack.py): the
+sweep above is 2 fits (one per width) of 10 runs each. A job that cannot be packed runs alone. Each job
+still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
+process, one pack after another; their log lines go to this process's log, labelled by what varies.
 """
 
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PackedLauncherConf:
-    _target_: str = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"
+    _target_: str = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # mdl/sweeps/checks.py PACKED_LAUNCHER
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedLauncherConf, provider="mdl")
@@ -40,6 +41,49 @@ def checked_job(cfg: DictConfig) -> Any:
 
     hc = HydraConfig.get()
     return Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task))
+
+
+def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str], idx: int, job_id: str) -> JobReturn:
+    """Compose one job as Hydra's launchers do, make its folder and .hydra/ files, and check it (no training)."""
+    sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep_config):
+        sweep_config.hydra.job.id = job_id
+        sweep_config.hydra.job.num = idx
+    HydraConfig.instance().set_config(sweep_config)
+    log.info("\t#%d : %s", idx, " ".join(overrides))
+    return run_job(hydra_context=hydra_context, task_function=checked_job, config=sweep_config,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:
+    """Job indices grouped by pack key (None: a job alone), in order of first appearance."""
+    packs: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        packs.setdefault(key if key is not None else ("alone", i), []).append(i)
+    return list(packs.values())
+
+
+def fits_line(jobs: int, fits: int) -> str:
+    return f"{jobs} jobs in {fits} fit{'s' if fits != 1 else ''}"
+
+
+def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
+    """One pack's checked jobs trained together; each job's return: its paper MDL, as launch.py's main returns."""
+    from mdl.run.experiment import quiet_lightning
+    from mdl.run.pack import run_pack
+
+    quiet_lightning()
+
+    def returned(ret: JobReturn, status: JobStatus, value: Any) -> JobReturn:
+        return JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, working_dir=ret.working_dir,
+                         task_name=ret.task_name, status=status, _return_value=value)
+
+    try:
+        results = run_pack([ret.return_value for ret in checked])
+    except Exception as err:  # noqa: BLE001 - every job of the pack failed with it, as Hydra reports a job's error
+        log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
+        return [returned(ret, JobStatus.FAILED, err) for ret in checked]
+    return [returned(ret, JobStatus.COMPLETED, r["paper_mdl"]) for ret, r in zip(checked, results)]
 
 
 class PackedLauncher(Launcher):
@@ -58,45 +102,14 @@ class PackedLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        checked = [self._check(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+        checked = [check_job(self.hydra_context, self.config, overrides, initial_job_idx + i, f"job_id_for_{initial_job_idx + i}")
+                   for i, overrides in enumerate(job_overrides)]
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)  # off the last job's log file
-        packs: dict[Any, list[int]] = {}
-        for i, ret in enumerate(checked):
-            if ret.status == JobStatus.COMPLETED:
-                key = pack_key(ret.return_value.cfg)
-                packs.setdefault(key if key is not None else ("alone", i), []).append(i)
-        log.info("packed launcher: %d jobs in %d fits", len(job_overrides), len(packs))
+        ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
+        packs = [[ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])]
+        log.info("packed launcher: %s", fits_line(len(job_overrides), len(packs)))
         done = list(checked)
-        for members in packs.values():
-            for i, ret in zip(members, self._train([checked[i] for i in members])):
+        for members in packs:
+            for i, ret in zip(members, train_checked([checked[i] for i in members])):
                 done[i] = ret
         return done
-
-    def _check(self, overrides: Sequence[str], idx: int) -> JobReturn:
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        with open_dict(sweep_config):
-            sweep_config.hydra.job.id = f"job_id_for_{idx}"
-            sweep_config.hydra.job.num = idx
-        HydraConfig.instance().set_config(sweep_config)
-        log.info("\t#%d : %s", idx, " ".join(overrides))
-        return run_job(hydra_context=self.hydra_context, task_function=checked_job, config=sweep_config,
-                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
-
-    @staticmethod
-    def _train(checked: list[JobReturn]) -> list[JobReturn]:
-        """One pack's jobs trained together; each job's return: its paper MDL, as launch.py's main returns."""
-        from mdl.run.experiment import quiet_lightning
-        from mdl.run.pack import run_pack
-
-        quiet_lightning()
-
-        def returned(ret: JobReturn, status: JobStatus, value: Any) -> JobReturn:
-            return JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, working_dir=ret.working_dir,
-                             task_name=ret.task_name, status=status, _return_value=value)
-
-        try:
-            results = run_pack([ret.return_value for ret in checked])
-        except Exception as err:  # noqa: BLE001 - every job of the pack failed with it, as Hydra reports a job's error
-            log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
-            return [returned(ret, JobStatus.FAILED, err) for ret in checked]
-        return [returned(ret, JobStatus.COMPLETED, r["paper_mdl"]) for ret, r in zip(checked, results)]

@@ -1,7 +1,8 @@
 """Several runs trained as members of one fit: a pack (``hydra/launcher=packed``, mdl/run/pack.py).
 
-Runs that differ only in their seed see the same data, so their S members each can share one stack:
-R x S members, one fit, one step per batch for all of them. Each member is exactly what it is in a
+Runs of equal models (differing in seed, eraser or data seed) can share one stack: R x S members, one
+fit, one step per batch for all of them; a run with its own data (``PackedRun.data``) has its members'
+batches, validation and scoring drawn from it. Each member is exactly what it is in a
 fit of all members of its own run (its initial weights, batch order, prefix, protocol state and
 scoring; mdl/engine/stacked_runs.py), so each run's numbers are those of the run alone whenever a
 member's arithmetic does not depend on its neighbours in the stack (the MLP's batched matmuls:
@@ -32,13 +33,15 @@ PACK_CHECKPOINT = "pack.ckpt"
 
 @dataclass
 class PackedRun:
-    """One run of a pack: its seed, its store folder (progress.json) and its loggers' hooks."""
+    """One run of a pack: its seed, its store folder (progress.json), its loggers' hooks and its data."""
 
     seed: int
     store: Path
     on_block: Callable[..., None] | None = None
     on_epoch: EpochHook | None = None
     final_curves: Any = None
+    data: ErasedDataModule | None = None  # its own data module; None: the pack's (train_pack's ``dm``)
+    label: str = ""  # its name in the progress display (default: its seed)
 
 
 def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRecipe, settings: FitSettings,
@@ -59,7 +62,7 @@ def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRec
         recorded.append(blocks)
         parts.append(RunMembers(run.seed, member_seeds(run.seed, size), list(range(size)),
                                 block_recorder(run.store / PROGRESS_FILE, boundaries, blocks, run.on_block), run.on_block, run.on_epoch, run.final_curves,
-                                label=f"seed {run.seed}"))
+                                label=run.label or f"seed {run.seed}", data=run.data))
     outcomes = fit_stack(dm, boundaries, parts, recipe, settings, pack_dir / "checkpoints" / PACK_CHECKPOINT,
                          keep_checkpoint=True)
     results = []

@@ -8,7 +8,8 @@ test split for the final member, and the held-out last block), leaves the stack 
 to ``on_finish``. The fit ends when no member is left. Each member is initialised exactly as a
 fit of one member would initialise it (same seed, same builder) and draws its own batches from
 its own prefix (datamodules/stacked_batches.py). The whole stacked state is checkpointed at the
-end of every pass over the longest prefix, so a killed fit resumes bit for bit.
+end of every pass over the longest prefix, so a killed fit resumes bit for bit. Members of packed runs
+with their own data (``data_of``) are validated on their own validation split, one pass per split.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class StackedProtocol(L.Callback):
     def __init__(
         self,
         loader: StackedBatches,
-        val_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
+        val_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
         score_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
         patience: int,
         max_epochs: int | None,
@@ -54,13 +55,15 @@ class StackedProtocol(L.Callback):
         final_member: int | None = -1,
         final_members: Sequence[int] = (),
         labels: dict[int, str] | None = None,
+        data_of: Callable[[int], int] = lambda m: 0,
     ) -> None:
-        """``final_member``: the run's final fit, if in this stack (-1: the last member; None: not here); a fit of
-        several runs' members (mdl/engine/pack.py) names theirs in ``final_members`` and each member's display
-        name in ``labels``."""
+        """``val_batches(m)``: member m's validation batches; ``data_of(m)``: which data member m has (members
+        with equal values share their validation batches: one pass for all of them). ``final_member``: the run's
+        final fit, if in this stack (-1: the last member; None: not here); a fit of several runs' members
+        (mdl/engine/pack.py) names theirs in ``final_members`` and each member's display name in ``labels``."""
         self.loader = loader
         self.on_epoch = on_epoch  # (member, epoch from 0, train loss, val loss) at each member's epoch end: live logging
-        self.val_batches, self.score_batches = val_batches, score_batches
+        self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, data_of
         self.heldout_batches = heldout_batches  # member -> its held-out chunk, or None: the same as score_batches
         self.untrained_candidate = untrained_candidate
         self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
@@ -93,13 +96,21 @@ class StackedProtocol(L.Callback):
                     self.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)
         fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
         if self.untrained_candidate and fresh:  # not again on a resume
-            self._validate_untrained(module, fresh)
+            for members in self._by_data(fresh):
+                self._validate_untrained(module, members)
+
+    def _by_data(self, members: list[int]) -> list[list[int]]:
+        """``members`` in groups that share their data (one group unless runs with their own data are packed)."""
+        groups: dict[int, list[int]] = {}
+        for m in members:
+            groups.setdefault(self.data_of(m), []).append(m)
+        return list(groups.values())
 
     def _validate_untrained(self, module: StackedClassifier, members: list[int]) -> None:
         """The untrained weights as every member's first candidate (one read of the device)."""
         rows = [module.members.index(m) for m in members]
         weights = module.eval_weights(rows)
-        val_sums, count = module.loss_sums(weights, self.val_batches(), float64=False)
+        val_sums, count = module.loss_sums(weights, self.val_batches(members[0]), float64=False)
         for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
@@ -122,17 +133,18 @@ class StackedProtocol(L.Callback):
                 ended.append(m)
         if not ended:
             return
-        stopping = self._end_epochs(module, ended)
+        stopping = [m for group in self._by_data(ended) for m in self._end_epochs(module, group)]
         if stopping:
             self._finish(module, stopping)
         if not module.members:
             trainer.should_stop = True
 
     def _end_epochs(self, module: StackedClassifier, ended: list[int]) -> list[int]:
-        """Validate the members that finished an epoch; return those that stop now."""
+        """Validate the members that finished an epoch (all with the same data); return those that stop now."""
         rows = [module.members.index(m) for m in ended]
         weights = module.eval_weights(rows)
-        val_sums, count, correct = module.loss_sums(weights, self.val_batches(), float64=False, with_correct=True)  # as a single fit validates
+        val_sums, count, correct = module.loss_sums(weights, self.val_batches(ended[0]), float64=False,
+                                                    with_correct=True)  # as a single fit validates
         train_sums, val_means, accuracy = torch.stack(  # the one read
             [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
@@ -204,7 +216,7 @@ class StackedProtocol(L.Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.members = {int(m): MemberState(**s) for m, s in state["members"].items()}
-        device = self.loader.x.device
+        device = self.loader.device
         self.best = {int(m): {n: t.to(device) for n, t in w.items()} for m, w in state["best"].items()}
         self.outcomes = {int(m): MemberOutcome(**o) for m, o in state["outcomes"].items()}
         self.loader.load_state_dict(state["loader"])

@@ -2,8 +2,8 @@
 
 Every member keeps what it would have alone: its initial weights (its run's seed rule), its batch
 order (its run's seed), its prefix, its protocol state, its scoring batches; its outcome goes to its
-own run's ``record``. Runs in one fit share the data module (packs hold runs whose data are equal)
-and the trainer settings. A member's id in the stack is its block index for a fit of one run (as
+own run's ``record``. Runs in one fit share the trainer settings; each run has its data module (its
+``data``; runs differing only in their seed share one), its members trained, validated and scored on it. A member's id in the stack is its block index for a fit of one run (as
 before packs existed: checkpoints keep their layout) and ``run x S + block`` in a pack.
 """
 
@@ -38,6 +38,7 @@ class RunMembers:
     on_epoch: EpochHook | None = None
     final_curves: Any = None
     label: str = ""  # how the progress display names this run's members in a pack
+    data: ErasedDataModule | None = None  # its own data (another eraser or data seed); None: fit_stack's ``dm``
 
 
 def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMembers], recipe: Any, settings: Any,
@@ -54,8 +55,15 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
     members = [g for run_ids in ids for g in run_ids]
     prefixes = [boundaries[where(g)[1]] if where(g)[1] < num_blocks else dm.num_train for g in members]
     order_seeds = [runs[where(g)[0]].order_seed for g in members]
+    datas = _distinct([dm, *(run.data for run in runs if run.data is not None)])
+    source = [datas.index(run.data if run.data is not None else dm) for run in runs]  # each run's data, by position
+
+    def data(g: int) -> ErasedDataModule:
+        return datas[source[where(g)[0]]]
+
     loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members,
-                                     seeds=None if len(runs) == 1 else order_seeds)
+                                     seeds=None if len(runs) == 1 else order_seeds, others=datas[1:],
+                                     source_of=[source[where(g)[0]] for g in members])
     init_seeds = [runs[r].init_seeds[m] for r, m in map(where, members)]
     module = StackedClassifier(build_members(recipe.make_model, init_seeds, dm.device),
                                recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members)
@@ -71,8 +79,8 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
     def batches(g: int, which: int):
         ranges = scoring_ranges(boundaries, where(g)[1])
         if ranges[which] is None:
-            return (dm.test_dataloader() if which == 0 else None)
-        return dm.eval_loader(*ranges[which])
+            return (data(g).test_dataloader() if which == 0 else None)
+        return data(g).eval_loader(*ranges[which])
 
     def on_epoch(g: int, *values: Any) -> None:
         r, m = where(g)
@@ -85,11 +93,11 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
     labels = {} if len(runs) == 1 else {
         g: f"{runs[r].label} {'final' if m == num_blocks else f'block {m + 1}'}" for g, (r, m) in ((g, where(g)) for g in members)}
     protocol = StackedProtocol(
-        loader, dm.val_dataloader, partial(batches, which=0), settings.patience,
+        loader, lambda g: data(g).val_dataloader(), partial(batches, which=0), settings.patience,
         settings.trainer_kwargs.get("max_epochs"), recipe.lr, on_finish=on_finish, on_member_epoch=curves,
         heldout_batches=partial(batches, which=1), untrained_candidate=settings.untrained_candidate,
         on_epoch=on_epoch if any(run.on_epoch is not None for run in runs) else None,
-        final_member=None, final_members=sorted(finals), labels=labels,
+        final_member=None, final_members=sorted(finals), labels=labels, data_of=lambda g: source[where(g)[0]],
     )
     callbacks = [protocol, MemberProgress(protocol), *settings.callbacks, SaveLastCheckpoint(checkpoint, settings.checkpoint_every_s)]
     for c in curves.values():  # in the Trainer only for their state in the checkpoints
@@ -108,3 +116,11 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
     if not keep_checkpoint:  # every member is recorded; the fit holding the final member keeps its checkpoint
         checkpoint.unlink(missing_ok=True)  # until the results are written (experiment.discard_resume_state)
     return outcomes
+
+
+def _distinct(modules: list[ErasedDataModule]) -> list[ErasedDataModule]:
+    """Each data module once, in order of first appearance (by identity: runs share an object or have their own)."""
+    seen: dict[int, ErasedDataModule] = {}
+    for module in modules:
+        seen.setdefault(id(module), module)
+    return list(seen.values())

@@ -1,10 +1,12 @@
-"""Runs of a sweep that differ only in their seed, trained as members of one fit (``hydra/launcher=packed``).
+"""Runs of a sweep trained as members of one fit (``hydra/launcher=packed``).
 
-``pack_key`` says which runs can share a fit: equal configs but for ``seed`` (and bookkeeping keys),
-trained as one fit of all members (``mdl.members_per_fit`` all: packing keeps each run's numbers only
-where its members already share a stack), without a profiler. ``run_pack`` takes every run's lock,
-skips the finished ones (as ``run_experiment`` does), and trains the others together; each still gets
-its own run folder, results.json, store entry and loggers, with the numbers it would have alone.
+``pack_key`` says which runs can share a fit: equal configs but for ``seed``, ``eraser`` and ``data_seed``
+(and bookkeeping keys), trained as one fit of all members (``mdl.members_per_fit`` all: packing keeps
+each run's numbers only where its members already share a stack), without a profiler. Runs that differ
+only in their seed share one data module (``data_key``); the others each bring their own erased data.
+``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
+the others together; each still gets its own run folder, results.json, store entry and loggers, with
+the numbers it would have alone.
 """
 
 from __future__ import annotations
@@ -31,21 +33,40 @@ log = logging.getLogger(__name__)
 PACKS_DIR = "packs"  # under paths.store_dir: one folder per pack in progress (its checkpoint)
 
 
+PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
+
+
 def pack_key(cfg: DictConfig) -> str | None:
-    """Runs with equal keys can be trained in one fit; None: this run trains alone."""
+    """Runs with equal keys can be trained in one fit; None: this run trains alone. With
+    ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ."""
     if members_per_fit(cfg.mdl) is not None or cfg.trainer.get("profiler"):
         return None
-    unseeded = OmegaConf.merge(cfg, {"seed": 0})
-    with open_dict(unseeded):
-        unseeded.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
-    return config_hash(unseeded)
+    if cfg.optimizer.get("precondition") is not None:
+        return data_key(cfg)
+    return _hash_with(cfg, {"seed": 0, "data_seed": 0}, eraser=PACKED_ERASER)
+
+
+def data_key(cfg: DictConfig) -> str:
+    """Runs with equal keys have equal data (they differ at most in their seed): one data module serves them."""
+    return _hash_with(cfg, {"seed": 0})
+
+
+def _hash_with(cfg: DictConfig, values: dict[str, Any], eraser: dict[str, Any] | None = None) -> str:
+    """The config hash with these top-level values (and the eraser node replaced, if given)."""
+    changed = OmegaConf.merge(cfg, values)
+    with open_dict(changed):
+        changed.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
+        if eraser is not None:
+            changed.eraser = eraser
+    return config_hash(changed)
 
 
 def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     """Each job's results, in order: finished runs skipped, the others trained in one fit (one alone: as usual)."""
     keys = {pack_key(job.cfg) for job in jobs}
     if len(jobs) > 1 and (None in keys or len(keys) > 1):
-        raise ValueError("run_pack: these runs differ in more than their seed (or do not train all members in one fit)")
+        raise ValueError("run_pack: these runs differ in more than their seed, eraser and data seed "
+                         "(or do not train all members in one fit)")
     if len({job.key for job in jobs}) < len(jobs):
         raise ValueError("run_pack: the same run twice in one pack")
     results: dict[int, dict[str, Any]] = {}
@@ -76,14 +97,59 @@ def pack_folder(jobs: Sequence[Job]) -> Path:
 
 
 def _train_together(jobs: list[Job]) -> list[dict[str, Any]]:
-    log.info("pack of %d runs (seeds %s) in one fit", len(jobs), ", ".join(str(job.cfg.seed) for job in jobs))
-    first = prepare_run(jobs[0])
-    prepared: list[PreparedRun] = [first, *(prepare_run(job, dm=first.dm) for job in jobs[1:])]
+    prepared = _prepare_sharing_data(jobs)
+    results: dict[int, dict[str, Any]] = {}
+    for indices in _compatible(prepared):  # one fit each (one unless an eraser changed the data's shape)
+        part = [prepared[i] for i in indices]
+        if len(part) > 1:
+            results.update(zip(indices, _fit_pack(part)))
+        else:
+            with part[0].job.disk_errors_named():
+                results[indices[0]] = finish_run(*train_alone(part[0]))
+    return [results[i] for i in range(len(jobs))]
+
+
+def _prepare_sharing_data(jobs: list[Job]) -> list[PreparedRun]:
+    """Each run prepared; runs with equal data (``data_key``) share one data module."""
+    modules: dict[str, Any] = {}
+    prepared = []
+    for job in jobs:
+        run = prepare_run(job, dm=modules.get(data_key(job.cfg)))
+        modules.setdefault(data_key(job.cfg), run.dm)
+        prepared.append(run)
+    return prepared
+
+
+def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
+    """The runs' indices grouped by what one stack needs equal: input shape, classes, block schedule."""
+    groups: dict[tuple, list[int]] = {}
+    for i, run in enumerate(prepared):
+        shape = (tuple(run.dm.input_shape), run.dm.num_classes, tuple(run.boundaries))
+        groups.setdefault(shape, []).append(i)
+    if len(groups) > 1:
+        log.warning("pack split in %d fits: its runs' data differ in shape, classes or blocks (%s)",
+                    len(groups), "; ".join(str(k) for k in groups))
+    return list(groups.values())
+
+
+def run_label(prepared: list[PreparedRun], run: PreparedRun) -> str:
+    """How the progress display names a run's members: the values of seed, eraser and data_seed that vary in the pack."""
+    def values(p: PreparedRun) -> dict[str, Any]:
+        return {"seed": p.job.cfg.seed, "eraser": p.job.cfg.eraser.get("name"), "data_seed": p.job.cfg.data_seed}
+    varying = [k for k in ("eraser", "data_seed", "seed") if len({str(values(p)[k]) for p in prepared}) > 1]
+    return " ".join(f"{k} {values(run)[k]}" for k in varying) or f"seed {run.job.cfg.seed}"
+
+
+def _fit_pack(prepared: list[PreparedRun]) -> list[dict[str, Any]]:
+    jobs = [p.job for p in prepared]
+    log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(run_label(prepared, p) for p in prepared))
+    first = prepared[0]
     cfg = first.job.cfg
     folder = pack_folder(jobs)
     settings = FitSettings(first.trainer_kwargs, cfg.trainer.patience, cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group,
                            check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=run_identity(folder))
-    runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves) for p in prepared]
+    runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves,
+                      data=p.dm if p.dm is not first.dm else None, label=run_label(prepared, p)) for p in prepared]
     with ExitStack() as named:
         for job in jobs:
             named.enter_context(job.disk_errors_named())

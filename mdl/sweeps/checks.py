@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 LOCAL_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+PACKED_LAUNCHER = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # hydra/launcher=packed
+PACKED_SLURM_LAUNCHER = "hydra_plugins.mdl_packed.packed_slurm_launcher.PackedSlurmLauncher"  # =packed_slurm: slurm's keys
+PACKING_LAUNCHERS = (PACKED_LAUNCHER, PACKED_SLURM_LAUNCHER)
 
 # Plugin keys consumed by the launcher itself rather than passed to sbatch.
 _NOT_SBATCH_KEYS = {"_target_", "submitit_folder", "max_num_timeout"}
@@ -55,7 +58,7 @@ def _queue_conf(target: str) -> type | None:
     """The plugin's config dataclass for a launcher target, or None for other launchers."""
     from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
 
-    return {SLURM_LAUNCHER: SlurmQueueConf, LOCAL_LAUNCHER: LocalQueueConf}.get(target)
+    return {SLURM_LAUNCHER: SlurmQueueConf, PACKED_SLURM_LAUNCHER: SlurmQueueConf, LOCAL_LAUNCHER: LocalQueueConf}.get(target)
 
 
 def accepted_keys(target: str) -> list[str]:
@@ -72,7 +75,7 @@ def check_launcher(launcher: DictConfig, *, test_submission: bool = True) -> Non
     target = str(launcher.get("_target_", ""))
     if _queue_conf(target) is None:
         return
-    kind = "slurm" if target == SLURM_LAUNCHER else "local"
+    kind = "local" if target == LOCAL_LAUNCHER else "slurm"
     _check_keys(launcher, target, kind)
     params = _resolve(launcher, kind)
     if kind != "slurm":

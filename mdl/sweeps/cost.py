@@ -32,6 +32,8 @@ from typing import Any, Sequence
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from mdl.sweeps.checks import PACKING_LAUNCHERS
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
@@ -244,9 +246,9 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
         f"more; rates and how they were made: {table.path}"
     )
-    if str(master.hydra.launcher.get("_target_", "")).endswith("PackedLauncher"):
-        fits = packed_fits(jobs, {key for cfg, _, key in configs if _packable(cfg)})
-        lines.append(f"  packed (hydra/launcher=packed): {len(jobs)} jobs in {fits} fits; the estimate above prices every "
+    if str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS:
+        fits = packed_fits(jobs, configs)
+        lines.append(f"  packed: {len(jobs)} jobs in {fits} fit{'s' if fits != 1 else ''}; the estimate above prices every "
                      f"run as if alone (no measured rate of packed fits yet)")
     return "\n".join(lines)
 
@@ -255,21 +257,23 @@ def _without(run: tuple[str, ...], keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in keys)
 
 
-def _packable(cfg: DictConfig) -> bool:
+def packed_fits(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> int:
+    """Fits of a packed sweep: one per pack (runs with equal ``mdl.run.pack.pack_key``: differing in seed, eraser
+    or data seed), one per run that cannot be packed; jobs differing only in bookkeeping keys are one run.
+    ``configs``: ``job_configs``' composed config of each job (seeds aside)."""
+    from mdl.run.identity import is_bookkeeping
     from mdl.run.pack import pack_key
 
-    return pack_key(cfg) is not None
-
-
-def packed_fits(jobs: list[list[str]], packable: set[tuple[str, ...]]) -> int:
-    """Fits of a packed sweep: one per group of runs that differ only in ``seed`` (where such runs are packed),
-    one per run elsewhere; jobs differing only in bookkeeping keys are one run."""
-    from mdl.run.identity import is_bookkeeping
-
+    keys = {key: (pack_key(cfg), cfg.optimizer.get("precondition") is not None) for cfg, _, key in configs}
     fits = set()
     for job in jobs:
         run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
-        fits.add(("pack", _without(run, ("seed",))) if _without(run, SEED_KEYS) in packable else ("run", run))
+        key, by_data_seed = keys[_without(run, SEED_KEYS)]
+        if key is None:
+            fits.add(("run", run))
+        else:  # preconditioned runs pack over seeds only: each data seed its own pack
+            data_seed = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") == "data_seed") if by_data_seed else ()
+            fits.add(("pack", key, data_seed))
     return len(fits)
 
 
