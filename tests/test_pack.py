@@ -13,6 +13,7 @@ from mdl.run.experiment import Job, run_experiment
 from mdl.run.pack import pack_folder, pack_key, run_pack
 
 BASE = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=6", "trainer.torch_threads=1"]
+FINAL_FIT = ("final_val_loss", "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve")
 NUMBERS = ("config_hash", "paper_mdl", "paper_mdl_val_min", "online_codelength_bits", "blocks", "final_val_loss",
            "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve")
 
@@ -54,16 +55,24 @@ def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path
         run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["width=64"]))
 
 
-def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path) -> None:
-    """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone."""
-    variants = [["eraser=none"], ["eraser=leace"], ["eraser=leace", "seed=1"], ["eraser=leace", "data_seed=1"], ["eraser=qleace"]]
+@pytest.mark.parametrize("fits", [[], ["mdl.members_per_fit=3"]], ids=["one fit", "fits of 3"])
+def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path, fits) -> None:
+    """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone,
+    in one fit of the whole pack or in fits of 3 members (block by block: runs' members mixed)."""
+    variants = [[*fits, *v] for v in ([], ["eraser=none"], ["seed=1"], ["data_seed=1"], ["eraser=qleace"])]
     alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
     together = [Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}") for i, v in enumerate(variants)]
     packed = run_pack(together)
     assert len({r["paper_mdl"] for r in alone}) == len(variants)  # all differ, so a mix-up would show
     for one, other in zip(alone, packed):
         for key in (*NUMBERS, "data_diagnostics"):
-            assert other[key] == one[key], key
+            if fits and key in FINAL_FIT:
+                # fits of 3 put the final member beside other members than the run alone does, and BLAS picks its
+                # batched-matmul kernel by the batch count (a (37,16)x(16,10) bmm gives a member other last bits
+                # in a stack of 2 than of 8): its curves move in the 7th digit; every block is the same to the bit
+                assert other[key] == pytest.approx(one[key], rel=1e-6), key
+            else:
+                assert other[key] == one[key], key
 
 
 def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
@@ -85,49 +94,55 @@ def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_p
     packed = run_launch([*sweep, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path)
     assert basic.returncode == 0, basic.stderr[-2000:]
     assert packed.returncode == 0, packed.stderr[-2000:]
-    assert "4 jobs in 1 fit" in packed.stdout + packed.stderr
+    assert "4 jobs in 1 pack" in packed.stdout + packed.stderr
     expected = _sweep_results(tmp_path / "basic")
     assert len(expected) == 4 and _sweep_results(tmp_path / "packed") == expected
     assert list((tmp_path / "packed").glob("multirun/*/*/report/report.md"))
 
 
-def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch) -> None:
-    """Killed after its second checkpoint, the same pack launched again resumes from the pack's checkpoint and
-    gives every run the numbers of an uninterrupted pack."""
+@pytest.mark.parametrize("members_per_fit, kill_at", [("all", 2), (4, 10)])
+def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch, members_per_fit, kill_at) -> None:
+    """Killed after a checkpoint (the 2nd of its one fit; the 10th: in the 2nd of its fits of 4 members), the same
+    pack launched again skips what was finished, resumes from the pack's checkpoint and gives every run the
+    numbers of an uninterrupted pack."""
     from mdl.engine.fitting import SaveLastCheckpoint
 
     class Killed(Exception):
         pass
 
-    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3"]
+    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
+                f"mdl.members_per_fit={members_per_fit}"]
     reference = run_pack(jobs(tmp_path / "ref", extra=settings))
     original, saves = SaveLastCheckpoint.on_train_epoch_end, [0]
 
     def save_then_die(self, trainer, module) -> None:
         original(self, trainer, module)
         saves[0] += 1
-        if saves[0] == 2:
+        if saves[0] == kill_at:
             raise Killed
 
     with monkeypatch.context() as m:
         m.setattr(SaveLastCheckpoint, "on_train_epoch_end", save_then_die)
         with pytest.raises(Killed):
             run_pack(jobs(tmp_path / "run", extra=settings))
-    assert (pack_folder(jobs(tmp_path / "run", extra=settings)) / "checkpoints" / "pack.ckpt").exists()
+    left = [p.name for p in (pack_folder(jobs(tmp_path / "run", extra=settings)) / "checkpoints").iterdir()]
+    assert left == ["pack.ckpt"] if members_per_fit == "all" else len(left) == 1 and left[0].startswith("pack-")
     resumed = run_pack(jobs(tmp_path / "run", extra=settings))
     for one, other in zip(reference, resumed):
         for key in NUMBERS:
             assert other[key] == one[key], key
 
 
-def test_the_cost_estimate_counts_the_fits_of_a_packed_sweep(capsys) -> None:
+def test_the_cost_estimate_counts_the_packs_of_a_packed_sweep(capsys) -> None:
     from mdl.sweeps.cost import main
 
     main(["-m", "eraser=none,leace", "seed=0,1,2", "data_seed=0,1", "hydra/launcher=packed"])
-    assert "12 jobs in 1 fit;" in capsys.readouterr().out  # seeds, erasers and data seeds share a fit
+    assert "12 jobs in 1 pack " in capsys.readouterr().out  # seeds, erasers and data seeds share a fit
     main(["-m", "eraser=none,leace", "seed=0,1", "width=32,64", "hydra/launcher=packed"])
-    assert "8 jobs in 2 fits" in capsys.readouterr().out  # widths do not
+    assert "8 jobs in 2 packs" in capsys.readouterr().out  # widths do not
     main(["-m", "seed=0,1,2", "model=convnext", "hydra/launcher=packed"])
-    assert "3 jobs in 3 fits" in capsys.readouterr().out  # one member per fit (ConvNeXt's default): not packed
+    assert "3 jobs in 3 packs" in capsys.readouterr().out  # one member per fit (ConvNeXt's default): not packed
+    main(["-m", "seed=0,1,2", "model=convnext", "mdl.members_per_fit=auto", "hydra/launcher=packed"])
+    assert "3 jobs in 1 pack " in capsys.readouterr().out  # stacked in fits of what the GPU holds: packed
     main(["-m", "seed=0,1,2"])
-    assert "fits" not in capsys.readouterr().out
+    assert "pack" not in capsys.readouterr().out

@@ -6,7 +6,7 @@ members of one fit.
 Every job is composed and checked first (its folder, .hydra/ files and callbacks as with Hydra's basic
 launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs but for ``seed``, ``eraser``
 and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl/run/pack.py): the
-sweep above is 2 fits (one per width) of 10 runs each. A job that cannot be packed runs alone. Each job
+sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of ``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
 process, one pack after another; their log lines go to this process's log, labelled by what varies.
 """
@@ -63,10 +63,6 @@ def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:
     return list(packs.values())
 
 
-def fits_line(jobs: int, fits: int) -> str:
-    return f"{jobs} jobs in {fits} fit{'s' if fits != 1 else ''}"
-
-
 def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
     """One pack's checked jobs trained together; each job's return: its paper MDL, as launch.py's main returns."""
     from mdl.run.experiment import quiet_lightning
@@ -96,7 +92,7 @@ class PackedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from mdl.run.pack import pack_key
+        from mdl.run.pack import pack_key, packs_line
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -107,7 +103,7 @@ class PackedLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)  # off the last job's log file
         ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
         packs = [[ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])]
-        log.info("packed launcher: %s", fits_line(len(job_overrides), len(packs)))
+        log.info("packed launcher: %s", packs_line(len(job_overrides), len(packs)))
         done = list(checked)
         for members in packs:
             for i, ret in zip(members, train_checked([checked[i] for i in members])):

@@ -24,7 +24,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.mdl_packed.packed_launcher import check_job, fits_line, group_into_packs, train_checked
+from hydra_plugins.mdl_packed.packed_launcher import check_job, group_into_packs, train_checked
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class PackedSlurmLauncher(SlurmLauncher):
         return done
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from mdl.run.pack import pack_key
+        from mdl.run.pack import pack_key, packs_line
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -62,7 +62,7 @@ class PackedSlurmLauncher(SlurmLauncher):
             keys.append(pack_key(cfg))
         packs = group_into_packs(keys)
         log.info("packed Slurm launcher: %s, one array task each; sweep output dir: %s",
-                 fits_line(len(job_overrides), len(packs)), self.config.hydra.sweep.dir)
+                 packs_line(len(job_overrides), len(packs)), self.config.hydra.sweep.dir)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         tasks = [[(list(job_overrides[i]), initial_job_idx + i) for i in pack] for pack in packs]
         submitted = self._executor().map_array(self, tasks, [Singleton.get_state()] * len(tasks))

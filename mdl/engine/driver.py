@@ -14,7 +14,6 @@ whose blocks are all recorded and resumes a fit in progress from its checkpoint.
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from torch import nn
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import run_identity
 from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
-from mdl.engine.memory import measured_step_peak, members_that_fit, out_of_memory_errors, stacked_trial_step
+from mdl.engine.memory import (halved_after_out_of_memory, measured_step_peak, members_that_fit, out_of_memory_errors,
+                               stacked_trial_step)
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds
 from mdl.engine.single_fit import fit_one_member, fit_prefix
@@ -171,21 +171,10 @@ def split_after_out_of_memory(members: list[int], recorded: dict[int, Any], fina
                               err: BaseException) -> list[list[int]]:
     """The members of a fit that ran out of memory and are not done, in two fits of half as many (members_per_fit
     auto); with a count the user chose, an error that says what to set instead."""
-    if not auto:
-        raise RuntimeError(
-            f"out of memory training {len(members)} members in one fit ({err}); set a smaller "
-            f"mdl.members_per_fit (e.g. {max(len(members) // 2, 1)}), or mdl.members_per_fit=auto to have it chosen "
-            f"and halved when needed"
-        ) from err
     left = [m for m in members if m == final or m not in recorded]
-    half = max(1, (len(left) + 1) // 2)
-    log.warning("out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)",
-                len(members), half)
+    fits = halved_after_out_of_memory(left, len(members), auto, err)
     stacked_checkpoint(run_dir, members, final + 1).unlink(missing_ok=True)  # its state is of the larger stack
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return [left[i:i + half] for i in range(0, len(left), half)]
+    return fits
 
 
 def stacked_checkpoint(run_dir: Path, members: list[int], num_members: int) -> Path:

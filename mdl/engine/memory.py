@@ -27,6 +27,24 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
     return tuple(e for e in errors if e is not None)
 
 
+def halved_after_out_of_memory(left: list[Any], fit_size: int, auto: bool, err: BaseException) -> list[list[Any]]:
+    """What a fit of ``fit_size`` members that ran out of memory has left to train, in fits of half as many
+    (``mdl.members_per_fit=auto``, with a warning); with a count the user chose, an error saying what to set."""
+    if not auto:
+        raise RuntimeError(
+            f"out of memory training {fit_size} members in one fit ({err}); set a smaller "
+            f"mdl.members_per_fit (e.g. {max(fit_size // 2, 1)}), or mdl.members_per_fit=auto to have it chosen "
+            f"and halved when needed"
+        ) from err
+    half = max(1, (len(left) + 1) // 2)
+    log.warning("out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)",
+                fit_size, half)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return [left[i:i + half] for i in range(0, len(left), half)]
+
+
 def members_that_fit(device: torch.device, num_members: int, step_peak: Callable[[int], int]) -> int | None:
     """The members (at most ``num_members``) one fit holds on ``device``; None: all (a CPU).
     ``step_peak(m)``: the peak bytes one training step of a stack of m members allocates (measured)."""

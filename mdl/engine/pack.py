@@ -1,29 +1,36 @@
 """Several runs trained as members of one fit: a pack (``hydra/launcher=packed``, mdl/run/pack.py).
 
 Runs of equal models (differing in seed, eraser or data seed) can share one stack: R x S members, one
-fit, one step per batch for all of them; a run with its own data (``PackedRun.data``) has its members'
-batches, validation and scoring drawn from it. Each member is exactly what it is in a
-fit of all members of its own run (its initial weights, batch order, prefix, protocol state and
-scoring; mdl/engine/stacked_runs.py), so each run's numbers are those of the run alone whenever a
-member's arithmetic does not depend on its neighbours in the stack (the MLP's batched matmuls:
-tests/test_pack.py checks it to the bit). Each run records its finished blocks in its own
-progress.json; the pack's checkpoint lives in the pack's folder, named by its runs, so a killed pack
+fit (or fits of ``mdl.members_per_fit``, block by block), one step per batch for all of them; a run with
+its own data (``PackedRun.data``) has its members' batches, validation and scoring drawn from it. Each member is exactly what it is in a fit of its own
+run (its initial weights, batch order, prefix, protocol state and scoring; mdl/engine/stacked_runs.py),
+so each run's numbers are those of the run alone as far as a member's arithmetic does not depend on its
+neighbours in the stack. The MLP's batched matmuls almost never do: tests/test_pack.py finds packs in one
+fit equal to the runs alone to the bit; but BLAS picks its batched kernel by the batch count, so where a
+pack's fits hold other companions than the run's own fits (fits of k), the last bits can move (there:
+every block the same, the final fit's curves within 1e-6). Each run records its finished blocks in its own
+progress.json; the pack's checkpoints live in the pack's folder, named by its runs, so a killed pack
 resumes every run in it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from datamodules.datamodule import ErasedDataModule
+from erasure.files import sha256_hex
 from mdl.engine.driver import (FitSettings, ModelRecipe, block_recorder, check_trainer_settings, prequential_results,
                                record_restored)
+from mdl.engine.memory import (halved_after_out_of_memory, measured_step_peak, members_that_fit, out_of_memory_errors,
+                               stacked_trial_step)
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.progress_display import EpochHook
 from mdl.engine.protocol import member_seeds
+from mdl.run.identity import AUTO
 from mdl.engine.stacked_runs import RunMembers, fit_stack
 from mdl.results import PROGRESS_FILE, BlockResult
 
@@ -45,29 +52,80 @@ class PackedRun:
 
 
 def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRecipe, settings: FitSettings,
-               runs: list[PackedRun], pack_dir: Path, paper_loss: str) -> list[dict[str, Any]]:
-    """Every member of every run in one stacked fit; each run's results.json fields, in the order of ``runs``."""
+               runs: list[PackedRun], pack_dir: Path, paper_loss: str,
+               members_per_fit: int | str | None = None) -> list[dict[str, Any]]:
+    """Every member of every run, in stacked fits of ``members_per_fit`` (None: all in one fit; ``auto``: as many as
+    the device's memory holds, measured, halved after running out); each run's results.json fields, in order."""
     if boundaries[-1] != dm.num_train:
         raise ValueError(f"block schedule ends at {boundaries[-1]} but there are {dm.num_train} training examples")
     size = len(boundaries)
     final = size - 1
-    check_trainer_settings(settings.trainer_kwargs, [list(range(size * len(runs)))], settings.steps_per_group)
+    auto = members_per_fit == AUTO
+    if auto:
+        trial = measured_step_peak(dm.device, lambda m: stacked_trial_step(dm, recipe, member_seeds(runs[0].seed, size), m))
+        members_per_fit = members_that_fit(dm.device, size * len(runs), trial)
+    fits = pack_fits(len(runs), size, members_per_fit)
+    check_trainer_settings(settings.trainer_kwargs, fits, settings.steps_per_group)
     recorded: list[dict[int, Any]] = []
-    parts = []
     for run in runs:
         progress = run.store / PROGRESS_FILE
-        blocks = finished_blocks(progress, boundaries)
+        recorded.append(finished_blocks(progress, boundaries))
         if not progress.exists():
             write_progress(progress, boundaries, {})
-        recorded.append(blocks)
-        parts.append(RunMembers(run.seed, member_seeds(run.seed, size), list(range(size)),
-                                block_recorder(run.store / PROGRESS_FILE, boundaries, blocks, run.on_block), run.on_block, run.on_epoch, run.final_curves,
-                                label=run.label or f"seed {run.seed}", data=run.data))
-    outcomes = fit_stack(dm, boundaries, parts, recipe, settings, pack_dir / "checkpoints" / PACK_CHECKPOINT,
-                         keep_checkpoint=True)
-    results = []
-    for run, blocks, done in zip(runs, recorded, outcomes):
-        record_restored(run.store / PROGRESS_FILE, boundaries, blocks, done, range(size))
-        results.append(prequential_results(boundaries, dm.num_classes, [BlockResult(**blocks[m]) for m in range(final)],
-                                           done[final], paper_loss))
-    return results
+    done: list[dict[int, Any]] = [{} for _ in runs]
+    pending = deque(fits)
+    while pending:
+        members = pending.popleft()  # (run, block) pairs
+        if all(m != final and m in recorded[r] for r, m in members):  # finished before an interruption
+            for r, m in members:
+                if runs[r].on_block is not None:  # a resumed run's logger is new: the series again
+                    runs[r].on_block(m, BlockResult(**recorded[r][m]), True)
+            continue
+        try:
+            outcomes = _fit_members(dm, boundaries, recipe, settings, runs, recorded, members, pack_dir)
+        except out_of_memory_errors() as err:
+            left = [(r, m) for r, m in members if m == final or m not in recorded[r]]
+            pending.extendleft(reversed(halved_after_out_of_memory(left, len(members), auto, err)))
+            _checkpoint(pack_dir, members, size * len(runs)).unlink(missing_ok=True)  # its state is of the larger stack
+            continue
+        for r, outcome in outcomes.items():
+            done[r] |= outcome
+            record_restored(runs[r].store / PROGRESS_FILE, boundaries, recorded[r], outcome, list(outcome))
+    return [prequential_results(boundaries, dm.num_classes, [BlockResult(**blocks[m]) for m in range(final)],
+                                outcome[final], paper_loss) for blocks, outcome in zip(recorded, done)]
+
+
+def pack_fits(num_runs: int, size: int, members_per_fit: int | None) -> list[list[tuple[int, int]]]:
+    """The pack's (run, block) members in fits of at most ``members_per_fit`` (None: one fit), block by block, so
+    the runs' members of one prefix train together (alike in epoch length and memory), and split evenly: no fit
+    of one member where a stack was asked for."""
+    order = [(r, m) for m in range(size) for r in range(num_runs)]
+    fits = -(-len(order) // (members_per_fit or len(order)))
+    bounds = [round(i * len(order) / fits) for i in range(fits + 1)]
+    return [order[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _checkpoint(pack_dir: Path, members: list[tuple[int, int]], total: int) -> Path:
+    """One fit's checkpoint: ``pack.ckpt`` for a fit of the whole pack, else named by its members (another split
+    of the pack, e.g. after running out of memory, is another name)."""
+    name = PACK_CHECKPOINT if len(members) == total else f"pack-{sha256_hex(repr(sorted(members)).encode())[:12]}.ckpt"
+    return pack_dir / "checkpoints" / name
+
+
+def _fit_members(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRecipe, settings: FitSettings,
+                 runs: list[PackedRun], recorded: list[dict[int, Any]], members: list[tuple[int, int]],
+                 pack_dir: Path) -> dict[int, dict[int, Any]]:
+    """One stacked fit of these (run, block) members; each run's outcomes by block."""
+    size = len(boundaries)
+    in_fit = sorted({r for r, _ in members})
+    parts = []
+    for r in in_fit:
+        run = runs[r]
+        parts.append(RunMembers(run.seed, member_seeds(run.seed, size), sorted(m for q, m in members if q == r),
+                                block_recorder(run.store / PROGRESS_FILE, boundaries, recorded[r], run.on_block),
+                                run.on_block, run.on_epoch, run.final_curves, label=run.label or f"seed {run.seed}",
+                                data=run.data))
+    checkpoint = _checkpoint(pack_dir, members, size * len(runs))
+    has_final = any(m == size - 1 for _, m in members)  # its checkpoint stays until the results are written
+    outcomes = fit_stack(dm, boundaries, parts, recipe, settings, checkpoint, keep_checkpoint=has_final)
+    return dict(zip(in_fit, outcomes))

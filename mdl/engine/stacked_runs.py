@@ -61,8 +61,7 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
     def data(g: int) -> ErasedDataModule:
         return datas[source[where(g)[0]]]
 
-    loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members,
-                                     seeds=None if len(runs) == 1 else order_seeds, others=datas[1:],
+    loader = dm.stacked_train_loader(prefixes, settings.steps_per_group, member_ids=members, seeds=order_seeds, others=datas[1:],
                                      source_of=[source[where(g)[0]] for g in members])
     init_seeds = [runs[r].init_seeds[m] for r, m in map(where, members)]
     module = StackedClassifier(build_members(recipe.make_model, init_seeds, dm.device),

@@ -1,8 +1,8 @@
 """Runs of a sweep trained as members of one fit (``hydra/launcher=packed``).
 
 ``pack_key`` says which runs can share a fit: equal configs but for ``seed``, ``eraser`` and ``data_seed``
-(and bookkeeping keys), trained as one fit of all members (``mdl.members_per_fit`` all: packing keeps
-each run's numbers only where its members already share a stack), without a profiler. Runs that differ
+(and bookkeeping keys), whose members train stacked (``mdl.members_per_fit`` all, auto or k > 1: a pack
+is trained in fits of as many members; 1 trains plain models, which a pack cannot), without a profiler. Runs that differ
 only in their seed share one data module (``data_key``); the others each bring their own erased data.
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
 the others together; each still gets its own run folder, results.json, store entry and loggers, with
@@ -39,7 +39,7 @@ PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
 def pack_key(cfg: DictConfig) -> str | None:
     """Runs with equal keys can be trained in one fit; None: this run trains alone. With
     ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ."""
-    if members_per_fit(cfg.mdl) is not None or cfg.trainer.get("profiler"):
+    if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler"):
         return None
     if cfg.optimizer.get("precondition") is not None:
         return data_key(cfg)
@@ -66,7 +66,7 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     keys = {pack_key(job.cfg) for job in jobs}
     if len(jobs) > 1 and (None in keys or len(keys) > 1):
         raise ValueError("run_pack: these runs differ in more than their seed, eraser and data seed "
-                         "(or do not train all members in one fit)")
+                         "(or train one member per fit)")
     if len({job.key for job in jobs}) < len(jobs):
         raise ValueError("run_pack: the same run twice in one pack")
     results: dict[int, dict[str, Any]] = {}
@@ -88,6 +88,11 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
             for i, result in zip(todo, _train_together([jobs[i] for i in todo])):
                 results[i] = result
     return [results[i] for i in range(len(jobs))]
+
+
+def packs_line(jobs: int, packs: int) -> str:
+    """How a sweep's jobs group into packs, for the launchers' and the cost estimate's output."""
+    return f"{jobs} jobs in {packs} pack{'s' if packs != 1 else ''} (a job that cannot be packed is a pack of its own)"
 
 
 def pack_folder(jobs: Sequence[Job]) -> Path:
@@ -153,7 +158,8 @@ def _fit_pack(prepared: list[PreparedRun]) -> list[dict[str, Any]]:
     with ExitStack() as named:
         for job in jobs:
             named.enter_context(job.disk_errors_named())
-        outcomes = train_pack(first.dm, first.boundaries, first.recipe, settings, runs, folder, cfg.mdl.paper_loss)
+        outcomes = train_pack(first.dm, first.boundaries, first.recipe, settings, runs, folder, cfg.mdl.paper_loss,
+                              members_per_fit(cfg.mdl))
         results = [finish_run(p, outcome) for p, outcome in zip(prepared, outcomes)]
     shutil.rmtree(folder, ignore_errors=True)  # every run's results are written: no resume needs the pack's checkpoint
     return results

@@ -247,8 +247,9 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
         f"more; rates and how they were made: {table.path}"
     )
     if str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS:
-        fits = packed_fits(jobs, configs)
-        lines.append(f"  packed: {len(jobs)} jobs in {fits} fit{'s' if fits != 1 else ''}; the estimate above prices every "
+        from mdl.run.pack import packs_line
+
+        lines.append(f"  packed: {packs_line(len(jobs), sweep_packs(jobs, configs))}; the estimate above prices every "
                      f"run as if alone (no measured rate of packed fits yet)")
     return "\n".join(lines)
 
@@ -257,24 +258,24 @@ def _without(run: tuple[str, ...], keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in keys)
 
 
-def packed_fits(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> int:
-    """Fits of a packed sweep: one per pack (runs with equal ``mdl.run.pack.pack_key``: differing in seed, eraser
-    or data seed), one per run that cannot be packed; jobs differing only in bookkeeping keys are one run.
+def sweep_packs(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> int:
+    """Packs of a packed sweep: runs with equal ``mdl.run.pack.pack_key`` (differing in seed, eraser or data seed)
+    are one, a run that cannot be packed its own; jobs differing only in bookkeeping keys are one run.
     ``configs``: ``job_configs``' composed config of each job (seeds aside)."""
     from mdl.run.identity import is_bookkeeping
     from mdl.run.pack import pack_key
 
     keys = {key: (pack_key(cfg), cfg.optimizer.get("precondition") is not None) for cfg, _, key in configs}
-    fits = set()
+    packs = set()
     for job in jobs:
         run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
         key, by_data_seed = keys[_without(run, SEED_KEYS)]
         if key is None:
-            fits.add(("run", run))
+            packs.add(("run", run))
         else:  # preconditioned runs pack over seeds only: each data seed its own pack
             data_seed = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") == "data_seed") if by_data_seed else ()
-            fits.add(("pack", key, data_seed))
-    return len(fits)
+            packs.add(("pack", key, data_seed))
+    return len(packs)
 
 
 class SweepCost(Callback):
