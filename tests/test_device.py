@@ -227,3 +227,21 @@ def test_moving_a_stacked_module_moves_its_loss_sums_with_the_stack() -> None:
     module.to("meta")
     assert module.train_sums.device.type == "meta" and module.train_sums.dtype == torch.float64
     assert "train_sums" not in module.state_dict()
+
+
+def test_members_with_their_own_training_sets_are_served_where_the_data_are(monkeypatch) -> None:
+    """A pack's stack drawing from several runs' training sets (other erasers) puts every batch on the data's
+    device (``meta`` stands in for a GPU: a CPU index or buffer mixed in fails there; it has no generator, so the
+    epochs draw from the global one, as in test_both_engines_train_where_the_data_is)."""
+    from datamodules import stacked_batches
+    from datamodules.stacked_batches import StackedBatches, TrainSource
+
+    monkeypatch.setattr(stacked_batches, "epoch_generator", lambda seed, epoch, device: None)
+    meta = torch.device("meta")
+    x, y = torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta)
+    other = TrainSource(torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta),
+                        lambda xb, yb: xb * 2)
+    batches = StackedBatches(x, y, [32, 64, 64], 16, augment=True, steps_per_group=2, seeds=[0, 0, 1],
+                             other_sources=[other], source_of=[0, 1, 1])
+    group = batches.next(2)
+    assert all(t.device == meta for t in (group.x, group.y, group.weight)) and group.x.shape == (2, 3, 16, 3, 8, 8)

@@ -284,3 +284,22 @@ def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:
     module.train_group(batch, opt)
     moved = [(p.detach() - b).flatten(1).abs().amax(1) for p, b in zip(stack.param_dict().values(), before)]
     assert torch.stack(moved).amax(0).gt(0).all()  # every member's weights moved
+
+
+@pytest.mark.parametrize("fits", ["all", "auto"])
+def test_a_pack_of_erasers_and_seeds_trains_on_cuda_with_each_runs_numbers(tmp_path: Path, fits: str) -> None:
+    """hydra/launcher=packed's fit on CUDA: runs with their own erased data (none, leace) and seeds in one pack
+    (``auto``: fits of what the GPU holds, measured), each with the numbers it has alone on CUDA."""
+    from mdl.run.experiment import Job
+    from mdl.run.pack import run_pack
+
+    variants = [["eraser=none"], ["eraser=leace"], ["eraser=leace", "seed=1"]]
+    settings = [*GPU, f"mdl.members_per_fit={fits}"]
+    alone = [run_experiment(compose_config([*settings, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
+             for i, v in enumerate(variants)]
+    packed = run_pack([Job.checked(compose_config([*settings, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+                       for i, v in enumerate(variants)])
+    for one, other in zip(alone, packed):  # cuBLAS, like CPU BLAS, may pick its batched kernel by the stack's size
+        assert other["config"]["device"] == "cuda" and len(other["blocks"]) == len(one["blocks"])
+        for key in ("paper_mdl", "online_codelength_bits", "final_val_loss"):
+            assert other[key] == pytest.approx(one[key], rel=1e-4), key
