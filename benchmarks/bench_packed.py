@@ -1,5 +1,5 @@
 """Wall time of one sweep run job by job (Hydra's basic launcher, today's default) and packed
-(``hydra/launcher=packed``: the runs that differ only in their seed as members of one fit), measured in
+(``hydra/launcher=packed``: runs that differ only in seed, eraser or data seed as members of one fit), measured in
 the same command, alternating, after one untimed sweep that fits and caches the erasers.
 
     python benchmarks/bench_packed.py [--erasers none,leace,qleace,alf_qleace,random] [--seeds 0,1,2,3,4]
