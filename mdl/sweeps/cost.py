@@ -7,24 +7,22 @@ A paper preset is one command that can start hundreds of jobs; the user should s
 
 The job list is Hydra's own (BasicSweeper: ``hydra.sweeper.params``, then the command line, later
 wins), and each distinct job (seeds aside) is composed as the launcher composes it. One job takes
-    job overhead + sum over its fits (S-1 prequential blocks and the final fit) of
-    fit overhead + epochs x (steps x step time + validation batches x batch time),
-with epochs = min(max_epochs, warm-up epochs + assumed best epoch + patience) and
-step time = step overhead + training FLOPs / FLOP rate, where training FLOPs = batch x (3 x forward
-FLOPs, counted by torch's FlopCounterMode on a meta-device model, + 2 d^2 per example when
-augment_then_erase applies the eraser to every batch). Rates, overheads and the assumed best epoch
-are data: conf/cost/epoch_times.yaml says which are measured (CPU) and which are estimates (GPU).
-It counts the models one after the other (the sequential engine); the stacked engine does the same
-arithmetic in fewer, larger steps, so for it the estimate is an upper bound.
+    job overhead + fits x fit overhead + sum over its S members (S-1 prequential blocks and the final fit) of
+    epochs x (steps x step time + validation batches x batch time),
+with fits = ceil(S / mdl.members_per_fit), epochs = min(max_epochs, warm-up epochs + assumed best epoch +
+patience) and step time = step overhead + training FLOPs / FLOP rate, where training FLOPs = batch x (3 x
+forward FLOPs, counted by torch's FlopCounterMode on a meta-device model, + 2 d^2 per example when
+augment_then_erase applies the eraser to every batch). A member of a fit of several (or of a pack, which
+pays one job overhead for all its runs) steps at a stack's measured rate per member where the table has one
+(mdl/sweeps/rates.py), at one member's rate otherwise (the same arithmetic: an upper bound). Rates, overheads
+and the assumed best epoch are data: conf/cost/epoch_times.yaml says which are measured and which are estimates.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,21 +31,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.sweeps.checks import PACKING_LAUNCHERS
+from mdl.sweeps.rates import CPU_SETTING, MeasuredRates, Rate, anchored_gpu_rate, gpu_setting
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
-
-
-@dataclass(frozen=True)
-class Rate:
-    """Seconds per batch = overhead_s + flops / flops_per_s (one device, one architecture)."""
-
-    overhead_s: float
-    flops_per_s: float
-
-    def batch_seconds(self, flops: float) -> float:
-        return self.overhead_s + flops / self.flops_per_s
 
 
 def sweep_jobs(params: dict[str, str], overrides: Sequence[str]) -> list[list[str]]:
@@ -103,53 +91,19 @@ class CostTable:
         self.path = path if path.is_absolute() else CONF_DIR / path
         self.data = OmegaConf.to_container(OmegaConf.load(self.path), resolve=True)
         self.assume = self.data["assumptions"]
-        c = self.data["cpu"]
-        self.cpu = self._fit_cpu(c["points"], c["batch"], c["eval_batch"])
+        self.measured = {device: MeasuredRates(self.data[device]["points"], self.data[device]["batch"], self.data[device]["eval_batch"])
+                         for device in ("cpu", "gpu") if self.data[device].get("points")}
         self.gpu = self.data["gpu"]
 
-    @staticmethod
-    def _fit_cpu(points: list[dict[str, Any]], batch: int, eval_batch: int) -> dict[str, tuple[Rate, Rate]]:
-        """Per architecture, least-squares seconds = overhead + rate^-1 x FLOPs (overhead >= 0), once for
-        training steps (batch x 3 x forward FLOPs) and once for validation batches (eval_batch x forward FLOPs)."""
-
-        def fit(xs: list[float], ys: list[float]) -> Rate:
-            """Least squares in relative error (weights 1/y^2): the rows span orders of magnitude."""
-            w = [1 / y**2 for y in ys]
-            sw, sx, sy = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * y for wi, y in zip(w, ys))
-            sxx, sxy = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * y for wi, x, y in zip(w, xs, ys))
-            det = sw * sxx - sx * sx
-            a, b = ((sxx * sy - sx * sxy) / det, (sw * sxy - sx * sy) / det) if det > 0 else (0.0, sxy / sxx)
-            if a < 0 or b <= 0:  # no overhead, or one point: a rate through the origin
-                a, b = 0.0, sxy / sxx
-            return Rate(a, 1.0 / b)
-
-        rates = {}
-        for model in sorted({p["model"] for p in points}):
-            rows = [p for p in points if p["model"] == model]
-            rates[model] = (fit([3 * batch * p["fwd_flops"] for p in rows], [p["step_s"] for p in rows]),
-                            fit([eval_batch * p["fwd_flops"] for p in rows], [p["val_batch_s"] for p in rows]))
-        return rates
-
-    def gpu_rate(self, model: str, trainer: DictConfig) -> Rate:
-        """From the measured anchor throughput of the speed setting, scaled by the assumed relative rate."""
-        g = self.gpu
-        if trainer.precision == "bf16":
-            setting = "bf16_compile" if trainer.compile else "bf16"
-        else:
-            setting = "fp32_highest" if trainer.matmul_precision == "highest" else "fp32_high"
-        a = g["anchor"]
-        flops = 3 * a["batch"] * forward_flops(a["model"], a["width"], a["depth"], a["shape"], a.get("options"))
-        compute_s = a["batch"] / a["examples_per_s"][setting] - g["step_overhead_s"]
-        return Rate(g["step_overhead_s"], flops / compute_s * g["relative_rate"].get(model, 1.0))
-
-    def rates(self, device: str, model: str, trainer: DictConfig) -> tuple[Rate, Rate]:
-        """(training step, validation batch) rates; the GPU's validation rate is assumed equal to training's."""
-        if device == "gpu":
-            rate = self.gpu_rate(model, trainer)
-            return rate, rate
-        if model not in self.cpu:
-            raise ValueError(f"no CPU measurement for model {model!r} in {self.path}")
-        return self.cpu[model]
+    def rates(self, device: str, model: str, trainer: DictConfig, stacked: bool = False) -> tuple[Rate, Rate, bool]:
+        """(training step of one member, validation batch, whether a stack's own rate was measured) on ``device``;
+        a stack without a measured rate is priced at one member's (the same arithmetic: an upper bound). Without
+        measured GPU rows, the anchor-derived rate serves training and validation alike."""
+        if device in self.measured:
+            setting = gpu_setting(trainer) if device == "gpu" else CPU_SETTING
+            return self.measured[device].rates(model, setting, stacked, f"{self.path} ({device})")
+        rate = anchored_gpu_rate(self.gpu, model, gpu_setting(trainer), forward_flops)
+        return rate, rate, False
 
     def data_dims(self, data: DictConfig) -> tuple[int, tuple[int, ...], int]:
         """(examples the prequential schedule covers, image shape, classes) without loading the data."""
@@ -163,29 +117,41 @@ class CostTable:
                 n += d["extra"]
         return n - data.val_size - (0 if official_test else data.test_size), shape, k
 
-    def job_seconds(self, cfg: DictConfig, device: str) -> float:
-        """Estimated seconds of one job on ``device`` (cpu | gpu)."""
+    def job_seconds(self, cfg: DictConfig, device: str, packed: bool = False) -> float:
+        """Estimated seconds of one job on ``device`` (cpu | gpu); ``packed``: trained as members of a pack's
+        fits (mdl/engine/pack.py), its steps at a stack's rate and without the job overhead (one per pack)."""
+        return self.job_estimate(cfg, device, packed)[0]
+
+    def job_estimate(self, cfg: DictConfig, device: str, packed: bool = False) -> tuple[float, bool]:
+        """(seconds, whether a stacked fit was priced at a measured stacked rate rather than one member's)."""
+        from mdl.run.identity import AUTO, members_per_fit
         from mdl.schedule import block_boundaries
 
         n, shape, k = self.data_dims(cfg.data)
         bounds = block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block)
-        train_rate, val_rate = self.rates(device, cfg.model.name, cfg.trainer)
+        members = len(bounds)  # a model per prequential block and the final fit
+        per_fit = members_per_fit(cfg.mdl)
+        per_fit = members if per_fit in (None, AUTO) else min(per_fit, members)  # auto: assumed to fit in memory
+        stacked = packed or per_fit > 1
+        train_rate, val_rate, stacked_rate = self.rates(device, cfg.model.name, cfg.trainer, stacked)
         f = forward_flops(cfg.model.name, cfg.width, cfg.depth, shape, cfg.model.options, k)
         erase = 2 * math.prod(shape) ** 2 if cfg.data.augment_order == "augment_then_erase" and cfg.eraser.name != "none" else 0
         batch, eval_batch = cfg.data.batch_size, cfg.data.eval_batch_size
-        step = train_rate.batch_seconds(batch * (3 * f + erase))
+        step = train_rate.batch_seconds(batch * (3 * f + erase))  # one member's step (its share of a stack's)
         val = math.ceil(cfg.data.val_size / eval_batch) * val_rate.overhead_s + cfg.data.val_size * f / val_rate.flops_per_s
         max_epochs = cfg.trainer.kwargs.get("max_epochs")
         per_device = self.data[device]
-        fit_overhead = per_device.get("fit_overhead_s") or statistics.median(p["fit_overhead_s"] for p in per_device["points"])
-        seconds = per_device["job_overhead_s"] + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0)
+        fit_overhead = per_device["fit_overhead_s"]
+        seconds = 0.0 if packed else per_device["job_overhead_s"]
+        seconds += self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0
+        seconds += math.ceil(members / per_fit) * fit_overhead
         for n_fit in [*bounds[:-1], n]:
             steps = math.ceil(n_fit / batch)
             epochs = math.ceil(cfg.optimizer.get("warmup_steps", 0) / steps) + self.assume["best_epoch_after_warmup"] + cfg.trainer.patience
             if max_epochs not in (None, -1):
                 epochs = min(epochs, max_epochs)
-            seconds += fit_overhead + epochs * (steps * step + val)
-        return seconds
+            seconds += epochs * (steps * step + val)
+        return seconds, stacked_rate
 
 
 class InvalidJob(ValueError):
@@ -234,10 +200,12 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
     dims = " x ".join(f"{k} {n}" for k, n in sweep_dimensions(jobs)) or "no swept keys"
     lines = [f"sweep: {len(jobs)} jobs ({dims})"]
     configs = job_configs(master, jobs)
-    costed = [(cfg, count, table.job_seconds(cfg, "gpu"), table.job_seconds(cfg, "cpu")) for cfg, count, _ in configs]
-    gpu = sum(count * s for _, count, s, _ in costed)
-    cpu = sum(count * s for _, count, _, s in costed)
-    longest = max(s for _, _, s, _ in costed)
+    packing = str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS
+    gpu, cpu, longest, stacked_rates = sweep_seconds(table, configs, packed=packing)
+    if packing:  # one job overhead per pack (the runs that cannot be packed paid their own)
+        packs, lone = sweep_packs(jobs, configs)
+        gpu += packs * table.data["gpu"]["job_overhead_s"]
+        cpu += packs * table.data["cpu"]["job_overhead_s"]
     lines.append(
         f"estimated cost: {gpu / 3600:.3g} GPU-hours on {table.gpu['name']} (an estimate: {hours(gpu / len(jobs))} per job on "
         f"average, longest {hours(longest)}); {hours(cpu)} of CPU time at one thread per job (measured rates)"
@@ -246,21 +214,41 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
         f"more; rates and how they were made: {table.path}"
     )
-    if str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS:
+    if packing:
         from mdl.run.pack import packs_line
 
-        lines.append(f"  packed: {packs_line(len(jobs), sweep_packs(jobs, configs))}; the estimate above prices every "
-                     f"run as if alone (no measured rate of packed fits yet)")
+        rate = ("members' steps at the measured rate of a stack" if stacked_rates else
+                "members' steps at one member's rate (no measured GPU rate of a stack for these models: an upper bound)")
+        lines.append(f"  packed: {packs_line(len(jobs), packs + lone)}, one job overhead per pack, {rate}; "
+                     f"job by job: {sweep_seconds(table, configs)[0] / 3600:.3g} GPU-hours")
     return "\n".join(lines)
+
+
+def sweep_seconds(table: CostTable, configs: list[tuple[DictConfig, int, tuple[str, ...]]],
+                  packed: bool = False) -> tuple[float, float, float, bool]:
+    """(GPU seconds, CPU seconds, longest job's GPU seconds, whether every stacked fit had a measured stacked rate)
+    of the sweep's runs; ``packed``: runs that can be packed (mdl.run.pack.pack_key) are priced as members of a
+    pack, without their job overhead (the caller adds one per pack)."""
+    from mdl.run.pack import pack_key
+
+    gpu = cpu = longest = 0.0
+    measured = True
+    for cfg, count, _ in configs:
+        in_pack = packed and pack_key(cfg) is not None
+        g, measured_g = table.job_estimate(cfg, "gpu", in_pack)
+        c = table.job_seconds(cfg, "cpu", in_pack)
+        gpu, cpu, longest, measured = gpu + count * g, cpu + count * c, max(longest, g), measured and measured_g
+    return gpu, cpu, longest, measured
 
 
 def _without(run: tuple[str, ...], keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in keys)
 
 
-def sweep_packs(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> int:
-    """Packs of a packed sweep: runs with equal ``mdl.run.pack.pack_key`` (differing in seed, eraser or data seed)
-    are one, a run that cannot be packed its own; jobs differing only in bookkeeping keys are one run.
+def sweep_packs(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> tuple[int, int]:
+    """(packs, runs that cannot be packed) of a packed sweep: runs with equal ``mdl.run.pack.pack_key`` (differing in
+    seed, eraser or data seed) are one pack, a run that cannot be packed is alone; jobs differing only in bookkeeping
+    keys are one run.
     ``configs``: ``job_configs``' composed config of each job (seeds aside)."""
     from mdl.run.identity import is_bookkeeping
     from mdl.run.pack import pack_key
@@ -275,7 +263,8 @@ def sweep_packs(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tupl
         else:  # preconditioned runs pack over seeds only: each data seed its own pack
             data_seed = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") == "data_seed") if by_data_seed else ()
             packs.add(("pack", key, data_seed))
-    return len(packs)
+    lone = sum(1 for kind, *_ in packs if kind == "run")
+    return len(packs) - lone, lone
 
 
 class SweepCost(Callback):
