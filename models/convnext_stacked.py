@@ -5,7 +5,7 @@ vmap runs a stack of ConvNeXts as a loop of per-member kernels wherever it lacks
 kernel whatever M is: convolutions are grouped convolutions (groups = M x the layer's groups), the
 block's MLP is a grouped 1x1 convolution, layer norms and GRN act on the view (B, H, W, M, C) of
 channels-last images (models/stacked_ops.py). Member m's result equals its own ``forward`` up to
-float rounding (tests/test_convnext_stacked.py checks outputs and gradients member by member).
+float rounding (tests/test_conv_stacked.py checks outputs and gradients member by member).
 
 Only the structure ``models.convnext.build_convnext`` gives is handled (Linear MLP, no layer scale,
 no drop path, head norm after pooling); ``stackable`` says whether a model has it.

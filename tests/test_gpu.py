@@ -268,7 +268,7 @@ def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:
     from datamodules.stacked_batches import StackedBatch
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
-    from test_convnext_stacked import SHAPE, members
+    from test_conv_stacked import SHAPE, members
 
     models = [m.cuda() for m in members(4, width=16)]
     x = torch.rand(4, 8, *SHAPE, device="cuda")

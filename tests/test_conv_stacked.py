@@ -1,6 +1,6 @@
-"""ConvNeXt's stacked form (members folded into channels, grouped convolutions): each member's
-outputs and gradients are its own model's, and a step of many members launches about the kernels
-of one model's step."""
+"""The conv nets' stacked forms (members folded into channels, grouped convolutions: ConvNeXt's
+models/convnext_stacked.py, LeNet's ``forward_stacked``): each member's outputs and gradients are its own
+model's, and a step of many members launches about the kernels of one model's step."""
 
 from __future__ import annotations
 
@@ -69,13 +69,13 @@ def test_the_conv_mlp_variant_is_stacked_by_vmap_with_the_same_results() -> None
                                rtol=1e-4, atol=1e-5)
 
 
-def _step_kernels(count: int) -> tuple[int, int]:
-    """Kernels of one optimizer step (forward, backward, update) of one model, and of a stack of ``count``."""
+def _step_kernels(models: list[torch.nn.Module], shape: tuple[int, ...] = SHAPE) -> tuple[int, int]:
+    """Kernels of one optimizer step (forward, backward, update) of one model, and of a stack of ``models``."""
     optimizer = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
-    models = members(count)
+    count = len(models)
     single = Classifier(models[0], optimizer, lr=1e-2)
     stack = StackedClassifier(StackedModel(models), optimizer, 1e-2)
-    x, y = torch.rand(count, 8, *SHAPE), torch.randint(0, 10, (count, 8))
+    x, y = torch.rand(count, 8, *shape), torch.randint(0, 10, (count, 8))
     counts = []
     for module, group in ((single, BatchGroup([(x[0], y[0])])),
                           (stack, StackedBatch(x[None], y[None], torch.ones(1, count, 8), list(range(count))))):
@@ -91,6 +91,46 @@ def _step_kernels(count: int) -> tuple[int, int]:
 def test_a_step_of_ten_members_launches_at_most_one_and_a_half_times_one_models_kernels() -> None:
     """Issue 25's criterion (counted exactly, as benchmarks/bench_engines.py does): vmap's form launched
     more per step (its adaptive-pool fallback loops over members); the grouped form does not grow with M."""
-    one, ten = _step_kernels(10)
+    one, ten = _step_kernels(members(10))
     assert ten <= 1.5 * one, (one, ten)
-    assert _step_kernels(2)[1] == ten  # nothing per member
+    assert _step_kernels(members(2))[1] == ten  # nothing per member
+
+
+def lenets(count: int, shape: tuple[int, ...], **options) -> list[torch.nn.Module]:
+    """LeNets of different initial weights with random readouts (muP starts them at zero)."""
+    models = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        model = create_model("lenet", 16, 2, 10, shape, base_width=8, **options)
+        with torch.no_grad():
+            model.head.weight.normal_()
+        models.append(model)
+    return models
+
+
+LENETS = [((1, 8, 8), {}), ((3, 16, 16), {"padding": 0}), ((1, 8, 8), {"variant": "dense_stack", "activation": "gelu"}),
+          ((3, 12, 10), {"variant": "dense_stack", "channels": [3, 5]})]
+
+
+@pytest.mark.parametrize(("shape", "options"), LENETS)
+def test_each_lenet_member_gets_its_own_models_outputs_and_gradients(float64, shape, options) -> None:
+    models = lenets(3, shape, **options)
+    stack = StackedModel(models)
+    x = torch.rand(3, 4, *shape)
+    stacked = stack(x)
+    singles = torch.stack([m(x[i]) for i, m in enumerate(models)])
+    torch.testing.assert_close(stacked, singles, rtol=1e-12, atol=1e-12)
+    target = torch.randn_like(stacked)
+    ((stacked - target) ** 2).sum().backward()
+    ((singles - target) ** 2).sum().backward()
+    for name, p in stack.param_dict().items():
+        each = torch.stack([m.get_parameter(name).grad for m in models])
+        torch.testing.assert_close(p.grad, each, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_lenet_step_of_ten_members_launches_at_most_one_and_a_half_times_one_models_kernels() -> None:
+    """vmap's form launched 1.68x one LeNet's kernels per step (89 against 53 in bench_engines.py); the grouped form
+    does not grow with M."""
+    one, ten = _step_kernels(lenets(10, (1, 8, 8)), (1, 8, 8))
+    assert ten <= 1.5 * one, (one, ten)
+    assert _step_kernels(lenets(2, (1, 8, 8)), (1, 8, 8))[1] == ten
