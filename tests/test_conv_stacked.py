@@ -42,23 +42,28 @@ def float64():
     torch.set_default_dtype(torch.float32)
 
 
-def test_each_member_gets_its_own_models_outputs_and_gradients(float64) -> None:
-    models = members(3)
-    assert all(isinstance(m, StackableConvNeXt) for m in models)
+def assert_each_member_is_its_own_model(models: list[torch.nn.Module], shape: tuple[int, ...], rtol: float) -> None:
+    """The stack's outputs (own batches and one shared batch) and every parameter's gradient, member by member,
+    against each model's own forward and backward."""
     stack = StackedModel(models)
-    x = torch.rand(3, 4, *SHAPE)
+    x = torch.rand(len(models), 4, *shape)
     stacked = stack(x)
     singles = torch.stack([m(x[i]) for i, m in enumerate(models)])
-    torch.testing.assert_close(stacked, singles, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(stacked, singles, rtol=rtol, atol=rtol)
     shared = stack.run(stack.param_dict(), stack.buffer_dict(), x[0], shared_input=True)
-    torch.testing.assert_close(shared, torch.stack([m(x[0]) for m in models]), rtol=1e-10, atol=1e-10)
-
+    torch.testing.assert_close(shared, torch.stack([m(x[0]) for m in models]), rtol=rtol, atol=rtol)
     target = torch.randn_like(stacked)
     ((stacked - target) ** 2).sum().backward()
     ((singles - target) ** 2).sum().backward()
     for name, p in stack.param_dict().items():
         each = torch.stack([m.get_parameter(name).grad for m in models])
-        torch.testing.assert_close(p.grad, each, rtol=1e-9, atol=1e-10, msg=name)
+        torch.testing.assert_close(p.grad, each, rtol=10 * rtol, atol=rtol, msg=name)
+
+
+def test_each_member_gets_its_own_models_outputs_and_gradients(float64) -> None:
+    models = members(3)
+    assert all(isinstance(m, StackableConvNeXt) for m in models)
+    assert_each_member_is_its_own_model(models, SHAPE, rtol=1e-10)
 
 
 def test_the_conv_mlp_variant_is_stacked_by_vmap_with_the_same_results() -> None:
@@ -114,18 +119,7 @@ LENETS = [((1, 8, 8), {}), ((3, 16, 16), {"padding": 0}), ((1, 8, 8), {"variant"
 
 @pytest.mark.parametrize(("shape", "options"), LENETS)
 def test_each_lenet_member_gets_its_own_models_outputs_and_gradients(float64, shape, options) -> None:
-    models = lenets(3, shape, **options)
-    stack = StackedModel(models)
-    x = torch.rand(3, 4, *shape)
-    stacked = stack(x)
-    singles = torch.stack([m(x[i]) for i, m in enumerate(models)])
-    torch.testing.assert_close(stacked, singles, rtol=1e-12, atol=1e-12)
-    target = torch.randn_like(stacked)
-    ((stacked - target) ** 2).sum().backward()
-    ((singles - target) ** 2).sum().backward()
-    for name, p in stack.param_dict().items():
-        each = torch.stack([m.get_parameter(name).grad for m in models])
-        torch.testing.assert_close(p.grad, each, rtol=1e-10, atol=1e-12, msg=name)
+    assert_each_member_is_its_own_model(lenets(3, shape, **options), shape, rtol=1e-12)
 
 
 def test_a_lenet_step_of_ten_members_launches_at_most_one_and_a_half_times_one_models_kernels() -> None:
