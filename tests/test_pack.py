@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FAST, compose_config
 from mdl.run.experiment import Job, run_experiment
-from mdl.run.pack import pack_folder, pack_key, run_pack
+from mdl.run.pack import data_key, pack_folder, pack_key, run_pack
 
 BASE = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=6", "trainer.torch_threads=1"]
 FINAL_FIT = ("final_val_loss", "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve")
@@ -53,6 +53,18 @@ def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path
     assert key(pre, "seed=1") == key(pre) != key(pre, "data_seed=1")
     with pytest.raises(ValueError, match="differ in more than their seed"):
         run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["width=64"]))
+
+
+def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_path: Path) -> None:
+    """A key is made from the resolved config: the paper presets' ``data_seed: ${seed}`` gives each seed its own data,
+    and a learning rate looked up by eraser puts runs of other learning rates in other packs."""
+    preset = lambda s: compose_config(["+experiment=paper/mlp_width", f"seed={s}"], tmp_path)  # noqa: E731
+    assert preset(0).data_seed == 0 and preset(1).data_seed == 1
+    assert data_key(preset(0)) != data_key(preset(1)) and pack_key(preset(0)) == pack_key(preset(1))
+    lr = ["+paper.lr_by_eraser.none=5.0e-4", "+paper.lr_by_eraser.leace=5.0e-2",
+          "optimizer.lr='${oc.select:paper.lr_by_eraser.${eraser.name},5.0e-4}'"]
+    key = lambda *o: pack_key(compose_config([*BASE, *lr, *o], tmp_path))  # noqa: E731
+    assert key("eraser=none") != key("eraser=leace") and key("eraser=none") == key("eraser=qleace")  # 5e-4: the default
 
 
 @pytest.mark.parametrize("fits", [[], ["mdl.members_per_fit=3"]], ids=["one fit", "fits of 3"])
@@ -103,8 +115,8 @@ def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_p
 @pytest.mark.parametrize("members_per_fit, kill_at", [("all", 2), (4, 10)])
 def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch, members_per_fit, kill_at) -> None:
     """Killed after a checkpoint (the 2nd of its one fit; the 10th: in the 2nd of its fits of 4 members), the same
-    pack launched again skips what was finished, resumes from the pack's checkpoint and gives every run the
-    numbers of an uninterrupted pack."""
+    pack launched again, its jobs listed in another order, skips what was finished, resumes from the pack's
+    checkpoint and gives every run the numbers of an uninterrupted pack (its members in the checkpoint's order)."""
     from mdl.engine.fitting import SaveLastCheckpoint
 
     class Killed(Exception):
@@ -127,7 +139,7 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
             run_pack(jobs(tmp_path / "run", extra=settings))
     left = [p.name for p in (pack_folder(jobs(tmp_path / "run", extra=settings)) / "checkpoints").iterdir()]
     assert left == ["pack.ckpt"] if members_per_fit == "all" else len(left) == 1 and left[0].startswith("pack-")
-    resumed = run_pack(jobs(tmp_path / "run", extra=settings))
+    resumed = run_pack(jobs(tmp_path / "run", extra=settings)[::-1])[::-1]  # the sweep relaunched in another order
     for one, other in zip(reference, resumed):
         for key in NUMBERS:
             assert other[key] == one[key], key

@@ -52,13 +52,17 @@ def data_key(cfg: DictConfig) -> str:
 
 
 def _hash_with(cfg: DictConfig, values: dict[str, Any], eraser: dict[str, Any] | None = None) -> str:
-    """The config hash with these top-level values (and the eraser node replaced, if given)."""
-    changed = OmegaConf.merge(cfg, values)
-    with open_dict(changed):
-        changed.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
-        if eraser is not None:
-            changed.eraser = eraser
-    return config_hash(changed)
+    """The config hash with these top-level values (and the eraser node replaced, if given), set after the config is
+    resolved: what interpolates them (the paper presets' ``data_seed: ${seed}``, a learning rate looked up by eraser)
+    keeps each run's own value, so runs whose data or training differ never share a key."""
+    trimmed = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    with open_dict(trimmed):
+        trimmed.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
+    plain = OmegaConf.to_container(trimmed, resolve=True)
+    plain.update(values)
+    if eraser is not None:
+        plain["eraser"] = eraser
+    return config_hash(OmegaConf.create(plain))
 
 
 def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
@@ -84,8 +88,9 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
             job = jobs[todo[0]]
             with job.disk_errors_named():
                 results[todo[0]] = finish_run(*train_alone(prepare_run(job)))
-        elif todo:
-            for i, result in zip(todo, _train_together([jobs[i] for i in todo])):
+        elif todo:  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
+            todo.sort(key=lambda i: jobs[i].key)
+            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [job.key for job in jobs])):
                 results[i] = result
     return [results[i] for i in range(len(jobs))]
 
@@ -95,19 +100,29 @@ def packs_line(jobs: int, packs: int) -> str:
     return f"{jobs} jobs in {packs} pack{'s' if packs != 1 else ''} (a job that cannot be packed is a pack of its own)"
 
 
-def pack_folder(jobs: Sequence[Job]) -> Path:
-    """The pack's own folder in the store, named by its runs (so the same runs find their checkpoint again)."""
-    name = sha256_hex(" ".join(sorted(job.key for job in jobs)).encode())[:16]
-    return Path(jobs[0].cfg.paths.store_dir) / PACKS_DIR / name
+def pack_folder(jobs: Sequence[Job], pack: Sequence[str] = ()) -> Path:
+    """The pack's own folder in the store, named by all its runs' keys (``pack``, finished runs included; default: the
+    jobs'), so a relaunch finds it again, however many of its runs have finished since (the checkpoint inside says
+    which members it holds: one of other members is not resumed, and is replaced)."""
+    keys = sorted(pack or [job.key for job in jobs])
+    return Path(jobs[0].cfg.paths.store_dir) / PACKS_DIR / sha256_hex(" ".join(keys).encode())[:16]
 
 
-def _train_together(jobs: list[Job]) -> list[dict[str, Any]]:
+def pack_identity(folder: Path, jobs: Sequence[Job]) -> str:
+    """What the pack's checkpoints must have been written by: this code, this pack's folder and exactly these runs in
+    this order (after some runs of the pack have finished, the others' checkpoint is not resumed: its rows differ)."""
+    return f"{run_identity(folder)} runs {sha256_hex(' '.join(job.key for job in jobs).encode())[:16]}"
+
+
+def _train_together(jobs: list[Job], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """``pack``: the keys of every run in the pack (its folder's name)."""
     prepared = _prepare_sharing_data(jobs)
     results: dict[int, dict[str, Any]] = {}
-    for indices in _compatible(prepared):  # one fit each (one unless an eraser changed the data's shape)
+    groups = _compatible(prepared)
+    for indices in groups:  # one fit each (one unless an eraser changed the data's shape)
         part = [prepared[i] for i in indices]
         if len(part) > 1:
-            results.update(zip(indices, _fit_pack(part)))
+            results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
         else:
             with part[0].job.disk_errors_named():
                 results[indices[0]] = finish_run(*train_alone(part[0]))
@@ -145,14 +160,14 @@ def run_label(prepared: list[PreparedRun], run: PreparedRun) -> str:
     return " ".join(f"{k} {values(run)[k]}" for k in varying) or f"seed {run.job.cfg.seed}"
 
 
-def _fit_pack(prepared: list[PreparedRun]) -> list[dict[str, Any]]:
+def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
     jobs = [p.job for p in prepared]
     log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(run_label(prepared, p) for p in prepared))
     first = prepared[0]
     cfg = first.job.cfg
-    folder = pack_folder(jobs)
+    folder = pack_folder(jobs, pack)
     settings = FitSettings(first.trainer_kwargs, cfg.trainer.patience, cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group,
-                           check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=run_identity(folder))
+                           check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=pack_identity(folder, jobs))
     runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves,
                       data=p.dm if p.dm is not first.dm else None, label=run_label(prepared, p)) for p in prepared]
     with ExitStack() as named:
