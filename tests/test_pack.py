@@ -43,6 +43,17 @@ def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path
     assert not packed[0].get("skipped") and not packed[2].get("skipped")
 
 
+def test_a_job_repeating_a_run_in_its_pack_is_skipped_as_the_basic_launcher_skips_it(tmp_path: Path) -> None:
+    """Jobs that differ only in bookkeeping keys are one run: the pack trains it once; the repeat, after it, is skipped
+    as done with the same numbers and its own folder's results.json (before: the whole pack failed)."""
+    listed = [Job.checked(compose_config([*BASE, *extra], tmp_path), tmp_path / f"job{i}")
+              for i, extra in enumerate([["seed=0"], ["seed=0", "print_config=false"], ["seed=1"]])]
+    results = run_pack(listed)
+    assert not results[0].get("skipped") and not results[2].get("skipped") and results[1]["skipped"]
+    assert results[1]["paper_mdl"] == results[0]["paper_mdl"] != results[2]["paper_mdl"]
+    assert json.loads((tmp_path / "job1" / "results.json").read_text())["paper_mdl"] == results[0]["paper_mdl"]
+
+
 def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path) -> None:
     key = lambda *o: pack_key(compose_config([*BASE, *o], tmp_path))  # noqa: E731
     assert key("seed=0") == key("seed=5") == key("seed=5", "logger=csv")

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
@@ -41,6 +41,7 @@ class PackedSlurmLauncher(SlurmLauncher):
         setup_globals()
         job_id = submitit.JobEnvironment().job_id
         checked = [check_job(self.hydra_context, self.config, overrides, idx, job_id) for overrides, idx in jobs]
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)  # off the last checked job's log file
         ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
         done = list(checked)
         if ok:

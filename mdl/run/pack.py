@@ -66,33 +66,42 @@ def _hash_with(cfg: DictConfig, values: dict[str, Any], eraser: dict[str, Any] |
 
 
 def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
-    """Each job's results, in order: finished runs skipped, the others trained in one fit (one alone: as usual)."""
+    """Each job's results, in order: finished runs skipped, the others trained in one fit (one alone: as usual). A job
+    that repeats an earlier job's run (they differ only in bookkeeping keys) comes after it, as with Hydra's basic
+    launcher: skipped as done (or, with skip_if_done=false, trained again alone)."""
     keys = {pack_key(job.cfg) for job in jobs}
     if len(jobs) > 1 and (None in keys or len(keys) > 1):
         raise ValueError("run_pack: these runs differ in more than their seed, eraser and data seed "
                          "(or train one member per fit)")
-    if len({job.key for job in jobs}) < len(jobs):
-        raise ValueError("run_pack: the same run twice in one pack")
+    first: dict[str, int] = {}
+    for i, job in enumerate(jobs):
+        first.setdefault(job.key, i)
     results: dict[int, dict[str, Any]] = {}
     with ExitStack() as held, sigterm_guard():
-        for i in sorted(range(len(jobs)), key=lambda i: jobs[i].key):  # one lock order: packs never wait on each other in a cycle
+        for i in sorted(first.values(), key=lambda i: jobs[i].key):  # one lock order: packs never wait on each other in a cycle
             held.enter_context(run_lock(jobs[i].store, jobs[i].cfg.mdl.lock_lease_s))
         todo = []
-        for i, job in enumerate(jobs):
-            done = job.stored_results()
+        for i in sorted(first.values()):
+            done = jobs[i].stored_results()
             if done is not None:
                 results[i] = done
             else:
                 todo.append(i)
         if len(todo) == 1:
-            job = jobs[todo[0]]
-            with job.disk_errors_named():
-                results[todo[0]] = finish_run(*train_alone(prepare_run(job)))
+            results[todo[0]] = _run_alone(jobs[todo[0]])
         elif todo:  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
             todo.sort(key=lambda i: jobs[i].key)
-            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [job.key for job in jobs])):
+            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [jobs[i].key for i in first.values()])):
                 results[i] = result
+        for i, job in enumerate(jobs):
+            if i not in results:  # a repeat of a run above, whose lock is held
+                results[i] = job.stored_results() or _run_alone(job)
     return [results[i] for i in range(len(jobs))]
+
+
+def _run_alone(job: Job) -> dict[str, Any]:
+    with job.disk_errors_named():
+        return finish_run(*train_alone(prepare_run(job)))
 
 
 def packs_line(jobs: int, packs: int) -> str:
