@@ -3,8 +3,8 @@
     python benchmarks/bench_epoch_times.py [--threads 1] [--members 10]                      # the `cpu` rows
     python benchmarks/bench_epoch_times.py --device cuda [--settings fp32_highest,fp32_high,bf16,bf16_compile]
 
-Prints the `points:` rows of a section of conf/cost/epoch_times.yaml (`cpu`, or `gpu` with --device cuda), to paste
-there. Each point composes the run's own config (model, width, depth: muP, schedule-free AdamW, its learning rate)
+Prints the `batch`, `eval_batch` and `points:` rows of a section of conf/cost/epoch_times.yaml (`cpu`, or `gpu` with
+--device cuda), to paste there. Each point composes the run's own config (model, width, depth: muP, schedule-free AdamW, its learning rate)
 and times the framework's own step (benchmarks/step_timing.py: forward, backward, optimizer step, data already on
 the device) for one member and for a stack of --members members, each its own batch of 128, and one member's
 validation batch of 1024; per speed setting on a GPU. A row of M members times a step of all M
@@ -78,8 +78,8 @@ def main() -> None:
     quiet_lightning()
     warnings.filterwarnings("ignore")
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} thread(s)"
-    print(f"  points:   # torch {torch.__version__}, {where}, batch {BATCH}, validation batch {EVAL_BATCH}, "
-          f"by benchmarks/bench_epoch_times.py")
+    print(f"  batch: {BATCH}\n  eval_batch: {EVAL_BATCH}")
+    print(f"  points:   # torch {torch.__version__}, {where}, by benchmarks/bench_epoch_times.py")
     for setting in settings:
         for model, shape, width, depth, steps in points:
             steps = steps if device.type == "cpu" else 20

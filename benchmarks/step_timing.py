@@ -49,6 +49,8 @@ def build(make_model: Callable[[], nn.Module], optimizer: Callable[..., torch.op
         raise ValueError(f"unknown speed setting {setting!r}; choose from {sorted(SETTINGS)}")
     precision, compiled, matmul_precision = SETTINGS[setting]
     torch.set_float32_matmul_precision(matmul_precision)
+    if compiled:  # every stack compiles the same function (StackedModel._run): without a reset, a process timing many
+        torch._dynamo.reset()  # stacks reaches dynamo's recompile limit and silently times the later ones uncompiled
     x = torch.rand(members, batch, *shape, device=device)
     y = torch.randint(0, num_classes, (members, batch), device=device)
     if members == 1:

@@ -82,10 +82,21 @@ def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pa
     out = capsys.readouterr().out
     packed = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours", out).group(1))
     assert "4 jobs in 1 pack" in out and "members' steps at the measured rate of a stack" in out
-    # job by job: 4 job overheads + 4 x 10 fit overheads + the steps; packed: 1 job overhead + 4 x 1 fit overhead
-    # (a run's fits are priced per run) + half the steps
+    # job by job: 4 x (1 job overhead + 10 fit overheads) + the steps; packed: one job, one fit of all 40 members
+    # (mdl/engine/pack.py) + half the steps
     steps = (alone - (4 * 100 + 4 * 10 * 100) / 3600) * 3600
-    assert packed * 3600 == pytest.approx(100 + 4 * 100 + steps / 2, rel=5e-3)  # the printout has 3 digits
+    assert packed * 3600 == pytest.approx(100 + 100 + steps / 2, rel=5e-3)  # the printout has 3 digits
+    assert re.search(r"longest pack ([\d.]+) h", out) and "each pack one job" in out
+
+
+def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
+    """Preconditioned runs pack over seeds only; the paper presets set data_seed: ${seed}, so every seed is its own
+    pack (the preset also sweeps 3 activations: 9 jobs); without preconditioning, one pack per activation."""
+    cost_main(["+experiment=paper/mlp_width", "+optimizer.precondition={p:-1,eps:1.0e-3}", "seed=0,1,2", "width=128",
+               "eraser=none", "hydra/launcher=packed"])
+    assert "9 jobs in 9 packs" in capsys.readouterr().out
+    cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed"])
+    assert "18 jobs in 3 packs" in capsys.readouterr().out
 
 
 def test_bench_epoch_times_prints_rows_the_cost_table_reads() -> None:

@@ -14,7 +14,7 @@ patience) and step time = step overhead + training FLOPs / FLOP rate, where trai
 forward FLOPs, counted by torch's FlopCounterMode on a meta-device model, + 2 d^2 per example when
 augment_then_erase applies the eraser to every batch). A member of a fit of several (or of a pack, which
 pays one job overhead for all its runs) steps at a stack's measured rate per member where the table has one
-(mdl/sweeps/rates.py), at one member's rate otherwise (the same arithmetic: an upper bound). Rates, overheads
+(mdl/sweeps/rates.py), at one member's rate otherwise (the same arithmetic: an assumption, not a bound). Rates, overheads
 and the assumed best epoch are data: conf/cost/epoch_times.yaml says which are measured and which are estimates.
 """
 
@@ -31,11 +31,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.sweeps.checks import PACKING_LAUNCHERS
+from mdl.sweeps.jobs import SEED_KEYS, without_keys
 from mdl.sweeps.rates import CPU_SETTING, MeasuredRates, Rate, anchored_gpu_rate, gpu_setting
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
 
 
 def sweep_jobs(params: dict[str, str], overrides: Sequence[str]) -> list[list[str]]:
@@ -97,12 +97,12 @@ class CostTable:
 
     def rates(self, device: str, model: str, trainer: DictConfig, stacked: bool = False) -> tuple[Rate, Rate, bool]:
         """(training step of one member, validation batch, whether a stack's own rate was measured) on ``device``;
-        a stack without a measured rate is priced at one member's (the same arithmetic: an upper bound). Without
-        measured GPU rows, the anchor-derived rate serves training and validation alike."""
-        if device in self.measured:
-            setting = gpu_setting(trainer) if device == "gpu" else CPU_SETTING
+        a stack without a measured rate is priced at one member's (the same arithmetic: an assumption). GPU settings
+        or models without measured rows take the anchor-derived rate, for training and validation alike."""
+        setting = gpu_setting(trainer) if device == "gpu" else CPU_SETTING
+        if device in self.measured and (device == "cpu" or self.measured[device].has(model, setting)):
             return self.measured[device].rates(model, setting, stacked, f"{self.path} ({device})")
-        rate = anchored_gpu_rate(self.gpu, model, gpu_setting(trainer), forward_flops)
+        rate = anchored_gpu_rate(self.gpu, model, setting, forward_flops)
         return rate, rate, False
 
     def data_dims(self, data: DictConfig) -> tuple[int, tuple[int, ...], int]:
@@ -119,19 +119,38 @@ class CostTable:
 
     def job_seconds(self, cfg: DictConfig, device: str, packed: bool = False) -> float:
         """Estimated seconds of one job on ``device`` (cpu | gpu); ``packed``: trained as members of a pack's
-        fits (mdl/engine/pack.py), its steps at a stack's rate and without the job overhead (one per pack)."""
+        fits (mdl/engine/pack.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
         return self.job_estimate(cfg, device, packed)[0]
+
+    def pack_overhead(self, cfg: DictConfig, device: str, runs: int) -> float:
+        """A pack's own seconds besides its members' work: one job overhead, compilation once, and its fits
+        (ceil(runs x S / mdl.members_per_fit), as mdl/engine/pack.py splits them; all or auto: one)."""
+        per_device = self.data[device]
+        members = runs * len(self._boundaries(cfg))
+        per_fit = self._members_per_fit(cfg, members)
+        return (per_device["job_overhead_s"] + math.ceil(members / per_fit) * per_device["fit_overhead_s"]
+                + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0))
+
+    def _boundaries(self, cfg: DictConfig) -> list[int]:
+        from mdl.schedule import block_boundaries
+
+        n = self.data_dims(cfg.data)[0]
+        return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block)
+
+    @staticmethod
+    def _members_per_fit(cfg: DictConfig, members: int) -> int:
+        """Members per fit of ``members`` (all and auto: all of them, assumed to fit in memory)."""
+        from mdl.run.identity import AUTO, members_per_fit
+
+        k = members_per_fit(cfg.mdl)
+        return members if k in (None, AUTO) else min(k, members)
 
     def job_estimate(self, cfg: DictConfig, device: str, packed: bool = False) -> tuple[float, bool]:
         """(seconds, whether a stacked fit was priced at a measured stacked rate rather than one member's)."""
-        from mdl.run.identity import AUTO, members_per_fit
-        from mdl.schedule import block_boundaries
-
         n, shape, k = self.data_dims(cfg.data)
-        bounds = block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block)
+        bounds = self._boundaries(cfg)
         members = len(bounds)  # a model per prequential block and the final fit
-        per_fit = members_per_fit(cfg.mdl)
-        per_fit = members if per_fit in (None, AUTO) else min(per_fit, members)  # auto: assumed to fit in memory
+        per_fit = self._members_per_fit(cfg, members)
         stacked = packed or per_fit > 1
         train_rate, val_rate, stacked_rate = self.rates(device, cfg.model.name, cfg.trainer, stacked)
         f = forward_flops(cfg.model.name, cfg.width, cfg.depth, shape, cfg.model.options, k)
@@ -140,11 +159,7 @@ class CostTable:
         step = train_rate.batch_seconds(batch * (3 * f + erase))  # one member's step (its share of a stack's)
         val = math.ceil(cfg.data.val_size / eval_batch) * val_rate.overhead_s + cfg.data.val_size * f / val_rate.flops_per_s
         max_epochs = cfg.trainer.kwargs.get("max_epochs")
-        per_device = self.data[device]
-        fit_overhead = per_device["fit_overhead_s"]
-        seconds = 0.0 if packed else per_device["job_overhead_s"]
-        seconds += self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0
-        seconds += math.ceil(members / per_fit) * fit_overhead
+        seconds = 0.0 if packed else self.pack_overhead(cfg, device, runs=1)  # a run alone: a pack of one
         for n_fit in [*bounds[:-1], n]:
             steps = math.ceil(n_fit / batch)
             epochs = math.ceil(cfg.optimizer.get("warmup_steps", 0) / steps) + self.assume["best_epoch_after_warmup"] + cfg.trainer.patience
@@ -172,7 +187,7 @@ def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictCon
     runs: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
     for job in jobs:
         run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
-        key = _without(run, SEED_KEYS)
+        key = without_keys(run, SEED_KEYS)
         runs.setdefault(key, set()).add(run)
     groups = {key: len(same) for key, same in runs.items()}
     loader = GlobalHydra.instance().config_loader()
@@ -201,70 +216,34 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
     lines = [f"sweep: {len(jobs)} jobs ({dims})"]
     configs = job_configs(master, jobs)
     packing = str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS
-    gpu, cpu, longest, stacked_rates = sweep_seconds(table, configs, packed=packing)
-    if packing:  # one job overhead per pack (the runs that cannot be packed paid their own)
-        packs, lone = sweep_packs(jobs, configs)
-        gpu += packs * table.data["gpu"]["job_overhead_s"]
-        cpu += packs * table.data["cpu"]["job_overhead_s"]
+    if packing:
+        from mdl.sweeps.pack_cost import packed_sweep_cost
+
+        packed = packed_sweep_cost(table, master, jobs, configs)
+        gpu, cpu, longest = packed.gpu_s, packed.cpu_s, packed.longest_gpu_s
+    else:
+        gpu, cpu, longest = sweep_seconds(table, configs)
     lines.append(
         f"estimated cost: {gpu / 3600:.3g} GPU-hours on {table.gpu['name']} (an estimate: {hours(gpu / len(jobs))} per job on "
-        f"average, longest {hours(longest)}); {hours(cpu)} of CPU time at one thread per job (measured rates)"
+        f"average, longest {'pack' if packing else 'job'} {hours(longest)}); {hours(cpu)} of CPU time at one thread per job "
+        f"(measured rates)"
     )
     lines.append(
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
         f"more; rates and how they were made: {table.path}"
     )
     if packing:
-        from mdl.run.pack import packs_line
-
-        rate = ("members' steps at the measured rate of a stack" if stacked_rates else
-                "members' steps at one member's rate (no measured GPU rate of a stack for these models: an upper bound)")
-        lines.append(f"  packed: {packs_line(len(jobs), packs + lone)}, one job overhead per pack, {rate}; "
-                     f"job by job: {sweep_seconds(table, configs)[0] / 3600:.3g} GPU-hours")
+        lines.append(packed.line(len(jobs), sweep_seconds(table, configs)[0]))
     return "\n".join(lines)
 
 
-def sweep_seconds(table: CostTable, configs: list[tuple[DictConfig, int, tuple[str, ...]]],
-                  packed: bool = False) -> tuple[float, float, float, bool]:
-    """(GPU seconds, CPU seconds, longest job's GPU seconds, whether every stacked fit had a measured stacked rate)
-    of the sweep's runs; ``packed``: runs that can be packed (mdl.run.pack.pack_key) are priced as members of a
-    pack, without their job overhead (the caller adds one per pack)."""
-    from mdl.run.pack import pack_key
-
+def sweep_seconds(table: CostTable, configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> tuple[float, float, float]:
+    """(GPU seconds, CPU seconds, longest job's GPU seconds) of the sweep's runs, each run alone."""
     gpu = cpu = longest = 0.0
-    measured = True
     for cfg, count, _ in configs:
-        in_pack = packed and pack_key(cfg) is not None
-        g, measured_g = table.job_estimate(cfg, "gpu", in_pack)
-        c = table.job_seconds(cfg, "cpu", in_pack)
-        gpu, cpu, longest, measured = gpu + count * g, cpu + count * c, max(longest, g), measured and measured_g
-    return gpu, cpu, longest, measured
-
-
-def _without(run: tuple[str, ...], keys: Sequence[str]) -> tuple[str, ...]:
-    return tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") not in keys)
-
-
-def sweep_packs(jobs: list[list[str]], configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> tuple[int, int]:
-    """(packs, runs that cannot be packed) of a packed sweep: runs with equal ``mdl.run.pack.pack_key`` (differing in
-    seed, eraser or data seed) are one pack, a run that cannot be packed is alone; jobs differing only in bookkeeping
-    keys are one run.
-    ``configs``: ``job_configs``' composed config of each job (seeds aside)."""
-    from mdl.run.identity import is_bookkeeping
-    from mdl.run.pack import pack_key
-
-    keys = {key: (pack_key(cfg), cfg.optimizer.get("precondition") is not None) for cfg, _, key in configs}
-    packs = set()
-    for job in jobs:
-        run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
-        key, by_data_seed = keys[_without(run, SEED_KEYS)]
-        if key is None:
-            packs.add(("run", run))
-        else:  # preconditioned runs pack over seeds only: each data seed its own pack
-            data_seed = tuple(o for o in run if o.split("=", 1)[0].lstrip("+~") == "data_seed") if by_data_seed else ()
-            packs.add(("pack", key, data_seed))
-    lone = sum(1 for kind, *_ in packs if kind == "run")
-    return len(packs) - lone, lone
+        g, c = table.job_seconds(cfg, "gpu"), table.job_seconds(cfg, "cpu")
+        gpu, cpu, longest = gpu + count * g, cpu + count * c, max(longest, g)
+    return gpu, cpu, longest
 
 
 class SweepCost(Callback):

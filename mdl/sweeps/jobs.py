@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from mdl.results import RESULTS_FILE
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
+
+
+def without_keys(overrides: Sequence[str], keys: Sequence[str]) -> tuple[str, ...]:
+    """A job's overrides without those that set ``keys`` (with or without a +/~ prefix)."""
+    return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys)
 
 
 @dataclass(frozen=True)
