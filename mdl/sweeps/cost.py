@@ -123,12 +123,10 @@ class CostTable:
         return self.job_estimate(cfg, device, packed)[0]
 
     def pack_overhead(self, cfg: DictConfig, device: str, runs: int) -> float:
-        """A pack's own seconds besides its members' work: one job overhead, compilation once, and its fits
-        (ceil(runs x S / mdl.members_per_fit), as mdl/engine/pack.py splits them; all or auto: one)."""
+        """A pack's own seconds besides its members' work (a run alone: a pack of one): one job overhead,
+        compilation once, and a fit overhead per fit."""
         per_device = self.data[device]
-        members = runs * len(self._boundaries(cfg))
-        per_fit = self._members_per_fit(cfg, members)
-        return (per_device["job_overhead_s"] + math.ceil(members / per_fit) * per_device["fit_overhead_s"]
+        return (per_device["job_overhead_s"] + len(self.fit_sizes(cfg, runs)) * per_device["fit_overhead_s"]
                 + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0))
 
     def _boundaries(self, cfg: DictConfig) -> list[int]:
@@ -137,21 +135,22 @@ class CostTable:
         n = self.data_dims(cfg.data)[0]
         return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block)
 
-    @staticmethod
-    def _members_per_fit(cfg: DictConfig, members: int) -> int:
-        """Members per fit of ``members`` (all and auto: all of them, assumed to fit in memory)."""
+    def fit_sizes(self, cfg: DictConfig, runs: int = 1) -> list[int]:
+        """Members of each fit as the engine splits them: a run alone (mdl/engine/protocol.py fits_of) or a pack of
+        ``runs`` (mdl/engine/pack.py pack_fits); ``auto``: all in one fit, assumed to fit in memory."""
+        from mdl.engine.pack import pack_fits
+        from mdl.engine.protocol import fits_of
         from mdl.run.identity import AUTO, members_per_fit
 
         k = members_per_fit(cfg.mdl)
-        return members if k in (None, AUTO) else min(k, members)
+        k, size = (None if k == AUTO else k), len(self._boundaries(cfg))
+        return [len(f) for f in (fits_of(size, k) if runs == 1 else pack_fits(runs, size, k))]
 
     def job_estimate(self, cfg: DictConfig, device: str, packed: bool = False) -> tuple[float, bool]:
         """(seconds, whether a stacked fit was priced at a measured stacked rate rather than one member's)."""
         n, shape, k = self.data_dims(cfg.data)
-        bounds = self._boundaries(cfg)
-        members = len(bounds)  # a model per prequential block and the final fit
-        per_fit = self._members_per_fit(cfg, members)
-        stacked = packed or per_fit > 1
+        bounds = self._boundaries(cfg)  # a member per prequential block and the final fit
+        stacked = packed or max(self.fit_sizes(cfg)) > 1
         train_rate, val_rate, stacked_rate = self.rates(device, cfg.model.name, cfg.trainer, stacked)
         f = forward_flops(cfg.model.name, cfg.width, cfg.depth, shape, cfg.model.options, k)
         erase = 2 * math.prod(shape) ** 2 if cfg.data.augment_order == "augment_then_erase" and cfg.eraser.name != "none" else 0
