@@ -339,6 +339,28 @@ def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
     assert "Figure 1: skipped" in text
 
 
+def test_report_over_two_real_sweeps_and_over_their_parent_folder(tmp_path: Path):
+    """Two sweeps run by launch.py (the second with a list-valued optimizer setting of its own, which
+    crashed the report: unhashable list), reported together and through the folder that holds them."""
+    from conftest import FAST, python_path, run_launch
+
+    for sweep in (["eraser=none,leace"], ["eraser=leace", "+optimizer.betas=[0.95,0.99]"]):
+        proc = run_launch(["-m", *sweep, "seed=0", f"paths.output_root={tmp_path}", "report=none", *FAST], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    sweeps = sorted(p.parent for p in (tmp_path / "multirun").glob("*/*/multirun.yaml"))
+    assert len(sweeps) == 2
+    env = {**os.environ, "PYTHONPATH": python_path()}
+    for name, folders in (("together", [str(s) for s in sweeps]), ("parent", [str(tmp_path / "multirun")])):
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "mdl.report", *folders, "--out", str(out), "--images", "0"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert len(read_csv(out / "runs.csv")) == 3, name
+        table = read_csv(out / "table.csv")
+        assert {r["optimizer.betas"] for r in table} == {"(0.9, 0.999)", "(0.95, 0.99)"}, name  # the key that differs
+        assert len(parse_plain_tabular((out / "table.tex").read_text())) == 1 + sum(r["n_seeds"] != "0" for r in table), name
+
+
 def test_cli_clear_error_on_empty_dir(tmp_path: Path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no readable results.json" in capsys.readouterr().err
@@ -491,14 +513,70 @@ def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path:
     assert len(rows) == 2 and {r["n_seeds"] for r in rows} == {"2"} and {r["optimizer.betas"] for r in rows} == {"(0.9, 0.999)", "(0.95, 0.99)"}
 
 
+# What a plain LaTeX tabular may hold without any package: the escapes latex_escape writes, \\pm in math, \\hline.
+LATEX_TEXT_ESCAPES = ("\\&", "\\%", "\\$", "\\#", "\\_", "\\{", "\\}", "\\textasciitilde{}", "\\textasciicircum{}",
+                      "\\textbackslash{}")
+
+
+def parse_plain_tabular(tex: str) -> list[list[str]]:
+    """The rows of a tabular, checked as LaTeX would read it with no package loaded: one begin/end pair,
+    \\hline rules, every row ending in \\\\ with as many cells as the column spec, math balanced and
+    holding only \\pm, and no character LaTeX reads as markup left unescaped. Raises AssertionError."""
+    import re
+
+    lines = [line for line in tex.splitlines() if line.strip()]
+    head = re.fullmatch(r"\\begin\{tabular\}\{([lrc]+)\}", lines[0])
+    assert head and lines[-1] == "\\end{tabular}", (lines[0], lines[-1])
+    columns, rows = len(head.group(1)), []
+    for line in lines[1:-1]:
+        if line == "\\hline":
+            continue
+        assert line.endswith(" \\\\"), f"a row must end in \\\\: {line!r}"
+        body = line[:-3]
+        plain = body  # the escapes removed, a $ left is a math delimiter
+        for escape in LATEX_TEXT_ESCAPES:
+            plain = plain.replace(escape, "")
+        pieces = plain.split("$")
+        assert len(pieces) % 2 == 1, f"unbalanced math: {line!r}"
+        for i, piece in enumerate(pieces):
+            if i % 2:  # math: numbers, n, =, and \\pm only
+                assert re.fullmatch(r"(\\pm|[\w=.\s])*", piece), f"math LaTeX cannot read without packages: {piece!r}"
+            else:
+                assert not re.search(r"[\\%#_{}~^]", piece), f"markup left unescaped: {piece!r} in {line!r}"
+        cells = [c.strip() for c in re.split(r"(?<!\\)&", body)]
+        assert len(cells) == columns, f"{len(cells)} cells for {columns} columns: {line!r}"
+        rows.append(cells)
+    return rows
+
+
 def test_figures_for_a_paper_and_a_latex_table(report: Path):
-    """Every figure also as PDF and SVG, a column wide; the table as booktabs LaTeX with the paper's eraser names."""
+    """Every figure also as PDF and SVG, a column wide; the table a plain LaTeX tabular with the paper's eraser names."""
     out = report.parent
     for png in out.glob("*.png"):
         assert png.with_suffix(".pdf").stat().st_size > 0 and png.with_suffix(".svg").stat().st_size > 0, png
     tex = (out / "table.tex").read_text()
-    assert tex.startswith("\\begin{tabular}") and "\\toprule" in tex and "\\bottomrule" in tex
-    assert "LEACE" in tex and "control" in tex and " & leace & " not in tex
+    rows = parse_plain_tabular(tex)
+    header, body = rows[0], rows[1:]
+    assert len(body) == sum(r["n_seeds"] != "0" for r in read_csv(out / "table.csv"))  # a row per cell with runs
+    erasers = {row[header.index("eraser")] for row in body}
+    assert {"LEACE", "QLEACE"} <= erasers and "leace" not in erasers and any("control" in e for e in erasers)
+
+
+def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
+    """A setting's value full of LaTeX's special characters is printed, not read as markup."""
+    from mdl.report.tables import latex_escape
+
+    nasty = "a_b%c&d~e^f\\g{h}#i$j"
+    assert latex_escape(nasty) == "a\\_b\\%c\\&d\\textasciitilde{}e\\textasciicircum{}f\\textbackslash{}g\\{h\\}\\#i\\$j"
+    sweep = tmp_path / "multirun"
+    for job, (note, seed) in enumerate((n, s) for n in (nasty, "plain") for s in (0, 1)):
+        run = write_run(sweep, job, "mlp", "leace", 128, 2, seed)
+        results = json.loads((run / "results.json").read_text())
+        results["config"]["model"]["options"]["note"] = note
+        (run / "results.json").write_text(json.dumps(results))
+    path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
+    rows = parse_plain_tabular((path.parent / "table.tex").read_text())
+    assert len(rows) == 3 and any(latex_escape(nasty) in cell for row in rows for cell in row)
 
 
 def test_chance_levels_of_a_uniform_predictor():

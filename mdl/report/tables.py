@@ -64,20 +64,25 @@ def _num(x: Any) -> str:
 LATEX_METRICS = ("paper_mdl", "online_bits_per_example", "final_val_loss")
 
 
+LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
+                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+
+
 def latex_escape(text: Any) -> str:
-    return "".join("\\" + ch if ch in "&%$#_{}" else ch for ch in str(text))
+    """Text as LaTeX prints it literally: every character LaTeX reads as markup replaced by its escape."""
+    return "".join(LATEX_SPECIAL.get(ch, ch) for ch in str(text))
 
 
 def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
-    """The table as a booktabs LaTeX tabular (mean ± sample std over seeds, n when seeds are missing),
-    erasers under the paper's names; paste it into a paper with \\usepackage{booktabs}."""
+    """The table as a plain LaTeX tabular (no package needed: rules are \\hline): mean ± sample std over
+    seeds, n when seeds are missing, erasers under the paper's names."""
     from mdl.report.figures import display_name
 
     keys = list(sweep.row_keys)
     header = ["architecture", *keys, "eraser", *(f"{METRICS[m][0]} ({METRICS[m][1]})" for m in LATEX_METRICS)]
     max_n = max((c.n for c in cells), default=0)
-    lines = [f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}", "\\toprule",
-             " & ".join(map(latex_escape, header)) + " \\\\", "\\midrule"]
+    lines = [f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}", "\\hline",
+             " & ".join(map(latex_escape, header)) + " \\\\", "\\hline"]
     for c in cells:
         values = []
         for metric in LATEX_METRICS:
@@ -86,7 +91,7 @@ def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
             values.append(text + (f" ($n$={n})" if 0 < n < max_n else ""))
         lines.append(" & ".join([latex_escape(c.arch), *map(latex_escape, c.row), latex_escape(display_name(c.eraser)),
                                  *values]) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}", ""]
+    lines += ["\\hline", "\\end{tabular}", ""]
     path.write_text("\n".join(lines))
     return path
 
