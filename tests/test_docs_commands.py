@@ -2,10 +2,11 @@
 
 A ``python launch.py ...`` command is composed by Hydra exactly as typed (a sweep's every job: each
 comma list expanded) and checked by ``validate_config``, as launch.py checks it before loading data;
-that needs no GPU, no Slurm and no download, so every such command is covered here. The commands a CPU
-runs in seconds are run for real by other tests (the default run: test_cli.py; sweeps and reports:
-test_report.py, test_slurm.py). A ``python -m mdl...`` or script command is started with ``--help``
-(its placeholders, ``<date>``, name folders that only exist after a sweep).
+that needs no GPU, no Slurm and no download, so every such command is covered here. Every command a CPU
+can run (no Slurm launcher, GPU, downloaded data set or paper preset: those have their own tests, e.g.
+test_slurm.py, test_gpu.py, test_presets.py) is also run for real, as typed plus ``debug=fast``, and must
+finish every job it launches. A ``python -m mdl...`` or script command is started with ``--help`` (its
+placeholders, ``<date>``, name folders that only exist after a sweep).
 """
 
 from __future__ import annotations
@@ -72,6 +73,28 @@ def test_documented_launch_command_composes_and_passes_the_checks(page: str, com
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[*overrides, f"paths.output_root={tmp_path}"], return_hydra_config=True)
         validate_config(cfg)
+
+
+# A documented command holding one of these needs what this machine lacks: it is composed above, not run.
+NOT_ON_A_CPU = ("hydra/launcher=slurm", "hydra/launcher=packed_slurm", "device=cuda", "trainer=gpu", "data=cifar10",
+                "data=svhn", "data=cifarnet", "download=true", "+experiment=")
+RUNNABLE = sorted({c for _, c in LAUNCH if not any(need in c for need in NOT_ON_A_CPU)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", RUNNABLE)
+def test_documented_command_a_cpu_can_run_runs_every_job(command: str, tmp_path: Path) -> None:
+    from conftest import run_launch
+
+    args = shlex.split(command)[2:]
+    proc = run_launch([*args, "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
+                      env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((tmp_path / "store").glob("*/results.json"))) == len(_jobs(command)), proc.stdout[-2000:]  # runs finished
+
+
+def test_most_documented_commands_run_on_a_cpu() -> None:
+    assert len(RUNNABLE) >= 10 and "python launch.py" in RUNNABLE
 
 
 @pytest.mark.parametrize("module", MODULES)
