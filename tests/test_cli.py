@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import FAST, run_launch
+from conftest import FAST, REPO, run_launch
 
 
 def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> None:
@@ -150,3 +150,30 @@ def test_runs_listing_with_a_misspelled_override_is_one_message(capsys) -> None:
 
     assert runs_main(["paths.output_rot=/x"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_training_imports_are_frozen_once_and_the_collector_stays_on(monkeypatch) -> None:
+    """launch.py imports the training code with the cyclic GC paused and then freezes what it made (the run's full
+    collections then skip torch's and lightning's half a million objects); the collector is on again afterwards,
+    even when the import fails, and a later job of the same process freezes nothing more."""
+    import gc
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("launch_under_test", REPO / "launch.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)  # as in a fresh process
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    with launch.imports_frozen():
+        assert not gc.isenabled()
+    assert gc.isenabled() and frozen == [True]
+    with pytest.raises(ImportError), launch.imports_frozen():
+        raise ImportError("a broken install")
+    assert gc.isenabled()
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: 1)  # already frozen: a later job
+    with launch.imports_frozen():
+        assert gc.isenabled()
+    assert len(frozen) == 2
