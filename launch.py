@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from mdl.run.imports import imports_frozen
 from mdl.run.storage import register_resolvers
 
 # Errors that mean "change a setting or a file", reported as one message without a traceback
@@ -21,25 +19,6 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportEr
 
 
 register_resolvers()  # before Hydra resolves the config (job folder names)
-
-
-@contextmanager
-def imports_frozen() -> Iterator[None]:
-    """Import the training code with the cyclic garbage collector paused, then move every object alive into its
-    permanent generation (``gc.freeze``), once per process. torch, lightning, torchmetrics and sympy leave about
-    half a million long-lived objects (0.3 s per full collection on 2 cores) that every full collection during
-    training, and the one at exit, would traverse again: the default run took 10.1 s with them, 7.1 s frozen
-    (benchmarks/bench_startup.py; the numbers are the same). Later jobs of a sweep in this process freeze
-    nothing more: their garbage is collected as usual."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -152,28 +152,37 @@ def test_runs_listing_with_a_misspelled_override_is_one_message(capsys) -> None:
     assert "error:" in capsys.readouterr().err
 
 
-def test_training_imports_are_frozen_once_and_the_collector_stays_on(monkeypatch) -> None:
-    """launch.py imports the training code with the cyclic GC paused and then freezes what it made (the run's full
-    collections then skip torch's and lightning's half a million objects); the collector is on again afterwards,
-    even when the import fails, and a later job of the same process freezes nothing more."""
+def test_training_imports_are_frozen_once_and_the_collector_state_is_restored(monkeypatch) -> None:
+    """The training code is imported with the cyclic GC paused, its garbage collected and the rest frozen (the run's
+    full collections then skip torch's and lightning's half a million objects), by launch.py and the packed launcher;
+    the collector's state is restored, even when the import fails, and a later job of the process freezes nothing."""
     import gc
-    import importlib.util
+    import re
 
     import pytest
 
-    spec = importlib.util.spec_from_file_location("launch_under_test", REPO / "launch.py")
-    launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch)
+    from mdl.run.imports import imports_frozen
+
+    for entry in (REPO / "launch.py", REPO / "hydra_plugins" / "mdl_packed" / "packed_launcher.py"):
+        assert re.search(r"with imports_frozen\(\):[^\n]*\n\s+from mdl\.run\.experiment import", entry.read_text()), entry
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)  # as in a fresh process
-    frozen = []
-    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
-    with launch.imports_frozen():
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    with imports_frozen():
         assert not gc.isenabled()
-    assert gc.isenabled() and frozen == [True]
-    with pytest.raises(ImportError), launch.imports_frozen():
+    assert gc.isenabled() and calls == ["collect", "freeze"]
+    with pytest.raises(ImportError), imports_frozen():
         raise ImportError("a broken install")
-    assert gc.isenabled()
+    assert gc.isenabled() and calls[2:] == ["collect", "freeze"]
+    gc.disable()
+    try:
+        with imports_frozen():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()
     monkeypatch.setattr(gc, "get_freeze_count", lambda: 1)  # already frozen: a later job
-    with launch.imports_frozen():
+    with imports_frozen():
         assert gc.isenabled()
-    assert len(frozen) == 2
+    assert len(calls) == 6

@@ -515,7 +515,7 @@ def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path:
 
 # What a plain LaTeX tabular may hold without any package: the escapes latex_escape writes, \\pm in math, \\hline.
 LATEX_TEXT_ESCAPES = ("\\&", "\\%", "\\$", "\\#", "\\_", "\\{", "\\}", "\\textasciitilde{}", "\\textasciicircum{}",
-                      "\\textbackslash{}")
+                      "\\textbackslash{}", "\\textless{}", "\\textgreater{}", "\\textbar{}")
 
 
 def parse_plain_tabular(tex: str) -> list[list[str]]:
@@ -542,7 +542,7 @@ def parse_plain_tabular(tex: str) -> list[list[str]]:
             if i % 2:  # math: numbers, n, =, and \\pm only
                 assert re.fullmatch(r"(\\pm|[\w=.\s])*", piece), f"math LaTeX cannot read without packages: {piece!r}"
             else:
-                assert not re.search(r"[\\%#_{}~^]", piece), f"markup left unescaped: {piece!r} in {line!r}"
+                assert not re.search(r"[\\%#_{}~^<>|]", piece), f"markup left unescaped: {piece!r} in {line!r}"
         cells = [c.strip() for c in re.split(r"(?<!\\)&", body)]
         assert len(cells) == columns, f"{len(cells)} cells for {columns} columns: {line!r}"
         rows.append(cells)
@@ -566,8 +566,9 @@ def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
     """A setting's value full of LaTeX's special characters is printed, not read as markup."""
     from mdl.report.tables import latex_escape
 
-    nasty = "a_b%c&d~e^f\\g{h}#i$j"
-    assert latex_escape(nasty) == "a\\_b\\%c\\&d\\textasciitilde{}e\\textasciicircum{}f\\textbackslash{}g\\{h\\}\\#i\\$j"
+    nasty = "a_b%c&d~e^f\\g{h}#i$j<k>l|m\nn"
+    assert latex_escape(nasty) == ("a\\_b\\%c\\&d\\textasciitilde{}e\\textasciicircum{}f\\textbackslash{}g\\{h\\}\\#i\\$j"
+                                   "\\textless{}k\\textgreater{}l\\textbar{}m n")
     sweep = tmp_path / "multirun"
     for job, (note, seed) in enumerate((n, s) for n in (nasty, "plain") for s in (0, 1)):
         run = write_run(sweep, job, "mlp", "leace", 128, 2, seed)

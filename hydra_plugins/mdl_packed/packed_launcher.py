@@ -37,7 +37,10 @@ ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedL
 
 def checked_job(cfg: DictConfig) -> Any:
     """The task of the first pass: the job's checks and identity (mdl/run/experiment.py Job), no training."""
-    from mdl.run.experiment import Job
+    from mdl.run.imports import imports_frozen
+
+    with imports_frozen():
+        from mdl.run.experiment import Job
 
     hc = HydraConfig.get()
     return Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task))

@@ -65,7 +65,8 @@ LATEX_METRICS = ("paper_mdl", "online_bits_per_example", "final_val_loss")
 
 
 LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
+                 "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}", "\n": " "}  # < > |: other glyphs in OT1
 
 
 def latex_escape(text: Any) -> str:
