@@ -55,10 +55,17 @@ def test_the_pages_show_commands() -> None:
     assert len(LAUNCH) >= 15 and "mdl.report" in MODULES and "mdl.runs" in MODULES
 
 
+def _args(command: str) -> list[str]:
+    """The overrides a documented launch.py command passes, as typed: an optional part shown as one bracketed word,
+    ``[model=lenet]``, is kept without its brackets; a value in brackets (``optimizer.betas=[0.9,0.99]``) is kept."""
+    words = shlex.split(command)[2:]
+    return [w[1:-1] if w.startswith("[") and w.endswith("]") and "=" in w else w for w in words]
+
+
 def _jobs(command: str) -> list[list[str]]:
-    """The override lists of the jobs a documented launch.py command starts ([...] marks an optional part,
-    kept; a comma list is a sweep, ``-m``)."""
-    args = [a for a in shlex.split(command.replace("[", "").replace("]", ""))[2:] if a not in ("-m", "--multirun")]
+    """The override lists of the jobs a documented launch.py command starts (a comma list is a sweep, ``-m``;
+    a bracketed or braced value is one value)."""
+    args = [a for a in _args(command) if a not in ("-m", "--multirun")]
     choices = []
     for arg in args:
         key, _, value = arg.partition("=")
@@ -86,8 +93,7 @@ RUNNABLE = sorted({c for _, c in LAUNCH if not any(need in c for need in NOT_ON_
 def test_documented_command_a_cpu_can_run_runs_every_job(command: str, tmp_path: Path) -> None:
     from conftest import run_launch
 
-    args = shlex.split(command)[2:]
-    proc = run_launch([*args, "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
+    proc = run_launch([*_args(command), "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
                       env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((tmp_path / "store").glob("*/results.json"))) == len(_jobs(command)), proc.stdout[-2000:]  # runs finished
