@@ -93,3 +93,31 @@ def test_a_skipped_run_is_logged_from_its_stored_results_once(tmp_path: Path) ->
     assert len(run_files) == 1  # the second wandb launch found the marker
     (stored,) = (tmp_path / "a" / "store").glob("*/results.json")
     assert summary(run_files[0])["paper_mdl"] == json.loads(stored.read_text())["paper_mdl"]
+
+
+def test_several_loggers_each_get_the_run(tmp_path: Path) -> None:
+    """logger=[csv,wandb] (the template's list of loggers): the CSV file and the W&B run both hold the live series
+    and the paper's numbers; W&B keeps its summary, the CSV its rows."""
+    import csv
+
+    from wandb_records import summary
+
+    proc = run_launch(["logger=[csv,wandb]", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
+                      cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run_file,) = tmp_path.glob("runs/*/*/wandb/offline-run-*/run-*.wandb")
+    run_dir = run_file.parents[2]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert summary(run_file)["paper_mdl"] == results["paper_mdl"]
+    assert b"block01/val_loss" in run_file.read_bytes()
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert any(r.get("block01/val_loss") for r in rows)
+    assert [float(r["paper_mdl"]) for r in rows if r.get("paper_mdl")] == [results["paper_mdl"]]
+
+
+def test_a_logger_setting_outside_its_logger_is_named(tmp_path: Path) -> None:
+    """Settings sit under the logger's name (logger.wandb.project=...); a flat one is refused with the fix."""
+    proc = run_launch(["logger=wandb", "+logger.project=foo", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "logger.project: not a logger" in proc.stderr and "logger.wandb.project" in proc.stderr

@@ -31,8 +31,47 @@ SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "onlin
 WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
 
 
+def logger_configs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The chosen loggers' settings by name: ``logger=csv`` one, ``logger=[csv,wandb]`` several, ``logger=null`` none
+    (each conf/logger/<name>.yaml nests its settings under its name, so a list of them composes)."""
+    node = cfg.get("logger")
+    if node is None:
+        return {}
+    found = {str(name): sub for name, sub in node.items() if OmegaConf.is_dict(sub) and "_target_" in sub}
+    stray = [str(name) for name in node if str(name) not in found]
+    if stray:
+        raise ValueError(f"logger.{stray[0]}: not a logger (each logger's settings sit under its name, e.g. "
+                         f"logger.wandb.project=...; choose loggers with logger=csv or logger=[csv,wandb])")
+    return found
+
+
+def wandb_config(cfg: DictConfig) -> DictConfig | None:
+    """The W&B logger's settings, if W&B is among the chosen loggers."""
+    return next((c for c in logger_configs(cfg).values() if "WandbLogger" in str(c._target_)), None)
+
+
 def is_wandb(cfg: DictConfig) -> bool:
-    return "WandbLogger" in str(OmegaConf.select(cfg, "logger._target_", default="") or "")
+    return wandb_config(cfg) is not None
+
+
+class LoggerGroup:
+    """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's."""
+
+    def __init__(self, loggers: list[Any]) -> None:
+        self.loggers = loggers
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics)
+
+    def finalize(self, status: str) -> None:
+        for logger in self.loggers:
+            logger.finalize(status)
+
+    @property
+    def wandb_run(self) -> Any:
+        """The W&B run of the group's W&B logger, or None."""
+        return next((lg.experiment for lg in self.loggers if "Wandb" in type(lg).__name__), None)
 
 
 def preset_name() -> str | None:
@@ -59,12 +98,13 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         os.environ["WANDB_MODE"] = "offline"
     preset = preset_name()
     sweep = run_dir.parent
+    wandb = wandb_config(cfg)
     tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}"]
     return {
-        "group": cfg.logger.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
-        "job_type": cfg.logger.job_type or cfg.eraser.name,
-        "name": cfg.logger.name or run_name(overrides, run_dir),
-        "tags": list(cfg.logger.get("tags") or []) + tags + ([f"preset:{preset}"] if preset else []),
+        "group": wandb.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
+        "job_type": wandb.job_type or cfg.eraser.name,
+        "name": wandb.name or run_name(overrides, run_dir),
+        "tags": list(wandb.get("tags") or []) + tags + ([f"preset:{preset}"] if preset else []),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
@@ -73,20 +113,25 @@ def check_logger(cfg: DictConfig) -> None:
     """A logger whose package is missing fails here, before the data are loaded, not after the eraser fit."""
     import importlib.util
 
-    target = str(OmegaConf.select(cfg, "logger._target_", default="") or "")
-    if "TensorBoardLogger" in target and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
+    targets = [str(c._target_) for c in logger_configs(cfg).values()]
+    if any("TensorBoardLogger" in t for t in targets) and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
         raise ImportError("logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
                           "(or choose logger=csv, logger=wandb or logger=null)")
 
 
-def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Any:
-    if cfg.get("logger") is None:
-        return None
-    extra: dict[str, Any] = {"save_dir": cfg.logger.get("save_dir") or str(run_dir)}
-    if is_wandb(cfg):
-        extra |= wandb_settings(cfg, run_dir, overrides)
-    params = {**OmegaConf.to_container(cfg.logger, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
-    return instantiate(params)  # a dict, since 'config' is also instantiate's own argument name
+def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str], only_wandb: bool = False) -> LoggerGroup | None:
+    """The chosen loggers (``only_wandb``: the W&B one alone), or None when there are none."""
+    loggers = []
+    for name, node in logger_configs(cfg).items():
+        wandb = "WandbLogger" in str(node._target_)
+        if only_wandb and not wandb:
+            continue
+        extra: dict[str, Any] = {"save_dir": node.get("save_dir") or str(run_dir)}
+        if wandb:
+            extra |= wandb_settings(cfg, run_dir, overrides)
+        params = {**OmegaConf.to_container(node, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
+        loggers.append(instantiate(params))  # a dict, since 'config' is also instantiate's own argument name
+    return LoggerGroup(loggers) if loggers else None
 
 
 def series_name(member: int, num_blocks: int) -> str:
@@ -94,16 +139,16 @@ def series_name(member: int, num_blocks: int) -> str:
     return "final" if member == num_blocks else f"block{member + 1:02d}"
 
 
-def share_epoch_axis(logger: Any) -> None:
+def share_epoch_axis(logger: LoggerGroup) -> None:
     """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart."""
-    define_metric = getattr(getattr(logger, "experiment", None), "define_metric", None)
-    if callable(define_metric):
-        define_metric("epoch")
+    run = logger.wandb_run
+    if run is not None:
+        run.define_metric("epoch")
         for pattern in ("block*", "final/*"):
-            define_metric(pattern, step_metric="epoch")
+            run.define_metric(pattern, step_metric="epoch")
 
 
-def log_epoch(logger: Any, name: str, epoch: int, train_loss: float, val_loss: float,
+def log_epoch(logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float,
               val_accuracy: float | None = None) -> None:
     metrics = {f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch}
     if val_accuracy is not None:
@@ -111,7 +156,7 @@ def log_epoch(logger: Any, name: str, epoch: int, train_loss: float, val_loss: f
     logger.log_metrics(metrics)
 
 
-def live_epochs(logger: Any, num_blocks: int) -> Callable[..., None]:
+def live_epochs(logger: LoggerGroup, num_blocks: int) -> Callable[..., None]:
     """The engines' per-epoch hook (member, epoch, train loss, val loss, val accuracy): logged as it
     happens, so a multi-hour fit shows its curves live."""
     share_epoch_axis(logger)
@@ -119,7 +164,7 @@ def live_epochs(logger: Any, num_blocks: int) -> Callable[..., None]:
         logger, series_name(member, num_blocks), epoch, train, val, accuracy)
 
 
-def log_block(logger: Any, index: int, block: BlockResult, curves: bool = False) -> None:
+def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool = False) -> None:
     """A finished block's code length; with ``curves`` also its loss curves (a block restored from an
     interrupted attempt, or a stored run: their epochs were not logged live by this process)."""
     prefix = f"block{index + 1:02d}"
@@ -130,10 +175,9 @@ def log_block(logger: Any, index: int, block: BlockResult, curves: bool = False)
     logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
 
 
-def log_results(logger: Any, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
+def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
     """The final fit's curves (without the losses logged ``live``), the summary numbers and (W&B) the
     block table and artifacts; then close the run."""
-    experiment = getattr(logger, "experiment", None)
     share_epoch_axis(logger)
     curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
     for name, curve in curves.items():
@@ -145,15 +189,17 @@ def log_results(logger: Any, results: dict[str, Any], run_dir: Path, live: bool 
     numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if experiment is not None and hasattr(experiment, "summary"):  # W&B: one value per run, not one-point charts
-        experiment.summary.update({**numbers, **erasure})
-        _wandb_extras(experiment, results, run_dir)
-    else:
-        logger.log_metrics({**numbers, **erasure})
+    run = logger.wandb_run
+    for member in logger.loggers:
+        if run is not None and getattr(member, "experiment", None) is run:
+            run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
+        else:
+            member.log_metrics({**numbers, **erasure})
+    if run is not None:
+        _wandb_extras(run, results, run_dir)
     logger.finalize("success")
-    finish = getattr(experiment, "finish", None)
-    if callable(finish):  # W&B: close the run so every job of a sweep gets its own, complete run
-        finish()
+    if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
+        run.finish()
 
 
 def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> None:
@@ -199,12 +245,12 @@ def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results
     sweep re-launched with ``logger=wandb`` after CSV runs shows every run of it in the dashboard."""
     if not is_wandb(cfg):
         return
-    project = str(cfg.logger.get("project"))
+    project = str(wandb_config(cfg).get("project"))
     marker = store / WANDB_MARKER
     logged = read_json(marker).get("projects", []) if marker.is_file() else []
     if project in logged:
         return
-    logger = make_logger(cfg, run_dir, overrides)
+    logger = make_logger(cfg, run_dir, overrides, only_wandb=True)
     for i, block in enumerate(results.get("blocks", [])):
         log_block(logger, i, BlockResult(**block), curves=True)
     log_results(logger, results, run_dir, live=False)
