@@ -56,10 +56,11 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     are an artifact, the blocks a table."""
     from wandb_records import artifacts, run_record, summary
 
-    proc = run_launch(["-m", "logger=wandb", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
+    proc = run_launch(["-m", "logger=wandb", "eraser=leace", "tags=[baseline,v2]", f"paths.output_root={tmp_path}", *FAST],
                       cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_file,) = tmp_path.glob("multirun/*/*/*/wandb/offline-run-*/run-*.wandb")
+    assert "tags" not in run_file.parents[2].name  # the user's tags name no folder: they are not part of a run
     results = json.loads((run_file.parents[2] / "results.json").read_text())
     values = summary(run_file)
     assert values["paper_mdl"] == results["paper_mdl"] and values["final_val_loss"] == results["final_val_loss"]
@@ -67,7 +68,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
         if isinstance(value, (int, float)):
             assert values[f"erasure/{key}"] == value, key
     run = run_record(run_file)
-    assert {"data:digits", "model:mlp", "eraser:leace", "engine:stacked"} <= set(run.tags)
+    assert {"baseline", "v2", "data:digits", "model:mlp", "eraser:leace", "engine:stacked"} <= set(run.tags)
     assert "logger=wandb" not in run.display_name and "eraser=leace" in run.display_name
     assert run_file.parents[3].name in run.run_group  # the sweep's time
     logged = artifacts(run_file)

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 BOOKKEEPING_KEYS = (
     # where things go and how they are recorded
-    "paths", "logger", "hydra", "skip_if_done", "print_config", "data.cache_dir",
+    "paths", "logger", "tags", "hydra", "skip_if_done", "print_config", "data.cache_dir",
     # where and how a data set is fetched (not what it holds)
     "data.options.root", "data.options.download",
     # how fast or how often

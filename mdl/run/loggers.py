@@ -104,7 +104,7 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         "group": wandb.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
         "job_type": wandb.job_type or cfg.eraser.name,
         "name": wandb.name or run_name(overrides, run_dir),
-        "tags": list(wandb.get("tags") or []) + tags + ([f"preset:{preset}"] if preset else []),
+        "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags, *([f"preset:{preset}"] if preset else [])],
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
