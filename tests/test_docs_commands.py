@@ -55,17 +55,34 @@ def test_the_pages_show_commands() -> None:
     assert len(LAUNCH) >= 15 and "mdl.report" in MODULES and "mdl.runs" in MODULES
 
 
-def _args(command: str) -> list[str]:
+def _sweep_with_a_report(root: Path) -> Path:
+    """A sweep folder whose report holds an lr search's answers (``lr/best.yaml``), for commands that name one."""
+    from mdl.report.lr import LrChoice, write_best_lrs
+
+    sweep = root / "sweep"
+    choices = [LrChoice("mlp", "", e, 3e-3, 1.0, 3, (1e-3, 3e-3, 1e-2), ("digits", "mlp", e)) for e in ("none", "leace")]
+    write_best_lrs(choices, sweep / "report")
+    return sweep
+
+
+PLACEHOLDERS = {"<sweep dir>": _sweep_with_a_report}  # a folder a documented command names: made for real here
+
+
+def _args(command: str, root: Path | None = None) -> list[str]:
     """The overrides a documented launch.py command passes, as typed: an optional part shown as one bracketed word,
-    ``[model=lenet]``, is kept without its brackets; a value in brackets (``optimizer.betas=[0.9,0.99]``) is kept."""
+    ``[model=lenet]``, is kept without its brackets; a value in brackets (``optimizer.betas=[0.9,0.99]``) is kept;
+    a placeholder (``<sweep dir>``) becomes a real folder under ``root``."""
+    for placeholder, make in PLACEHOLDERS.items():
+        if placeholder in command and root is not None:
+            command = command.replace(placeholder, str(make(root)))
     words = shlex.split(command)[2:]
     return [w[1:-1] if w.startswith("[") and w.endswith("]") and "=" in w else w for w in words]
 
 
-def _jobs(command: str) -> list[list[str]]:
+def _jobs(command: str, root: Path | None = None) -> list[list[str]]:
     """The override lists of the jobs a documented launch.py command starts (a comma list is a sweep, ``-m``;
     a bracketed or braced value is one value)."""
-    args = [a for a in _args(command) if a not in ("-m", "--multirun")]
+    args = [a for a in _args(command, root) if a not in ("-m", "--multirun")]
     choices = []
     for arg in args:
         key, _, value = arg.partition("=")
@@ -76,7 +93,7 @@ def _jobs(command: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("page, command", LAUNCH, ids=[c for _, c in LAUNCH])
 def test_documented_launch_command_composes_and_passes_the_checks(page: str, command: str, tmp_path: Path) -> None:
-    for overrides in _jobs(command):
+    for overrides in _jobs(command, tmp_path):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose("config", overrides=[*overrides, f"paths.output_root={tmp_path}"], return_hydra_config=True)
         validate_config(cfg)
@@ -93,7 +110,7 @@ RUNNABLE = sorted({c for _, c in LAUNCH if not any(need in c for need in NOT_ON_
 def test_documented_command_a_cpu_can_run_runs_every_job(command: str, tmp_path: Path) -> None:
     from conftest import run_launch
 
-    proc = run_launch([*_args(command), "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
+    proc = run_launch([*_args(command, tmp_path), "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
                       env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list((tmp_path / "store").glob("*/results.json"))) == len(_jobs(command)), proc.stdout[-2000:]  # runs finished

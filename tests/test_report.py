@@ -610,14 +610,28 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
                 job += 1
                 results = json.loads((run / "results.json").read_text())
                 results["config"]["optimizer"] = {"lr": lr}
-                results["paper_mdl"] = (math.log10(lr) + 2.5) ** 2 + 0.01 * seed  # lowest near 10^-2.5
+                results["config"]["data"]["source"] = "digits"
+                best = 2.5 if eraser == "none" else 3.0  # lowest near 10^-2.5 (none), 10^-3 (leace)
+                results["paper_mdl"] = (math.log10(lr) + best) ** 2 + 0.01 * seed
                 (run / "results.json").write_text(json.dumps(results))
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     choices = {c.eraser: c for c in best_learning_rates(load_sweep([sweep]), build_cells(load_sweep([sweep])))}
     assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
-    assert choices["leace"].lr == 3e-3 and choices["leace"].at_edge  # its grid ends at 3e-3
+    assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its grid starts at 1e-3
     text = path.read_text()
-    assert "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.003 (at the edge of the grid" in text
+    assert "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.001 (at the edge of the grid" in text
+    # written where a sweep uses it: +lr=best from the report folder sets optimizer.lr per data set, model and eraser
+    assert (tmp_path / "out" / "lr" / "best.yaml").is_file() and "+lr=best" in text
+    from conftest import compose_config
+
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'out'}]"
+    for eraser, lr in (("none", 3e-3), ("leace", 1e-3), ("qleace", None)):
+        cfg = compose_config([searchpath, "+lr=best", f"eraser={eraser}", "width=512"])
+        assert cfg.optimizer.lr == lr, eraser  # at any width (muP); an eraser the search did not cover: none
+    from mdl.run.identity import config_hash
+
+    by_table = compose_config([searchpath, "+lr=best", "eraser=leace"])
+    assert config_hash(by_table) == config_hash(compose_config(["eraser=leace", "optimizer.lr=0.001"]))  # the same run
 
 
 def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):

@@ -146,7 +146,7 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
     text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
-                  [*paper_md, *lr_section(sweep, cells), *_missing(missing)])
+                  [*paper_md, *lr_section(sweep, cells, out), *_missing(missing)])
     path = out / "report.md"
     path.write_text(text)
     return path

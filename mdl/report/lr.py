@@ -27,6 +27,7 @@ class LrChoice:
     mean: float
     n: int
     grid: tuple[float, ...]
+    names: tuple[str, str, str] = ("", "", "")  # data.source, model.name, eraser.name of its runs: where a sweep looks it up
 
     @property
     def at_edge(self) -> bool:
@@ -38,26 +39,65 @@ def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_md
         return []
     i = sweep.row_keys.index(LR_KEY)
     groups: dict[tuple[str, tuple[Any, ...], str], list[tuple[float, float, int]]] = {}
+    names: dict[tuple[str, tuple[Any, ...], str], tuple[str, str, str]] = {}
     for c in cells:
         mean, _, n = c.mean_std(metric)
         if n and isinstance(c.row[i], (int, float)) and not math.isnan(mean):
-            groups.setdefault((c.arch, c.row[:i] + (None,) + c.row[i + 1:], c.eraser), []).append((float(c.row[i]), mean, n))
+            key = (c.arch, c.row[:i] + (None,) + c.row[i + 1:], c.eraser)
+            groups.setdefault(key, []).append((float(c.row[i]), mean, n))
+            config = c.runs[0].results.get("config", {})
+            names[key] = tuple(str((config.get(k) or {}).get(f, "")) for k, f in
+                               (("data", "source"), ("model", "name"), ("eraser", "name")))
     choices = []
-    for (arch, other, eraser), points in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for key, points in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        arch, other, eraser = key
         lr, mean, n = min(points, key=lambda p: p[1])
         choices.append(LrChoice(arch, sweep.describe(other, skip=LR_KEY), eraser, lr, mean, n,
-                                tuple(sorted(p[0] for p in points))))
+                                tuple(sorted(p[0] for p in points)), names[key]))
     return choices
 
 
-def lr_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
+LR_CONFIG = ("lr", "best")  # <report>/lr/best.yaml: a config group option a sweep adds with +lr=best
+
+
+def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | None, str]:
+    """The search's answers as a Hydra config a sweep composes, and the words saying how (or why there is none):
+    ``lr_search.<data>.<model>.<eraser>: lr``, with ``optimizer.lr`` looked up from it (null, hence an error naming
+    optimizer.lr, for a data set, model or eraser the search did not cover)."""
+    found: dict[str, dict[str, dict[str, float]]] = {}
+    for c in choices:
+        data, model, eraser = c.names
+        slot = found.setdefault(data, {}).setdefault(model, {})
+        if not all(c.names) or eraser in slot:
+            return None, ("The search varied more than the learning rate per data set, model and eraser "
+                          f"({c.arch}, {c.setting or '-'}, {c.eraser}): pick from the table.")
+        slot[eraser] = c.lr
+    from omegaconf import OmegaConf
+
+    path = report_dir / LR_CONFIG[0] / f"{LR_CONFIG[1]}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = OmegaConf.to_yaml(OmegaConf.create({
+        "lr_search": found,
+        "optimizer": {"lr": "${oc.select:lr_search.${data.source}.${model.name}.${eraser.name},null}"}}))
+    path.write_text("# @package _global_\n# The best learning rates of an lr search at the muP base width (mdl/report/lr.py).\n"
+                    + body)
+    use = (f"Use them in a sweep: `python launch.py -m \"hydra.searchpath=[file://{report_dir.resolve()}]\" "
+           f"+{LR_CONFIG[0]}={LR_CONFIG[1]} ...` (`{path.name}` in `{path.parent}` sets `optimizer.lr` per data set, "
+           "model and eraser; at any width, as muP transfers it).")
+    return path, use
+
+
+def lr_section(sweep: Sweep, cells: list[Cell], report_dir: Path | None = None) -> list[str]:
+    """report.md's "Learning rate" section; with ``report_dir``, the answers also written for a sweep to use."""
     choices = best_learning_rates(sweep, cells)
     if not choices:
         return []
+    use = "Use it with `optimizer.lr=<value>` in the real sweep."
+    if report_dir is not None:
+        use = write_best_lrs(choices, report_dir)[1]
     md = ["## Learning rate\n",
           f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
-          "the base width, it transfers to the others). Use it with `optimizer.lr=<value>` (or the data set's "
-          "`optimizer.lr_by_data.<data set>`) in the real sweep.\n",
+          f"the base width, it transfers to the others). {use}\n",
           "| architecture | setting | eraser | best lr | paper MDL | n | grid |", "|---|---|---|---|---|---|---|"]
     for c in choices:
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""

@@ -29,6 +29,8 @@ BOOKKEEPING_KEYS = (
     # how fast or how often
     "mdl.checkpoint_every_s", "mdl.default_engine", "mdl.steps_per_group", "mdl.lock_lease_s",
     "trainer.torch_threads", "trainer.threads_by_engine", "trainer.profiler",
+    # a table looked up once: the optimizer.lr it sets is what counts (an lr search's answers, +lr=best)
+    "lr_search",
 )
 
 
