@@ -630,6 +630,11 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
         assert cfg.optimizer.lr == lr, eraser  # at any width (muP); an eraser the search did not cover: none
     from mdl.run.identity import config_hash
 
+
+    from mdl.run.config_checks import validate_config
+
+    with pytest.raises(ValueError, match="the lr search's table, \\+lr=best, has none for data digits, model mlp, eraser qleace"):
+        validate_config(compose_config([searchpath, "+lr=best", "eraser=qleace"]))
     by_table = compose_config([searchpath, "+lr=best", "eraser=leace"])
     assert config_hash(by_table) == config_hash(compose_config(["eraser=leace", "optimizer.lr=0.001"]))  # the same run
 

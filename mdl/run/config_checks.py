@@ -93,7 +93,12 @@ def validate_config(cfg: DictConfig) -> None:
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
     lr = cfg.optimizer.get("lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        why = (f" (no default for data.source={cfg.data.source!r} in optimizer.lr_by_data)" if lr is None else "")
+        why = ""
+        if lr is None and cfg.get("lr_search") is not None:  # +lr=best (mdl/report/lr.py write_best_lrs)
+            why = (f" (the lr search's table, +lr=best, has none for data {cfg.data.source}, model {cfg.model.name}, "
+                   f"eraser {cfg.eraser.name}: search with these, or leave +lr=best out)")
+        elif lr is None:
+            why = f" (no default for data.source={cfg.data.source!r} in optimizer.lr_by_data)"
         raise ValueError(f"optimizer.lr={lr!r}{why}: must be a positive number; e.g. optimizer.lr=5e-4")
     d = cfg.data
     check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
