@@ -628,10 +628,8 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     for eraser, lr in (("none", 3e-3), ("leace", 1e-3), ("qleace", None)):
         cfg = compose_config([searchpath, "+lr=best", f"eraser={eraser}", "width=512"])
         assert cfg.optimizer.lr == lr, eraser  # at any width (muP); an eraser the search did not cover: none
-    from mdl.run.identity import config_hash
-
-
     from mdl.run.config_checks import validate_config
+    from mdl.run.identity import config_hash
 
     with pytest.raises(ValueError, match="the lr search's table, \\+lr=best, has none for data digits, model mlp, eraser qleace"):
         validate_config(compose_config([searchpath, "+lr=best", "eraser=qleace"]))
