@@ -74,13 +74,15 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
         slot[eraser] = c.lr
     from omegaconf import OmegaConf
 
+    from erasure.files import atomic_write_bytes
+
     path = report_dir / LR_CONFIG[0] / f"{LR_CONFIG[1]}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     body = OmegaConf.to_yaml(OmegaConf.create({
         "lr_search": found,
         "optimizer": {"lr": "${oc.select:lr_search.${data.source}.${model.name}.${eraser.name},null}"}}))
-    path.write_text("# @package _global_\n# The best learning rates of an lr search at the muP base width (mdl/report/lr.py).\n"
-                    + body)
+    atomic_write_bytes(path, ("# @package _global_\n# The best learning rates of an lr search at the muP base width "
+                              "(mdl/report/lr.py).\n" + body).encode())  # read by later sweeps: never half written
     use = (f"Use them in a sweep: `python launch.py -m \"hydra.searchpath=[file://{report_dir.resolve()}]\" "
            f"+{LR_CONFIG[0]}={LR_CONFIG[1]} ...` (`{path.name}` in `{path.parent}` sets `optimizer.lr` per data set, "
            "model and eraser; at any width, as muP transfers it).")

@@ -15,8 +15,8 @@ def imports_frozen() -> Iterator[None]:
     garbage is then collected once, and every object still alive moves to the collector's permanent generation
     (``gc.freeze``), once per process. torch, lightning, torchmetrics and sympy leave about half a million
     long-lived objects (0.3 s per full collection on 2 cores) that every full collection during training, and the
-    one at exit, would otherwise walk again: the default run took 10.1 s with them, 7.1 s frozen
-    (benchmarks/bench_startup.py; the numbers are the same). Later jobs of a sweep in this process freeze nothing
+    one at exit, would otherwise walk again: the default run took 10.0 s with them, 7.7 s frozen on 2 cores
+    (3 alternating runs each; the numbers are the same). Later jobs of a sweep in this process freeze nothing
     more: their garbage is collected as usual. The collector's own on/off state is restored."""
     if gc.get_freeze_count():
         yield

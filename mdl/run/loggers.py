@@ -45,9 +45,13 @@ def logger_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     return found
 
 
+def _is_wandb(node: DictConfig) -> bool:
+    return "WandbLogger" in str(node._target_)
+
+
 def wandb_config(cfg: DictConfig) -> DictConfig | None:
     """The W&B logger's settings, if W&B is among the chosen loggers."""
-    return next((c for c in logger_configs(cfg).values() if "WandbLogger" in str(c._target_)), None)
+    return next((c for c in logger_configs(cfg).values() if _is_wandb(c)), None)
 
 
 def is_wandb(cfg: DictConfig) -> bool:
@@ -57,8 +61,9 @@ def is_wandb(cfg: DictConfig) -> bool:
 class LoggerGroup:
     """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's."""
 
-    def __init__(self, loggers: list[Any]) -> None:
+    def __init__(self, loggers: list[Any], wandb: Any = None) -> None:
         self.loggers = loggers
+        self.wandb = wandb  # the W&B logger among them, if any
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
         for logger in self.loggers:
@@ -71,7 +76,7 @@ class LoggerGroup:
     @property
     def wandb_run(self) -> Any:
         """The W&B run of the group's W&B logger, or None."""
-        return next((lg.experiment for lg in self.loggers if "Wandb" in type(lg).__name__), None)
+        return None if self.wandb is None else self.wandb.experiment
 
 
 def preset_name() -> str | None:
@@ -121,9 +126,9 @@ def check_logger(cfg: DictConfig) -> None:
 
 def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str], only_wandb: bool = False) -> LoggerGroup | None:
     """The chosen loggers (``only_wandb``: the W&B one alone), or None when there are none."""
-    loggers = []
-    for name, node in logger_configs(cfg).items():
-        wandb = "WandbLogger" in str(node._target_)
+    loggers, wandb_logger = [], None
+    for node in logger_configs(cfg).values():
+        wandb = _is_wandb(node)
         if only_wandb and not wandb:
             continue
         extra: dict[str, Any] = {"save_dir": node.get("save_dir") or str(run_dir)}
@@ -131,7 +136,8 @@ def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str], only_wandb
             extra |= wandb_settings(cfg, run_dir, overrides)
         params = {**OmegaConf.to_container(node, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
         loggers.append(instantiate(params))  # a dict, since 'config' is also instantiate's own argument name
-    return LoggerGroup(loggers) if loggers else None
+        wandb_logger = loggers[-1] if wandb else wandb_logger
+    return LoggerGroup(loggers, wandb_logger) if loggers else None
 
 
 def series_name(member: int, num_blocks: int) -> str:
@@ -191,7 +197,7 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     run = logger.wandb_run
     for member in logger.loggers:
-        if run is not None and getattr(member, "experiment", None) is run:
+        if member is logger.wandb:
             run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
         else:
             member.log_metrics({**numbers, **erasure})
