@@ -55,7 +55,7 @@ def main() -> None:
                 same = f"NOT comparable: {len(basic_mdl)} and {len(packed_mdl)} of {jobs} jobs have results"
             elif basic_mdl == packed_mdl:
                 same = "the same to the bit"
-            else:  # conv nets: grouped convolutions' kernels depend on the fit's member count (docs/sweeps.md)
+            else:  # with fits of k other stack sizes than the runs alone have (docs/sweeps.md)
                 gap = max(abs(basic_mdl[k] - packed_mdl[k]) for k in basic_mdl)
                 same = f"NOT the same: {sum(basic_mdl[k] != packed_mdl[k] for k in basic_mdl)} differ, by at most {gap:.2e} bits"
             print(f"[{r}] job by job {basic:.1f} s | packed {packed:.1f} s | job by job / packed = {basic / packed:.2f}x | "

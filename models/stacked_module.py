@@ -36,6 +36,7 @@ class StackedClassifier(L.LightningModule):
     def __init__(
         self, stack: StackedModel, optimizer: OptimizerFactory, lr: float, precision: str = "fp32",
         loss: SpectralDecoupling | None = None, member_ids: list[int] | None = None,
+        run_of: dict[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.loss_regulariser = loss  # enters the training objective only (models/losses.py)
@@ -47,6 +48,8 @@ class StackedClassifier(L.LightningModule):
         self.members: list[int] = list(range(stack.num_members)) if member_ids is None else list(member_ids)
         if len(self.members) != stack.num_members:
             raise ValueError(f"{len(self.members)} member ids for a stack of {stack.num_members}")
+        # member id -> its run, in a fit of several runs (a pack); each run's rows compute as a stack of their own
+        self.run_of = dict(run_of or {})
         # this epoch's loss sums per row; a buffer, so moving the module (.to, .cuda) moves it with the stack
         # (not saved in the state dict: on_save_checkpoint stores it, as before)
         self.register_buffer("train_sums", torch.zeros(stack.num_members, dtype=torch.float64), persistent=False)
@@ -84,7 +87,7 @@ class StackedClassifier(L.LightningModule):
     def step_loss(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """The sum over members of each one's mean loss on its batch: x (M, B, ...), y and w (M, B)."""
         with autocast_context(self.precision, x.device.type):
-            logits = self.stack(x).float()
+            logits = self.stack(x, self.chunks()).float()
         nats = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(w) * w
         per_member = nats.sum(1)
         self.train_sums += per_member.detach().double()  # the curves stay plain cross-entropy
@@ -100,6 +103,21 @@ class StackedClassifier(L.LightningModule):
             return batch.x, batch.y, batch.weight
         rows = torch.tensor([batch.members.index(m) for m in self.members], dtype=torch.long, device=batch.x.device)
         return batch.x[:, rows], batch.y[:, rows], batch.weight[:, rows]
+
+    def chunks(self, rows: list[int] | None = None) -> list[int] | None:
+        """Sizes of the consecutive groups of these rows (all: None) that belong to one run, for
+        ``StackedModel.run``: in a pack each run's members compute as they do in their run alone (a pack
+        stacks runs one after another, so a run's rows are consecutive). None outside packs."""
+        if not self.run_of:
+            return None
+        runs = [self.run_of[self.members[r]] for r in (range(len(self.members)) if rows is None else rows)]
+        sizes = [1]
+        for before, run in zip(runs, runs[1:]):
+            if run == before:
+                sizes[-1] += 1
+            else:
+                sizes.append(1)
+        return sizes
 
     def take_train_sums(self, rows: list[int]) -> Tensor:
         """The finished epoch's training loss sums of these rows (on the device, not read), reset."""
@@ -123,18 +141,19 @@ class StackedClassifier(L.LightningModule):
     @torch.no_grad()
     def loss_sums(
         self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any, float64: bool = True,
-        with_correct: bool = False,
+        with_correct: bool = False, chunks: list[int] | None = None,
     ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         """Per member, the sum of cross-entropies (nats) over ``batches`` (accumulated in float64) and
         the count. ``float64=False`` computes each batch's sum in float32 from float32 logits, as the
         sequential engine's validation does (so early stopping compares the same numbers).
-        ``with_correct``: also each member's count of examples its argmax classifies right (same pass)."""
+        ``with_correct``: also each member's count of examples its argmax classifies right (same pass).
+        ``chunks``: ``self.chunks(rows)`` of the rows the weights are of (a pack's runs apart)."""
         params, buffers = weights
         members = len(next(iter(params.values())))
         total, count, correct = None, 0, None
         for x, y in batches:
             with autocast_context(self.precision, x.device.type):
-                logits = self.stack.run(params, buffers, x, shared_input=True)
+                logits = self.stack.run(params, buffers, x, shared_input=True, chunks=chunks)
             m = logits.shape[0]
             if with_correct:
                 hits = (logits.argmax(-1) == y).sum(1)

@@ -7,6 +7,11 @@ instead of M small ones. A model may offer a faster batched form, ``forward_stac
 with x of shape (M, B, ...), which is used instead (the MLP: batched matmuls). Members can
 leave (``keep``), which shrinks every stacked tensor.
 
+Rows can be run in ``chunks``, each as a stack of its own: a pack's runs (mdl/engine/pack.py) then compute
+exactly as they do alone. Grouped convolutions (and vmap's, which are grouped convolutions too) give a
+member other last bits in a stack of another size; a model whose stacked form does not
+(``stack_size_independent``: the MLP's batched matmuls, tests/test_pack.py) runs all rows as one stack.
+
 muP: the template's ``MuReadout`` layers read their width multiplier from ``weight.infshape``,
 which the stacked tensors do not carry; it is frozen to each readout's value before stacking.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
+import torch
 from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
@@ -57,24 +63,38 @@ class StackedModel(nn.Module):
     def buffer_dict(self) -> dict[str, Tensor]:
         return {n: getattr(self, f"stacked_buffer_{i}") for i, n in enumerate(self.buffer_names)}
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.run(self.param_dict(), self.buffer_dict(), x, shared_input=False)
+    def forward(self, x: Tensor, chunks: Sequence[int] | None = None) -> Tensor:
+        return self.run(self.param_dict(), self.buffer_dict(), x, shared_input=False, chunks=chunks)
 
     def compile(self, backend: str) -> None:  # type: ignore[override]
         """Compile the stacked computation once for the whole fit (``trainer.compile``). Members leave, so the
         member axis shrinks: it is marked dynamic (``run``), so one graph serves every stack size instead of one
         per size; training and evaluation (autograd on or off, one batch per member or one shared) and a stack
         of one member (which dynamo specialises) get their own graphs (tests/test_one_engine.py counts them)."""
-        import torch
         import torch._dynamo
 
         # dynamo takes parameters' shapes as static by default: the stacked weights' member axis must not be
         torch._dynamo.config.force_parameter_static_shapes = False
         self.__dict__["_compiled_run"] = torch.compile(self._run, backend=backend)
 
-    def run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
+    def run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool,
+            chunks: Sequence[int] | None = None) -> Tensor:
         """Outputs (M', B, K) of the members whose stacked weights are given; x is (M', B, ...)
-        or, with ``shared_input``, one batch (B, ...) that every member sees."""
+        or, with ``shared_input``, one batch (B, ...) that every member sees. ``chunks``: sizes of consecutive
+        groups of rows that each compute as a stack of their own (None: one stack)."""
+        if chunks is None or len(chunks) < 2 or getattr(self.template, "stack_size_independent", False):
+            return self._run_one(params, buffers, x, shared_input)
+        # split (not sliced) views: autograd concatenates their gradients once instead of adding padded copies
+        split_params = {n: t.split(list(chunks)) for n, t in params.items()}
+        split_buffers = {n: t.split(list(chunks)) for n, t in buffers.items()}
+        split_x = [x] * len(chunks) if shared_input else x.split(list(chunks))
+        return torch.cat([
+            self._run_one({n: t[i] for n, t in split_params.items()}, {n: t[i] for n, t in split_buffers.items()},
+                          split_x[i], shared_input)
+            for i in range(len(chunks))
+        ])
+
+    def _run_one(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
         compiled = self.__dict__.get("_compiled_run")
         if compiled is None:
             return self._run(params, buffers, x, shared_input)

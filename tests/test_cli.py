@@ -161,28 +161,30 @@ def test_training_imports_are_frozen_once_and_the_collector_state_is_restored(mo
 
     import pytest
 
+    from mdl.run import imports
     from mdl.run.imports import imports_frozen
 
     for entry in (REPO / "launch.py", REPO / "hydra_plugins" / "mdl_packed" / "packed_launcher.py"):
         assert re.search(r"with imports_frozen\(\):[^\n]*\n\s+from mdl\.run\.experiment import", entry.read_text()), entry
-    monkeypatch.setattr(gc, "get_freeze_count", lambda: 0)  # as in a fresh process
     calls = []
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    monkeypatch.setattr(imports, "_frozen", False)  # as in a fresh process
     with imports_frozen():
         assert not gc.isenabled()
     assert gc.isenabled() and calls == ["collect", "freeze"]
+    monkeypatch.setattr(imports, "_frozen", False)
     with pytest.raises(ImportError), imports_frozen():
         raise ImportError("a broken install")
     assert gc.isenabled() and calls[2:] == ["collect", "freeze"]
     gc.disable()
+    monkeypatch.setattr(imports, "_frozen", False)
     try:
         with imports_frozen():
             pass
         assert not gc.isenabled()  # off before, off after
     finally:
         gc.enable()
-    monkeypatch.setattr(gc, "get_freeze_count", lambda: 1)  # already frozen: a later job
-    with imports_frozen():
+    with imports_frozen():  # already frozen: a later job
         assert gc.isenabled()
     assert len(calls) == 6

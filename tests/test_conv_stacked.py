@@ -128,3 +128,42 @@ def test_a_lenet_step_of_ten_members_launches_at_most_one_and_a_half_times_one_m
     one, ten = _step_kernels(lenets(10, (1, 8, 8)), (1, 8, 8))
     assert ten <= 1.5 * one, (one, ten)
     assert _step_kernels(lenets(2, (1, 8, 8)), (1, 8, 8))[1] == ten
+
+
+
+def stack_of(model: str, seeds) -> StackedModel:
+    made = []
+    for s in seeds:
+        torch.manual_seed(s)
+        made.append(create_model(model, 8, 1, 10, SHAPE, base_width=8))
+    return StackedModel(made)
+
+
+@pytest.mark.parametrize("model", ["convnext", "lenet"])
+def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str) -> None:
+    """A pack's runs (StackedModel.run's ``chunks``): the outputs and gradients of each chunk of rows are those of a
+    stack of just its members, bit for bit (one stack of all rows: only to rounding, grouped convolutions)."""
+    chunks = [2, 3, 1]
+    whole, parts = stack_of(model, range(6)), [stack_of(model, range(0, 2)), stack_of(model, range(2, 5)), stack_of(model, [5])]
+    x = torch.rand(6, 4, *SHAPE)
+    out = whole(x, chunks)
+    alone = [part(xi) for part, xi in zip(parts, x.split(chunks))]
+    assert torch.equal(out, torch.cat(alone))
+    target = torch.randn_like(out)
+    ((out - target) ** 2).sum().backward()
+    ((torch.cat(alone) - target) ** 2).sum().backward()
+    for name, p in whole.param_dict().items():
+        assert torch.equal(p.grad, torch.cat([part.param_dict()[name].grad for part in parts])), name
+    shared = whole.run(whole.param_dict(), whole.buffer_dict(), x[0], shared_input=True, chunks=chunks)
+    assert torch.equal(shared, torch.cat([part.run(part.param_dict(), part.buffer_dict(), x[0], shared_input=True)
+                                          for part in parts]))
+
+
+@pytest.mark.parametrize("model, calls", [("mlp", 1), ("lenet", 3)])
+def test_only_stacks_whose_members_depend_on_the_stack_size_are_run_in_chunks(model: str, calls: int, monkeypatch) -> None:
+    """The MLP's batched matmuls give a member its bits whatever the stack's size: a pack keeps one stack."""
+    made = []
+    original = StackedModel._run_one
+    monkeypatch.setattr(StackedModel, "_run_one", lambda self, *a: made.append(1) or original(self, *a))
+    stack_of(model, range(6))(torch.rand(6, 4, *SHAPE), [2, 3, 1])
+    assert len(made) == calls

@@ -4,10 +4,10 @@ Runs of equal models (differing in seed, eraser or data seed) can share one stac
 fit (or fits of ``mdl.members_per_fit``, block by block), one step per batch for all of them; a run with
 its own data (``PackedRun.data``) has its members' batches, validation and scoring drawn from it. Each member is exactly what it is in a fit of its own
 run (its initial weights, batch order, prefix, protocol state and scoring; mdl/engine/stacked_runs.py),
-so each run's numbers are those of the run alone as far as a member's arithmetic does not depend on its
-neighbours in the stack. The MLP's batched matmuls almost never do: tests/test_pack.py finds packs in one
-fit equal to the runs alone to the bit; but BLAS picks its batched kernel by the batch count, so where a
-pack's fits hold other companions than the run's own fits (fits of k), the last bits can move (there:
+so each run's numbers are those of the run alone: each run's members compute as a stack of their own (one
+forward per run; the MLP's, whose bits do not depend on the stack's size, as one; models/stacking.py), and
+tests/test_pack.py finds packs in one fit equal to the runs alone to the bit. Where a pack's fits hold other
+companions than the run's own fits (fits of k), the stacks' sizes differ and the last bits can move (there:
 every block the same, the final fit's curves within 1e-6). Each run records its finished blocks in its own
 progress.json; the pack's checkpoints live in the pack's folder, named by its runs, so a killed pack
 resumes every run in it.

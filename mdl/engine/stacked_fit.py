@@ -110,7 +110,7 @@ class StackedProtocol(L.Callback):
         """The untrained weights as every member's first candidate (one read of the device)."""
         rows = [module.members.index(m) for m in members]
         weights = module.eval_weights(rows)
-        val_sums, count = module.loss_sums(weights, self.val_batches(members[0]), float64=False)
+        val_sums, count = module.loss_sums(weights, self.val_batches(members[0]), float64=False, chunks=module.chunks(rows))
         for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
@@ -144,7 +144,7 @@ class StackedProtocol(L.Callback):
         rows = [module.members.index(m) for m in ended]
         weights = module.eval_weights(rows)
         val_sums, count, correct = module.loss_sums(weights, self.val_batches(ended[0]), float64=False,
-                                                    with_correct=True)  # as a single fit validates
+                                                    with_correct=True, chunks=module.chunks(rows))  # as a single fit validates
         train_sums, val_means, accuracy = torch.stack(  # the one read
             [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]

@@ -65,7 +65,8 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
                                      source_of=[source[where(g)[0]] for g in members])
     init_seeds = [runs[r].init_seeds[m] for r, m in map(where, members)]
     module = StackedClassifier(build_members(recipe.make_model, init_seeds, dm.device),
-                               recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members)
+                               recipe.optimizer, recipe.lr, recipe.precision, loss=recipe.loss, member_ids=members,
+                               run_of={g: where(g)[0] for g in members} if len(runs) > 1 else None)
     if recipe.compile_backend is not None:
         module.stack.compile(recipe.compile_backend)
     logged: set[int] = set()  # stack ids whose outcome this process recorded
