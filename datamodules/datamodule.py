@@ -261,6 +261,10 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
             self.eraser_cfg["name"], self.augment_order, on, self.cache.stats.hits, self.cache.stats.builds,
         )
 
+    def resident_bytes(self) -> int:
+        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl/run/pack.py)."""
+        return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
+
     def _fit_options(self, splits: Splits) -> dict[str, Any]:
         """The eraser's options; for ``random``, ``rank_from: <eraser>`` becomes ``rank``: the edit
         rank of that eraser (with ``rank_from_options``) fitted on the same training split, through

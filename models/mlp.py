@@ -63,7 +63,7 @@ def swiglu_width(width: int, depth: int = 2, in_features: int | None = None, num
 
 class MLP(nn.Module):
     # A member's bits do not depend on how many members share its batched matmuls (tests/test_pack.py: packs in one
-    # fit equal their runs alone), so a pack runs its runs' members as one stack (models/stacking.py).
+    # fit equal their runs alone), so on a GPU a pack runs its runs' members as one stack (models/stacking.py).
     stack_size_independent = True
 
     def __init__(self, in_features: int, width: int, depth: int, num_classes: int, activation: str = "relu") -> None:

@@ -9,8 +9,10 @@ leave (``keep``), which shrinks every stacked tensor.
 
 Rows can be run in ``chunks``, each as a stack of its own: a pack's runs (mdl/engine/pack.py) then compute
 exactly as they do alone. Grouped convolutions (and vmap's, which are grouped convolutions too) give a
-member other last bits in a stack of another size; a model whose stacked form does not
-(``stack_size_independent``: the MLP's batched matmuls, tests/test_pack.py) runs all rows as one stack.
+member other last bits in a stack of another size. A model whose stacked form does not
+(``stack_size_independent``: the MLP's batched matmuls, tests/test_pack.py) runs all rows as one stack on a
+GPU, where kernel launches bind small steps; on a CPU, which is arithmetic-bound, chunks are faster (each
+run's stack stays cache-sized: 1.11x for 25 digits MLP runs, 1.68x for 6 LeNet runs, benchmarks/bench_packed.py).
 
 muP: the template's ``MuReadout`` layers read their width multiplier from ``weight.infshape``,
 which the stacked tensors do not carry; it is frozen to each readout's value before stacking.
@@ -82,7 +84,7 @@ class StackedModel(nn.Module):
         """Outputs (M', B, K) of the members whose stacked weights are given; x is (M', B, ...)
         or, with ``shared_input``, one batch (B, ...) that every member sees. ``chunks``: sizes of consecutive
         groups of rows that each compute as a stack of their own (None: one stack)."""
-        if chunks is None or len(chunks) < 2 or getattr(self.template, "stack_size_independent", False):
+        if chunks is None or len(chunks) < 2 or runs_as_one_stack(self.template, x.device):
             return self._run_one(params, buffers, x, shared_input)
         # split (not sliced) views: autograd concatenates their gradients once instead of adding padded copies
         split_params = {n: t.split(list(chunks)) for n, t in params.items()}
@@ -151,6 +153,12 @@ class StackedModel(nn.Module):
         for name, p in self.param_dict().items():
             groups.setdefault(self.width_mult[name], []).append(p)
         return [{"params": ps, "lr": lr / mult, "width_mult": mult} for mult, ps in sorted(groups.items())]
+
+
+def runs_as_one_stack(template: nn.Module, device: torch.device) -> bool:
+    """Whether ``run`` ignores its chunks: on a GPU, for a model whose members' bits do not depend on the
+    stack's size (one stack: fewer kernel launches); on a CPU chunks are faster (see the module's docstring)."""
+    return device.type == "cuda" and getattr(template, "stack_size_independent", False)
 
 
 def _require_stackable(model: nn.Module) -> None:

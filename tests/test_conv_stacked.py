@@ -159,11 +159,16 @@ def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str
                                           for part in parts]))
 
 
-@pytest.mark.parametrize("model, calls", [("mlp", 1), ("lenet", 3)])
-def test_only_stacks_whose_members_depend_on_the_stack_size_are_run_in_chunks(model: str, calls: int, monkeypatch) -> None:
-    """The MLP's batched matmuls give a member its bits whatever the stack's size: a pack keeps one stack."""
+def test_chunks_are_ignored_only_on_a_gpu_and_only_where_members_do_not_depend_on_the_stack_size(monkeypatch) -> None:
+    """The MLP's batched matmuls give a member its bits whatever the stack's size: on a GPU a pack keeps one stack
+    (fewer launches); a CPU runs every model's chunks (faster there); conv nets run theirs everywhere."""
+    from models.stacking import runs_as_one_stack
+
+    mlp, lenet = stack_of("mlp", [0]).template, stack_of("lenet", [0]).template
+    assert runs_as_one_stack(mlp, torch.device("cuda")) and not runs_as_one_stack(mlp, torch.device("cpu"))
+    assert not runs_as_one_stack(lenet, torch.device("cuda")) and not runs_as_one_stack(lenet, torch.device("cpu"))
     made = []
     original = StackedModel._run_one
     monkeypatch.setattr(StackedModel, "_run_one", lambda self, *a: made.append(1) or original(self, *a))
-    stack_of(model, range(6))(torch.rand(6, 4, *SHAPE), [2, 3, 1])
-    assert len(made) == calls
+    stack_of("mlp", range(6))(torch.rand(6, 4, *SHAPE), [2, 3, 1])
+    assert len(made) == 3

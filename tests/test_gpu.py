@@ -303,3 +303,24 @@ def test_a_pack_of_erasers_and_seeds_trains_on_cuda_with_each_runs_numbers(tmp_p
         assert other["config"]["device"] == "cuda" and len(other["blocks"]) == len(one["blocks"])
         for key in ("paper_mdl", "online_codelength_bits", "final_val_loss"):
             assert other[key] == pytest.approx(one[key], rel=1e-4), key
+
+
+@pytest.mark.parametrize("model, calls", [("mlp", 1), ("lenet", 3), ("convnext", 3)])
+def test_a_packs_runs_compute_as_stacks_of_their_own_on_cuda(model: str, calls: int, monkeypatch) -> None:
+    """StackedModel.run's chunks on CUDA: the conv nets run each run's rows as a stack of their own (outputs those of
+    the separate stacks), the MLP one stack for all (fewer launches; its members do not depend on the stack's size)."""
+    from models.stacking import StackedModel
+    from test_conv_stacked import SHAPE, stack_of
+
+    chunks = [2, 3, 1]
+    whole = stack_of(model, range(6)).cuda()
+    parts = [stack_of(model, range(0, 2)).cuda(), stack_of(model, range(2, 5)).cuda(), stack_of(model, [5]).cuda()]
+    x = torch.rand(6, 4, *SHAPE, device="cuda")
+    made = []
+    original = StackedModel._run_one
+    monkeypatch.setattr(StackedModel, "_run_one", lambda self, *a: made.append(1) or original(self, *a))
+    with torch.no_grad():
+        out = whole(x, chunks)
+        assert len(made) == calls
+        alone = torch.cat([part(xi) for part, xi in zip(parts, x.split(chunks))])
+    torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)

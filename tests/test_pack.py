@@ -98,6 +98,52 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
                 assert other[key] == one[key], key
 
 
+def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numbers(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_fraction`` of the memory: one data module at
+    a time here, each part a pack of its own trained after the last one's data is freed; the numbers of the runs alone."""
+    import gc
+
+    import mdl.run.pack
+    from datamodules.datamodule import ErasedDataModule
+
+    variants = [["eraser=none"], ["eraser=none", "seed=1"], ["data_seed=1"], ["eraser=qleace"]]
+    alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
+    resident, parts = [], []
+    original = mdl.run.pack._train_prepared
+
+    def train_prepared(prepared, pack=()):
+        gc.collect()
+        resident.append(sum(type(o) is ErasedDataModule for o in gc.get_objects()))
+        parts.append(len(prepared))
+        return original(prepared, pack)
+
+    monkeypatch.setattr(mdl.run.pack, "_train_prepared", train_prepared)
+    tight = [*BASE, "mdl.pack_data_fraction=1e-12"]
+    packed = run_pack([Job.checked(compose_config([*tight, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+                       for i, v in enumerate(variants)])
+    assert sorted(parts) == [1, 1, 2] and resident == [1, 1, 1]  # the two seeds of eraser=none share their data
+    assert "trains in 3 parts of at most 1 data sets" in caplog.text
+    for one, other in zip(alone, packed):
+        for key in NUMBERS:
+            assert other[key] == one[key], key
+    assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
+
+
+def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurms(monkeypatch) -> None:
+    import torch
+
+    from mdl.engine.memory import data_modules_at_once, memory_bytes
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MiB, as Slurm sets it
+    assert memory_bytes(cpu) == 2**30
+    assert data_modules_at_once(2**28, cpu, 0.5) == 2 and data_modules_at_once(2**31, cpu, 0.5) == 1
+    monkeypatch.delenv("SLURM_MEM_PER_NODE")
+    assert memory_bytes(cpu) > 2**30  # the host's total (this machine has more than 1 GiB)
+    with pytest.raises(ValueError, match="mdl.pack_data_fraction=0"):
+        data_modules_at_once(1, cpu, 0)
+
+
 @pytest.mark.parametrize("model", ["lenet", pytest.param("convnext", marks=pytest.mark.slow),
                                    pytest.param("swin", marks=pytest.mark.slow)])
 def test_conv_nets_packed_keep_their_numbers_to_the_bit(tmp_path: Path, model: str) -> None:

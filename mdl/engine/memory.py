@@ -13,6 +13,8 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -90,3 +92,25 @@ def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int) -> 
     batch = dm.stacked_train_loader([dm.num_train] * members, 1).next(1)
     module.train_group(batch, optimizer)
     del module, optimizer, batch
+
+
+def memory_bytes(device: torch.device) -> int:
+    """The memory a run on ``device`` has: the GPU's total, or on a CPU the host's total (Slurm's allocation where
+    smaller: SLURM_MEM_PER_NODE, in MiB). Totals, not what is free now, so a relaunch splits a pack the same way."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    slurm = os.environ.get("SLURM_MEM_PER_NODE", "")
+    return min(total, int(slurm) * 2**20) if slurm.isdigit() and int(slurm) > 0 else total
+
+
+def data_modules_at_once(per_module: int, device: torch.device, fraction: float) -> int:
+    """How many data modules of ``per_module`` bytes a pack holds at once within ``fraction`` of the memory."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"mdl.pack_data_fraction={fraction}: give a share of the memory in (0, 1], e.g. 0.5")
+    return max(1, int(memory_bytes(device) * fraction) // max(per_module, 1))

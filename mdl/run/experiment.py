@@ -164,11 +164,19 @@ class PreparedRun:
     engine: str
 
 
+def job_data(job: Job) -> ErasedDataModule:
+    """The job's data module, made under its seed (as its run alone makes it; a pack makes it ahead of the run)."""
+    L.seed_everything(job.cfg.seed, verbose=False)
+    return make_datamodule(job.cfg, job.device)
+
+
 def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     """Everything before training; ``dm``: a data module built for an identical data config (a pack's runs share one)."""
     cfg, run_dir, device = job.cfg, job.run_dir, job.device
-    L.seed_everything(cfg.seed, verbose=False)
-    dm = dm if dm is not None else make_datamodule(cfg, device)
+    if dm is None:
+        dm = job_data(job)
+    else:
+        L.seed_everything(cfg.seed, verbose=False)
     eraser_path = None
     if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
