@@ -129,6 +129,46 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
 
 
+def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Parts are made from the whole pack, finished runs included, so the relaunch finds the killed part's folder."""
+    import mdl.run.pack
+    from mdl.engine.fitting import SaveLastCheckpoint
+
+    class Killed(Exception):
+        pass
+
+    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3", "mdl.pack_data_fraction=1e-12"]
+    variants = [["seed=0"], ["seed=1"], ["eraser=none"], ["eraser=none", "seed=1"]]
+    listed = lambda root: [Job.checked(compose_config([*BASE, *settings, *v], root), root / f"run{i}")  # noqa: E731
+                           for i, v in enumerate(variants)]
+    reference = run_pack(listed(tmp_path / "ref"))
+    parts, saves = [0], [0]
+    train_prepared, save = mdl.run.pack._train_prepared, SaveLastCheckpoint.on_train_epoch_end
+
+    def counted(prepared, pack=()):
+        parts[0] += 1
+        return train_prepared(prepared, pack)
+
+    def save_then_die(self, trainer, module) -> None:
+        save(self, trainer, module)
+        saves[0] += parts[0] == 2
+        if saves[0] == 2:
+            raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(mdl.run.pack, "_train_prepared", counted)
+        m.setattr(SaveLastCheckpoint, "on_train_epoch_end", save_then_die)
+        with pytest.raises(Killed):
+            run_pack(listed(tmp_path / "run"))
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        resumed = run_pack(listed(tmp_path / "run"))
+    assert sum(r.get("skipped", False) for r in resumed) == 2 and "resuming fit from" in caplog.text
+    for one, other in zip(reference, resumed):
+        for key in NUMBERS:
+            assert other[key] == one[key], key
+
+
 def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurms(monkeypatch) -> None:
     import torch
 

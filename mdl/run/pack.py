@@ -93,7 +93,7 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
             results[todo[0]] = _run_alone(jobs[todo[0]])
         elif todo:  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
             todo.sort(key=lambda i: jobs[i].key)
-            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [jobs[i].key for i in first.values()])):
+            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [jobs[i] for i in first.values()])):
                 results[i] = result
         for i, job in enumerate(jobs):
             if i not in results:  # a repeat of a run above, whose lock is held
@@ -125,32 +125,40 @@ def pack_identity(folder: Path, jobs: Sequence[Job]) -> str:
     return f"{run_identity(folder)} runs {sha256_hex(' '.join(job.key for job in jobs).encode())[:16]}"
 
 
-def _train_together(jobs: list[Job], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """``pack``: the keys of every run in the pack (its folder's name). Runs with equal data share one data module.
-    When the pack's data modules do not fit in ``mdl.pack_data_fraction`` of the device's memory at once (e.g. the
-    paper presets' CIFARNet runs, each seed its own data: 9.3 GB each), the runs train in parts that do, one after
-    another, each part a pack of its own (every run's numbers are the same either way)."""
-    by_data: dict[str, list[int]] = {}
-    for i, job in enumerate(jobs):
-        by_data.setdefault(data_key(job.cfg), []).append(i)
+def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
+    """``jobs`` (in key order) of ``pack`` (every run of the pack, finished ones included: its folder's name), trained
+    together; runs with equal data share one data module. When the pack's data modules do not fit in
+    ``mdl.pack_data_fraction`` of the device's memory at once (e.g. the paper presets' CIFARNet runs, each seed its
+    own data: 9.3 GB each), it trains in parts that do, one after another, each part a pack of its own named by its
+    runs (made from the whole pack, so a relaunch finds the same parts); every run's numbers are the same either way."""
+    by_data: dict[str, list[Job]] = {}
+    for job in sorted(pack, key=lambda job: job.key):
+        by_data.setdefault(data_key(job.cfg), []).append(job)
     groups = list(by_data.values())
-    first: ErasedDataModule | None = job_data(jobs[0])
-    fraction = jobs[0].cfg.mdl.pack_data_fraction
+    todo = {job.key for job in jobs}
+    measured = next(job for group in groups for job in group if job.key in todo)  # in the first part that trains
+    first: ErasedDataModule | None = job_data(measured)
+    fraction = measured.cfg.mdl.pack_data_fraction
     at_once = data_modules_at_once(first.resident_bytes(), first.device, fraction)
-    parts = [[i for group in groups[a:a + at_once] for i in group] for a in range(0, len(groups), at_once)]
+    parts = [[job for group in groups[a:a + at_once] for job in group] for a in range(0, len(groups), at_once)]
     if len(parts) > 1:
         log.warning("pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
-                    "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another", len(jobs), len(groups),
+                    "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another", len(pack), len(groups),
                     first.resident_bytes() / 1e9, len(parts), at_once, fraction, memory_bytes(first.device) / 1e9,
                     first.device)
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for part in parts:
-        modules = {data_key(jobs[0].cfg): first} if first is not None else {}
+        in_part = {job.key for job in part}
+        part_jobs = [job for job in jobs if job.key in in_part]
+        if not part_jobs:  # finished before a relaunch
+            continue
+        modules = {data_key(measured.cfg): first} if first is not None else {}
         first = None  # held only as long as its part: each part's data is freed before the next is loaded
-        prepared = _prepare_sharing_data([jobs[i] for i in part], modules)
-        results.update(zip(part, _train_prepared(prepared, pack if len(parts) == 1 else ())))
+        prepared = _prepare_sharing_data(part_jobs, modules)
+        name = [job.key for job in (part if len(parts) > 1 else pack)]
+        results.update(zip([job.key for job in part_jobs], _train_prepared(prepared, name)))
         del prepared, modules
-    return [results[i] for i in range(len(jobs))]
+    return [results[job.key] for job in jobs]
 
 
 def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
