@@ -262,7 +262,8 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         )
 
     def resident_bytes(self) -> int:
-        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl/run/pack.py)."""
+        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl/run/pack.py); the
+        eraser and batch buffers, small beside them, are not counted."""
         return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
 
     def _fit_options(self, splits: Splits) -> dict[str, Any]:

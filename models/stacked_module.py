@@ -108,7 +108,7 @@ class StackedClassifier(L.LightningModule):
         """Sizes of the consecutive groups of these rows (all: None) that belong to one run, for
         ``StackedModel.run``: in a pack each run's members compute as they do in their run alone (a pack
         stacks runs one after another, so a run's rows are consecutive). None outside packs."""
-        if not self.run_of:
+        if not self.run_of or rows == []:
             return None
         runs = [self.run_of[self.members[r]] for r in (range(len(self.members)) if rows is None else rows)]
         sizes = [1]

@@ -95,18 +95,22 @@ def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int) -> 
 
 
 def memory_bytes(device: torch.device) -> int:
-    """The memory a run on ``device`` has: the GPU's total, or on a CPU the host's total (Slurm's allocation where
-    smaller: SLURM_MEM_PER_NODE, in MiB). Totals, not what is free now, so a relaunch splits a pack the same way."""
+    """The memory a run on ``device`` has: the GPU's total; on a CPU the host's total, or less where Slurm (its
+    allocation: SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE, in MiB) or the cgroup limit the
+    process. Totals, not what is free now, so a relaunch on the same kind of machine splits a pack the same way."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-    slurm = os.environ.get("SLURM_MEM_PER_NODE", "")
-    return min(total, int(slurm) * 2**20) if slurm.isdigit() and int(slurm) > 0 else total
+    limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
+    env = {k: os.environ.get(k, "") for k in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE")}
+    if env["SLURM_MEM_PER_NODE"].isdigit():
+        limits.append(int(env["SLURM_MEM_PER_NODE"]) * 2**20)
+    elif env["SLURM_MEM_PER_CPU"].isdigit() and env["SLURM_CPUS_ON_NODE"].isdigit():
+        limits.append(int(env["SLURM_MEM_PER_CPU"]) * int(env["SLURM_CPUS_ON_NODE"]) * 2**20)
+    for cgroup in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):  # v2, v1
+        value = cgroup.read_text().strip() if cgroup.exists() else ""
+        if value.isdigit():
+            limits.append(int(value))
+    return min(limit for limit in limits if limit > 0)
 
 
 def data_modules_at_once(per_module: int, device: torch.device, fraction: float) -> int:

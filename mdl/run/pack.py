@@ -11,16 +11,19 @@ the numbers it would have alone.
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from datamodules.datamodule import ErasedDataModule
-from erasure.files import sha256_hex
+from erasure.files import atomic_write_bytes, sha256_hex
 from mdl.engine.driver import FitSettings
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.memory import data_modules_at_once, memory_bytes
@@ -33,6 +36,7 @@ from mdl.run.storage import run_lock
 
 log = logging.getLogger(__name__)
 PACKS_DIR = "packs"  # under paths.store_dir: one folder per pack in progress (its checkpoint)
+PARTS_FILE = "parts.json"  # in a pack's folder while it trains in parts (mdl.pack_data_fraction): how it was split
 
 
 PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
@@ -139,13 +143,18 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     measured = next(job for group in groups for job in group if job.key in todo)  # in the first part that trains
     first: ErasedDataModule | None = job_data(measured)
     fraction = measured.cfg.mdl.pack_data_fraction
-    at_once = data_modules_at_once(first.resident_bytes(), first.device, fraction)
+    record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
+    at_once = (json.loads(record.read_text())["data_sets_at_once"] if record.exists()
+               else data_modules_at_once(first.resident_bytes(), first.device, fraction))
     parts = [[job for group in groups[a:a + at_once] for job in group] for a in range(0, len(groups), at_once)]
     if len(parts) > 1:
         log.warning("pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
                     "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another", len(pack), len(groups),
                     first.resident_bytes() / 1e9, len(parts), at_once, fraction, memory_bytes(first.device) / 1e9,
                     first.device)
+        if not record.exists():  # a relaunch (another GPU, another allocation) splits as this launch did
+            record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(record, json.dumps({"data_sets_at_once": at_once}).encode())
     results: dict[str, dict[str, Any]] = {}
     for part in parts:
         in_part = {job.key for job in part}
@@ -158,6 +167,11 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
         name = [job.key for job in (part if len(parts) > 1 else pack)]
         results.update(zip([job.key for job in part_jobs], _train_prepared(prepared, name)))
         del prepared, modules
+        gc.collect()  # the fit's trainer, loaders and callbacks hold the data in reference cycles
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if len(parts) > 1:  # every part is done: the split is no longer needed
+        shutil.rmtree(record.parent, ignore_errors=True)
     return [results[job.key] for job in jobs]
 
 
