@@ -229,7 +229,7 @@ class LeNet(nn.Module):
         convolution one grouped convolution (models/stacked_ops.py), the dense layers batched matmuls. vmap's
         form launched 1.68x one model's kernels per step (its moves of the member axis); this 1.26x (67 against 53)."""
         members = x.shape[0]
-        h = x.transpose(0, 1).flatten(1, 2)  # (B, M*C, H, W): member m owns channels m*C..m*C+C-1
+        h = x.transpose(0, 1).flatten(1, 2).contiguous()  # (B, M*C, H, W): member m owns channels m*C..m*C+C-1
         for i, layer in enumerate(self.features):
             h = stacked_ops.conv2d(layer, params, f"features.{i}", h, members) if isinstance(layer, nn.Conv2d) else layer(h)
         h = h.unflatten(1, (members, -1)).flatten(2).transpose(0, 1)  # (M, B, c2 x side x side), as forward flattens

@@ -28,7 +28,10 @@ def mu_readout(readout: nn.Module, params: dict[str, Tensor], name: str, h: Tens
 def fold_members(x: Tensor) -> Tensor:
     """Images (M, B, C, H, W) -> (B, M*C, H, W) in channels-last memory: member m owns channels m*C..m*C+C-1."""
     m, b, c, h, w = x.shape
-    return x.permute(1, 3, 4, 0, 2).reshape(b, h, w, m * c).permute(0, 3, 1, 2)
+    folded = x.permute(1, 3, 4, 0, 2).reshape(b, h, w, m * c).permute(0, 3, 1, 2)
+    # one channel: the reshape is a view whose strides depend on the member count, which inductor cannot order; the
+    # convolution copied it to this contiguous layout anyway, so the numbers are unchanged
+    return folded.contiguous() if c == 1 else folded
 
 
 def members_last(h: Tensor, members: int) -> Tensor:

@@ -77,7 +77,10 @@ class StackedModel(nn.Module):
 
         # dynamo takes parameters' shapes as static by default: the stacked weights' member axis must not be
         torch._dynamo.config.force_parameter_static_shapes = False
-        self.__dict__["_compiled_run"] = torch.compile(self._run, backend=backend)
+        # one compiled function for a batch per member and one for a batch all members share: a single one, seeing
+        # x of shape (B, C, H, W) and then (M, B, C, H, W), made every axis of x symbolic, which inductor failed on
+        self.__dict__["_compiled_run"] = {False: torch.compile(self._run_own_batches, backend=backend),
+                                          True: torch.compile(self._run_shared_batch, backend=backend)}
 
     def run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool,
             chunks: Sequence[int] | None = None) -> Tensor:
@@ -105,7 +108,16 @@ class StackedModel(nn.Module):
         for t in (*params.values(), *buffers.values(), *(() if shared_input else (x,))):
             if t.shape[0] > 1:  # the member axis is symbolic from the start (a size of 1 is specialised anyway)
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-        return compiled(params, buffers, x, shared_input)
+        batch_axis = 0 if shared_input else 1  # and the batch axis (a prefix shorter than a batch, the last eval batch)
+        if x.shape[batch_axis] > 1:
+            torch._dynamo.maybe_mark_dynamic(x, batch_axis)
+        return compiled[shared_input](params, buffers, x)
+
+    def _run_own_batches(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        return self._run(params, buffers, x, shared_input=False)
+
+    def _run_shared_batch(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        return self._run(params, buffers, x, shared_input=True)
 
     def _run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
 

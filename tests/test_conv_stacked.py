@@ -172,3 +172,28 @@ def test_chunks_are_ignored_only_on_a_gpu_and_only_where_members_do_not_depend_o
     monkeypatch.setattr(StackedModel, "_run_one", lambda self, *a: made.append(1) or original(self, *a))
     stack_of("mlp", range(6))(torch.rand(6, 4, *SHAPE), [2, 3, 1])
     assert len(made) == 3
+
+
+@pytest.mark.slow
+def test_inductor_compiles_convnexts_stacked_form_on_one_channel_images(tmp_path, monkeypatch) -> None:
+    """trainer.compile=true's inductor on ConvNeXt's grouped form with one-channel images failed before (the fold was a
+    view whose strides depend on the member count, tests/test_pack.py says more): a training step and an evaluation
+    on one shared batch compile and match the eager stack."""
+    import torch._dynamo
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    shape = (1, 8, 8)
+    made = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        made.append(create_model("convnext", 8, 1, 10, shape, base_width=8))
+    eager, compiled = StackedModel(made), StackedModel(made)
+    compiled.compile("inductor")
+    x = torch.rand(3, 16, *shape)
+    torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+    compiled(x).sum().backward()
+    with torch.no_grad():
+        shared = compiled.run(compiled.param_dict(), compiled.buffer_dict(), x[0], shared_input=True)
+    torch.testing.assert_close(shared, eager.run(eager.param_dict(), eager.buffer_dict(), x[0], shared_input=True),
+                               rtol=1e-4, atol=1e-5)

@@ -216,6 +216,27 @@ def test_conv_nets_packed_keep_their_numbers_to_the_bit(tmp_path: Path, model: s
             assert other[key] == one[key], key
 
 
+@pytest.mark.slow
+def test_inductor_compiles_lenets_stacked_fit_alone_and_packed_with_the_same_numbers(tmp_path: Path, monkeypatch) -> None:
+    """trainer.compile=true (inductor) on LeNet's grouped form with one-channel images (digits) failed before: one
+    compiled function saw the shared evaluation batch (B, C, H, W) and then a batch per member (M, B, C, H, W), so
+    dynamo made every axis symbolic, and the one-channel fold was a view whose strides depend on the member count;
+    inductor could not order them (ConvNeXt's too: tests/test_conv_stacked.py). Compiled, a pack of two runs gives
+    each its compiled numbers alone, to the bit."""
+    import torch._dynamo
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no shapes remembered from other runs
+    base = [*BASE, "model=lenet", "mdl.num_blocks=3", "trainer.kwargs.max_epochs=3", "trainer.compile=true"]
+    torch._dynamo.reset()
+    alone = [run_experiment(compose_config([*base, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}") for s in (0, 1)]
+    torch._dynamo.reset()
+    packed = run_pack([Job.checked(compose_config([*base, f"seed={s}"], tmp_path / "b"), tmp_path / "b" / f"run{s}") for s in (0, 1)])
+    assert alone[0]["paper_mdl"] != alone[1]["paper_mdl"]
+    for one, other in zip(alone, packed):
+        for key in NUMBERS:
+            assert other[key] == one[key], key
+
+
 def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
     """(eraser, seed) -> paper MDL of every job of the sweeps under ``root``."""
     found = {}
