@@ -12,7 +12,8 @@ exactly as they do alone. Grouped convolutions (and vmap's, which are grouped co
 member other last bits in a stack of another size. A model whose stacked form does not
 (``stack_size_independent``: the MLP's batched matmuls, tests/test_pack.py) runs all rows as one stack on a
 GPU, where kernel launches bind small steps; on a CPU, which is arithmetic-bound, chunks are faster (each
-run's stack stays cache-sized: 1.11x for 25 digits MLP runs, 1.68x for 6 LeNet runs, benchmarks/bench_packed.py).
+run's stack stays cache-sized: per training step on one thread, 1.11x for 25 digits MLP runs of 11 members and 1.68x
+for 6 LeNet runs, timed once by hand with StackedClassifier.train_group; whole sweeps: docs/sweeps.md).
 
 muP: the template's ``MuReadout`` layers read their width multiplier from ``weight.infshape``,
 which the stacked tensors do not carry; it is frozen to each readout's value before stacking.
