@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend of the *_compile settings")
     parser.add_argument("--stack-budget-s", type=float, default=10.0, help="leave out a stack whose step would take longer")
     parser.add_argument("--points", default=None, help="comma list of POINTS indices to measure (default: all)")
+    parser.add_argument("--budget-s", type=float, default=None, help="start no new point after this many seconds "
+                        "(the rows measured so far are printed; scripts/gpu_check.py runs it inside a lease)")
     args = parser.parse_args()
     device = torch.device(args.device)
     settings = (args.settings or ("fp32" if device.type == "cpu" else "fp32_highest,fp32_high,bf16,bf16_compile")).split(",")
@@ -80,8 +83,13 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} thread(s)"
     print(f"  batch: {BATCH}\n  eval_batch: {EVAL_BATCH}")
     print(f"  points:   # torch {torch.__version__}, {where}, by benchmarks/bench_epoch_times.py")
+    start = time.perf_counter()
     for setting in settings:
         for model, shape, width, depth, steps in points:
+            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+                print(f"  # --budget-s {args.budget_s:g} spent: {setting} {model} {list(shape)} w{width} d{depth} and later "
+                      "points not measured", flush=True)
+                return
             steps = steps if device.type == "cpu" else 20
             one = measure(model, shape, width, depth, steps, 1, setting, device, args.backend)
             rows = [(1, one)]

@@ -15,6 +15,7 @@ CPU too (--device cpu), where the ratio says little about a GPU.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -42,6 +43,16 @@ def examples_per_second(args: argparse.Namespace, members: int, setting: str, de
     return members * args.batch / step, warm
 
 
+def examples_per_second_and_graphs(args: argparse.Namespace, members: int, setting: str,
+                                   device: torch.device) -> tuple[float, float, int]:
+    """examples_per_second, and how many graphs dynamo compiled for it (a stack should need as few as one member)."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    rate, warm = examples_per_second(args, members, setting, device)
+    return rate, warm, counters["stats"]["unique_graphs"] - before
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="convnext")
@@ -54,18 +65,26 @@ def main() -> None:
     parser.add_argument("--settings", default="fp32_high,bf16,bf16_compile", help=f"comma list of {sorted(SETTINGS)}")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (eager: no code generation)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write each setting's numbers as JSON (scripts/gpu_check.py)")
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{name}, torch {torch.__version__}; {args.model} width {args.width} depth {args.depth}, batch {args.batch} per member")
+    rows: dict[str, dict] = {}
     for setting in args.settings.split(","):
         if setting not in SETTINGS:
             raise SystemExit(f"error: unknown setting {setting!r}; choose from {sorted(SETTINGS)}")
-        one, warm_one = examples_per_second(args, 1, setting, device)
-        many, warm_many = examples_per_second(args, args.members, setting, device)
-        warm = f"  (warm-up {warm_one:.1f} s / {warm_many:.1f} s)" if SETTINGS[setting][1] else ""
+        one, warm_one, graphs_one = examples_per_second_and_graphs(args, 1, setting, device)
+        many, warm_many, graphs_many = examples_per_second_and_graphs(args, args.members, setting, device)
+        compiled = SETTINGS[setting][1]
+        warm = f"  (warm-up {warm_one:.1f} s / {warm_many:.1f} s, {graphs_one} / {graphs_many} graphs compiled)" if compiled else ""
         print(f"{setting:14s} one member {one:10.0f} ex/s | {args.members} members stacked {many:10.0f} ex/s | "
               f"stacked/one = {many / one:5.2f}x{warm}", flush=True)
+        rows[setting] = {"one_member_ex_s": one, "stacked_ex_s": many, "ratio": many / one, "warmup_s": [warm_one, warm_many],
+                         "graphs_compiled": [graphs_one, graphs_many] if compiled else None}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "width": args.width, "members": args.members,
+                                               "device": name, "torch": torch.__version__, "settings": rows}, indent=1))
 
 
 if __name__ == "__main__":

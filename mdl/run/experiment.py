@@ -24,13 +24,14 @@ from mdl.engine.driver import ModelRecipe, run_prequential
 from mdl.engine.preemption import sigterm_guard
 from mdl.results import (
     PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, code_version, git_sha,
-    read_checked_json, write_checked_json,
+    read_checked_json, read_json, write_checked_json,
 )
 from mdl.run.components import (
     make_datamodule, make_final_curves, make_loss, make_model_factory, make_module_factory, make_optimizer,
     make_preconditioner, make_profiler, make_user_callbacks, run_lr, show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
+from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
 from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
@@ -89,6 +90,12 @@ class Job:
         None, after recording what this store entry is (and, with skip_if_done=false, dropping any resume state)."""
         cfg, store = self.cfg, self.store
         done = finished_results(store / RESULTS_FILE) if cfg.skip_if_done else None
+        if done is not None and not self.reusable(done, "finished run"):
+            done = None
+        elif done is None and cfg.skip_if_done and has_resume_state(store):
+            started = read_run_record(store / RUN_CONFIG_FILE)
+            if started is not None and not self.reusable(started, "interrupted run's checkpoints"):
+                discard_resume_state(store)
         if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
             discard_resume_state(store)
         if done is not None:
@@ -98,8 +105,30 @@ class Job:
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
         atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
-                                                     "config_hash": self.key, "code_version": code_version()})
+                                                     "config_hash": self.key, "code_version": code_version(),
+                                                     ENVIRONMENT_KEY: self.environment()})
         return None
+
+    def environment(self) -> dict[str, Any]:
+        """This run's environment (mdl/run/environment.py), with the thread count it trains with on a CPU."""
+        threads = training_threads(self.cfg) if self.device.type == "cpu" else None
+        return current_environment(self.device, threads)
+
+    def reusable(self, record: dict[str, Any], what: str) -> bool:
+        """Whether a stored record (results or a started run's config) may be reused here: its environment
+        matches this one, or mdl.reuse_across_environments says to mix them; said aloud either way."""
+        differences = environment_differences(record.get(ENVIRONMENT_KEY), self.environment())
+        if not differences:
+            return True
+        where = self.store / RESULTS_FILE
+        if self.cfg.mdl.get("reuse_across_environments", False):
+            log.warning("reusing the %s of this config made in another environment (%s), as "
+                        "mdl.reuse_across_environments=true asks: %s", what, "; ".join(differences), where.parent)
+            return True
+        log.warning("the %s of this config in %s was made in another environment (%s): its numbers can differ in the "
+                    "last bits, so this run is computed here again (mdl.reuse_across_environments=true reuses it instead)",
+                    what, where.parent, "; ".join(differences))
+        return False
 
     @contextmanager
     def disk_errors_named(self) -> Iterator[None]:
@@ -131,6 +160,15 @@ def logging_never_fails(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     except Exception as err:  # noqa: BLE001 - results.json is written; the log can be made again (skip + logger)
         log.error("logging the results failed (%s: %s); results.json is complete", type(err).__name__, err)
+
+
+def read_run_record(path: Path) -> dict[str, Any] | None:
+    """A store entry's config.json (written when its run starts), or None if absent or unreadable."""
+    try:
+        record = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def finished_results(path: Path) -> dict[str, Any] | None:
@@ -244,6 +282,7 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "engine": run.engine,
         "members_per_fit": members_per_fit(cfg.mdl) or "all",
         "device": str(job.device),
+        ENVIRONMENT_KEY: job.environment(),
         "eraser_path": run.eraser_path,
         "data_diagnostics": run.dm.diagnostics,
         **outcome,
@@ -289,6 +328,10 @@ def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: 
         log.warning("%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
                     "they may still have been improving (under-trained models code longer); raise "
                     "trainer.kwargs.max_epochs (or -1: until early stopping)", ", ".join(capped), max_epochs, patience)
+
+
+def has_resume_state(store: Path) -> bool:
+    return (store / PROGRESS_FILE).exists() or (store / "checkpoints").exists()
 
 
 def discard_resume_state(store: Path) -> None:

@@ -28,6 +28,7 @@ BOOKKEEPING_KEYS = (
     "data.options.root", "data.options.download",
     # how fast or how often
     "mdl.checkpoint_every_s", "mdl.default_engine", "mdl.steps_per_group", "mdl.lock_lease_s", "mdl.pack_data_fraction",
+    "mdl.reuse_across_environments",
     "trainer.torch_threads", "trainer.threads_by_engine", "trainer.profiler",
     # a table looked up once: the optimizer.lr it sets is what counts (an lr search's answers, +lr=best)
     "lr_search",
