@@ -1,0 +1,295 @@
+"""The GPU check of one lease: every CUDA path and the GPU-hours numbers, in one command of at most 8 minutes.
+
+    bash scripts/gpu_check.sh             # on the device machine (installs the carried wheels first)
+    python scripts/gpu_check.py --dry-run # on a CPU, toy sizes, in the test suite (tests/test_gpu_check.py)
+
+Steps (each capped in time; a failure is recorded and the next step runs):
+  versions   the software and GPU it ran with (mdl/run/environment.py)
+  pytest     `pytest -m gpu`, a per-test cap, its summary line
+  default    the default run on the device; paper MDL and seconds
+  mlp1024    a CIFAR-shaped run (synthetic 3x32x32, CIFAR-10's sizes) of the MLP width 1024, every member in one fit
+             and one member per fit, the same epochs each: examples per second and the ratio (goal >= 4x)
+  convnext   ConvNeXt width 64, 10 members: stacked + bf16 + compile against one member with bf16 + compile,
+             graphs compiled (benchmarks/bench_stacked_speed.py; goal >= 2x)
+  epochs     benchmarks/bench_epoch_times.py --device cuda, the rows conf/cost/epoch_times.yaml `gpu` needs
+  pack       a packed sweep of 4 runs against the same 4 runs alone: every number equal, bit for bit
+Writes $OUT/gpu_check.json and $OUT/gpu_check.md (OUT defaults to ./gpu_check_out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "blocks", "val_loss_curve")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What each step runs: the lease's sizes, or toy ones for a CPU dry run."""
+
+    device: str
+    caps_s: dict[str, float]
+    default: list[str]
+    cifar: list[str]
+    mlp_width: int
+    convnext: list[str]
+    epochs: list[str]
+    pack: list[str]
+
+
+LEASE = Sizes(
+    device="cuda",
+    caps_s={"pytest": 180, "default": 45, "mlp1024": 80, "convnext": 100, "epochs": 50, "pack": 70},  # 525 s in all
+    default=[],
+    cifar=["data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000", "data.val_size=2048", "data.first_block=1024",
+           "trainer.kwargs.max_epochs=2", "trainer.patience=2"],
+    mlp_width=1024,
+    convnext=["--width", "64", "--members", "10", "--settings", "bf16_compile", "--steps", "20"],
+    epochs=["--settings", "fp32_high,bf16", "--budget-s", "45"],
+    pack=["debug=fast", "width=1024", "model.base_width=128", "data=synthetic", "data.options.shape=[3,32,32]",
+          "data.options.num_classes=10", "data.options.n_train=8000", "data.first_block=1024"],
+)
+DRY_RUN = Sizes(
+    device="cpu",
+    caps_s={"pytest": 300, "default": 300, "mlp1024": 300, "convnext": 300, "epochs": 300, "pack": 300},  # no timing: a loaded CI
+    default=["debug=fast"],
+    cifar=["data.options.shape=[3,8,8]", "data.options.n_train=600", "data.options.n_test=100", "data.val_size=100", "data.first_block=64",
+           "mdl.num_blocks=3", "trainer.kwargs.max_epochs=1", "trainer.patience=1", "trainer.torch_threads=1"],
+    mlp_width=32,
+    convnext=["--width", "8", "--members", "2", "--settings", "fp32", "--steps", "2", "--batch", "8", "--base-width", "8"],
+    epochs=["--points", "0", "--members", "2", "--budget-s", "10"],
+    pack=["debug=fast", "trainer.torch_threads=1"],
+)
+CIFAR_SHAPED = ["data=synthetic", "data.options.num_classes=10", "eraser=none", "model=mlp"]  # shape: Sizes.cifar
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool = False
+    seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    error: str | None = None
+    tail: str = ""
+
+
+class Check:
+    """Runs the steps in order, printing as it goes, recording each step's outcome without stopping at a failure."""
+
+    def __init__(self, sizes: Sizes, work: Path, out: Path) -> None:
+        self.sizes, self.work, self.out = sizes, work, out
+        self.steps: list[Step] = []
+        self.last_output = ""  # the last command's whole output, also when it failed or was cut short
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+                    "SLOWING_CACHE_DIR": str(work / "cache"), "WANDB_MODE": "offline"}
+
+    def run(self, step: Step, args: list[str], cap_s: float) -> str:
+        """One command, its output streamed with the step's name; returns the output, raises on failure or time-out."""
+        step.commands.append(" ".join(args))
+        print(f"[{step.name}] $ {' '.join(args)}", flush=True)
+        proc = subprocess.Popen(args, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        deadline = time.monotonic() + cap_s
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        while True:
+            line = proc.stdout.readline()
+            if line:
+                lines.append(line)
+                print(f"[{step.name}] {line}", end="", flush=True)
+                continue
+            if proc.poll() is not None:
+                lines.extend(proc.stdout.readlines())
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                self.last_output, step.tail = "".join(lines), "".join(lines[-40:])
+                raise TimeoutError(f"{args[1] if len(args) > 1 else args[0]} ran past its cap of {cap_s:.0f} s")
+            time.sleep(0.05)
+        output = self.last_output = "".join(lines)
+        step.tail = "".join(lines[-40:])
+        if proc.returncode != 0:
+            raise RuntimeError(f"exit {proc.returncode}: {lines[-1].strip() if lines else ''}")
+        return output
+
+    def launch(self, step: Step, overrides: list[str], root: Path, cap_s: float, multirun: bool = False) -> list[dict[str, Any]]:
+        """launch.py with these overrides under ``root``; the results.json of every run it made, in job order."""
+        device = [f"device={self.sizes.device}", "print_config=false", f"paths.output_root={root}"]
+        self.run(step, [sys.executable, "launch.py", *(["-m"] if multirun else []), *device, *overrides], cap_s)
+        files = sorted((root / ("multirun" if multirun else "runs")).rglob("results.json"), key=_job_order)
+        return [json.loads(f.read_text()) for f in files]
+
+    def step(self, name: str, body: Callable[[Step], None]) -> None:
+        step = Step(name)
+        start = time.monotonic()
+        try:
+            body(step)
+            step.ok = True
+        except Exception as err:  # noqa: BLE001 - recorded; the next step runs
+            step.error = f"{type(err).__name__}: {err}"
+        step.seconds = time.monotonic() - start
+        verdict = "ok" if step.ok else f"FAILED ({step.error})"
+        print(f"[{name}] {verdict} in {step.seconds:.1f} s; {json.dumps(step.metrics, default=str)}", flush=True)
+        self.steps.append(step)
+        self.write()
+
+    # --- the steps -----------------------------------------------------------------------------------------
+
+    def versions(self, step: Step) -> None:
+        from importlib import metadata
+
+        import torch
+
+        from mdl.run.environment import current_environment
+
+        step.metrics = current_environment(self.sizes.device)
+        for name in ("lightning", "timm", "hydra-core", "omegaconf", "schedulefree", "mup", "torchvision", "wandb"):
+            try:
+                step.metrics[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:  # a missing package is what this step reports
+                step.metrics[name] = "missing"
+        if self.sizes.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+
+    def pytest(self, step: Step) -> None:
+        per_test = ["--timeout=60"] if _has_module("pytest_timeout") else []
+        args = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rfE", *per_test]
+        try:
+            self.run(step, args, self.sizes.caps_s["pytest"])
+        finally:  # failing or cut short: the per-test lines still say what passed
+            step.metrics = pytest_tally(self.last_output)
+
+    def default(self, step: Step) -> None:
+        start = time.monotonic()
+        (result,) = self.launch(step, self.sizes.default, self.work / "default", self.sizes.caps_s["default"])
+        step.metrics = {"paper_mdl": result["paper_mdl"], "final_val_loss": result["final_val_loss"],
+                        "seconds": round(time.monotonic() - start, 1), "device": result["device"]}
+
+    def mlp1024(self, step: Step) -> None:
+        cap = self.sizes.caps_s["mlp1024"] / 2
+        common = [*CIFAR_SHAPED, f"width={self.sizes.mlp_width}", *self.sizes.cifar]
+        rates = {}
+        for mode in ("all", "1"):
+            start = time.monotonic()
+            (result,) = self.launch(step, [*common, f"mdl.members_per_fit={mode}"], self.work / f"mlp_{mode}", cap)
+            seconds = time.monotonic() - start
+            rates[mode] = trained_examples(result) / seconds
+            step.metrics[f"members_per_fit={mode}"] = {"examples_per_s": round(rates[mode]), "seconds": round(seconds, 1),
+                                                       "examples": trained_examples(result)}
+        step.metrics["ratio_all_over_1"] = round(rates["all"] / rates["1"], 2)
+
+    def convnext(self, step: Step) -> None:
+        path = self.work / "convnext.json"
+        self.run(step, [sys.executable, "benchmarks/bench_stacked_speed.py", "--model", "convnext", "--device",
+                        self.sizes.device, "--json", str(path), *self.sizes.convnext], self.sizes.caps_s["convnext"])
+        step.metrics = json.loads(path.read_text())
+
+    def epochs(self, step: Step) -> None:
+        output = self.run(step, [sys.executable, "benchmarks/bench_epoch_times.py", "--device", self.sizes.device,
+                                 *self.sizes.epochs], self.sizes.caps_s["epochs"])
+        rows = [line for line in output.splitlines() if line.strip().startswith(("- {", "batch:", "eval_batch:", "points:", "#"))]
+        step.metrics = {"rows": len([r for r in rows if r.strip().startswith("- {")])}
+        (self.out / "epoch_times_rows.yaml").write_text("\n".join(rows) + "\n")
+
+    def pack(self, step: Step) -> None:
+        cap = self.sizes.caps_s["pack"] / 2
+        sweep = [*self.sizes.pack, "eraser=none,leace", "seed=0,1"]
+        packed = self.launch(step, ["hydra/launcher=packed", *sweep], self.work / "packed", cap, multirun=True)
+        alone = self.launch(step, sweep, self.work / "alone", cap, multirun=True)
+        by_hash = {r["config_hash"]: r for r in alone}
+        if len(packed) != 4 or len(by_hash) != 4:
+            raise RuntimeError(f"expected 4 runs each way, got {len(packed)} packed and {len(by_hash)} alone")
+        differing = [f"{r['config']['eraser']['name']} seed {r['config']['seed']}: {key}"
+                     for r in packed for key in NUMBERS if r[key] != by_hash[r["config_hash"]][key]]
+        step.metrics = {"runs": len(packed), "equal_to_the_bit": not differing, "differing": differing,
+                        "paper_mdl": {f"{r['config']['eraser']['name']}/{r['config']['seed']}": r["paper_mdl"] for r in packed}}
+        if differing:
+            raise AssertionError(f"{len(differing)} numbers differ between packed and alone: {differing[:4]}")
+
+    # --- the record ----------------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        record = {"device": self.sizes.device, "steps": [vars(s) for s in self.steps]}
+        (self.out / "gpu_check.json").write_text(json.dumps(record, indent=1, default=str))
+        lines = ["# GPU check", "", "| step | ok | seconds | numbers |", "|---|---|---|---|"]
+        for s in self.steps:
+            numbers = json.dumps(s.metrics, default=str)
+            lines.append(f"| {s.name} | {'yes' if s.ok else 'NO: ' + (s.error or '')} | {s.seconds:.1f} | {numbers[:600]} |")
+        for s in self.steps:
+            if not s.ok:
+                lines += ["", f"## {s.name}: the last lines", "", "```", s.tail.rstrip(), "```"]
+        (self.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+
+
+def trained_examples(result: dict[str, Any]) -> int:
+    """Examples every member of the run trained on: each block's prefix times its epochs, and the final fit."""
+    blocks = sum(b["n_train"] * b["epochs"] for b in result["blocks"])
+    return blocks + result["boundaries"][-1] * result.get("final_epochs", 0)
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    """Multirun job folders start with the job's number; a single run's folder sorts by time."""
+    match = re.match(r"(\d+)", path.parent.name)
+    return (int(match.group(1)) if match else math.inf, str(path))  # type: ignore[return-value]
+
+
+def pytest_tally(output: str) -> dict[str, Any]:
+    """pytest -v's outcome per test, counted, with the failing tests named and its summary line if it got there."""
+    outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", output, flags=re.M)
+    counts = {o.lower(): sum(1 for _, seen in outcomes if seen == o) for o in {o for _, o in outcomes}}
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
+    return {**counts, "not_passed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
+            "summary": summary[-1].strip("= ") if summary else "no summary line (cut short)"}
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+STEPS = ("versions", "pytest", "default", "mlp1024", "convnext", "epochs", "pack")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="on a CPU at toy sizes (the test suite runs this)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)}")
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="where the record goes (default $OUT)")
+    parser.add_argument("--work", default=None, help="scratch folder for runs (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.steps.split(",")) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown steps {unknown}; choose from {', '.join(STEPS)}")
+    out = Path(args.out).resolve()
+    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))  # no earlier run reused
+    work.mkdir(parents=True, exist_ok=True)
+    check = Check(DRY_RUN if args.dry_run else LEASE, work, out)
+    start = time.monotonic()
+    for name in args.steps.split(","):
+        check.step(name, getattr(check, name))
+    failed = [s.name for s in check.steps if not s.ok]
+    print(f"gpu check: {len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {time.monotonic() - start:.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; record in {out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
