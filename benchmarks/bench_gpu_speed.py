@@ -23,7 +23,7 @@ import schedulefree  # noqa: E402
 import torch  # noqa: E402
 
 from models import Classifier, create_model  # noqa: E402
-from models.precision import CompiledModel  # noqa: E402
+from models.precision import CompiledModel, set_float32_precision  # noqa: E402
 
 SETTINGS = {
     "fp32 (highest)": dict(precision="fp32", matmul="highest", channels_last=False, compile=False),
@@ -73,7 +73,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; {args.model} width {args.width} depth {args.depth} batch {args.batch}")
     reference = None
     for name, setting in SETTINGS.items():
-        torch.set_float32_matmul_precision(setting["matmul"])
+        set_float32_precision(setting["matmul"])
         compiled = CompiledModel("inductor") if setting["compile"] else None
         module, optimizer = build(args, setting, compiled)
         warm = run_steps(module, optimizer, batches, 5)

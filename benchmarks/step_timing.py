@@ -20,6 +20,7 @@ from datamodules.loader import BatchGroup
 from datamodules.stacked_batches import StackedBatch
 from models import Classifier
 from models.stacked_module import StackedClassifier
+from models.precision import set_float32_precision
 from models.stacking import StackedModel
 
 # speed setting -> (trainer.precision, trainer.compile, trainer.matmul_precision); the names are
@@ -48,7 +49,7 @@ def build(make_model: Callable[[], nn.Module], optimizer: Callable[..., torch.op
     if setting not in SETTINGS:
         raise ValueError(f"unknown speed setting {setting!r}; choose from {sorted(SETTINGS)}")
     precision, compiled, matmul_precision = SETTINGS[setting]
-    torch.set_float32_matmul_precision(matmul_precision)
+    set_float32_precision(matmul_precision)
     if compiled:  # every stack compiles the same function (StackedModel._run): without a reset, a process timing many
         torch._dynamo.reset()  # stacks reaches dynamo's recompile limit and silently times the later ones uncompiled
     x = torch.rand(members, batch, *shape, device=device)

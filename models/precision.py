@@ -4,8 +4,8 @@ They are settings of the training run (``trainer.precision``, ``trainer.channels
 ``trainer.compile``; conf/trainer/), not of a model's shapes, and ``models.module.Classifier``
 applies them:
 
-- ``precision``: ``fp32`` (default; exact, and on CUDA TF32 only if ``trainer.matmul_precision``
-  allows it) or ``bf16`` (every forward pass under bf16 autocast: training, validation and the
+- ``precision``: ``fp32`` (default; exact, and on CUDA TF32 in matmuls and convolutions only if
+  ``trainer.matmul_precision`` allows it: set_float32_precision) or ``bf16`` (every forward pass under bf16 autocast: training, validation and the
   scoring of each prequential block). Logits are returned in float32 and code lengths are summed
   in float64 whatever the compute dtype, so bf16 changes the numbers only through the rounding of
   the forward pass (about 3 significant digits per activation). It is the one switch: Lightning's
@@ -27,6 +27,14 @@ from torch import nn
 
 PRECISIONS = ("fp32", "bf16")
 COMMON_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # built into torch (torch._dynamo.list_backends)
+
+
+def set_float32_precision(matmul_precision: str) -> None:
+    """``trainer.matmul_precision`` for every fp32 kernel: matmuls (torch.set_float32_matmul_precision) and cuDNN's
+    convolutions, which PyTorch lets use TF32 by default whatever the matmul setting. ``highest`` is true fp32 for
+    both, so a convolution net's fp32 numbers do not depend on the GPU generation; ``high``/``medium`` allow TF32."""
+    torch.set_float32_matmul_precision(matmul_precision)
+    torch.backends.cudnn.allow_tf32 = matmul_precision != "highest"
 
 
 def check_precision(precision: Any) -> str:

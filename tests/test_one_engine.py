@@ -1,37 +1,65 @@
 """One engine (mdl/engine/): members trained in fits of ``mdl.members_per_fit``, with the numbers of the
-two engines it replaced, to the bit.
+two engines it replaced.
 
-tests/reference/default_run_cbb5538.json holds results.json values made by commit cbb5538 (main before the
-engines were merged) on the embedded default with one thread: ``mdl.engine=stacked`` (now
-``members_per_fit=all``) and ``mdl.engine=sequential`` (now ``members_per_fit=1``).
+tests/reference/default_runs.json holds results.json values of the embedded default with one thread, one record
+per environment they were made in (scripts/make_reference.py): ``stacked`` (``members_per_fit=all``) and
+``sequential`` (``members_per_fit=1``). The first record is commit cbb5538's (main before the engines were merged).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from mdl.engine.protocol import fits_of
+from mdl.run.environment import environment_differences
 from mdl.run.experiment import run_experiment
 from mdl.run.identity import config_hash
 from mdl.run.identity import engine_name, members_per_fit
-from conftest import FAST, compose_config
+from conftest import FAST, REPO, compose_config
 
-REFERENCE = json.loads((Path(__file__).parent / "reference" / "default_run_cbb5538.json").read_text())
+sys.path.insert(0, str(REPO / "scripts"))
+from make_reference import MODES, REFERENCE, matching_record, overrides  # noqa: E402
+
+STORED = json.loads(REFERENCE.read_text())
+# Across environments (torch builds, CPU kernels) the default's paper MDL moved by 0.025 bits/example (torch 2.15.0
+# -> 2.14.1, the same 2-core image); a tenth of a bit is far below what any eraser or model changes (our choice).
+ACROSS_ENVIRONMENTS_BITS = 0.1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, engine", [("all", "stacked"), ("1", "sequential")])
-def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path, mode: str, engine: str) -> None:
-    cfg = compose_config([f"mdl.members_per_fit={mode}", "trainer.torch_threads=1"], tmp_path)
-    expected = REFERENCE["runs"][engine]
-    assert config_hash(cfg) == expected["config_hash"]  # a finished run of the former engine is the same run
+@pytest.mark.parametrize("engine", list(MODES))
+def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path, engine: str) -> None:
+    """Bit for bit where a record of this environment exists; elsewhere what holds in every environment: the same
+    run (config hash) and paper MDL within ACROSS_ENVIRONMENTS_BITS of every record, said as a warning."""
+    cfg = compose_config(overrides(engine), tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
-    for key in REFERENCE["keys"]:
-        assert results[key] == expected[key], key
     assert results["engine"] == engine
+    for record in STORED["records"]:  # a finished run of the former engine is the same run
+        assert config_hash(cfg) == record["runs"][engine]["config_hash"]
+    record = matching_record(STORED, results["environment"])
+    if record is not None:
+        for key in STORED["keys"]:
+            assert results[key] == record["runs"][engine][key], key
+        return
+    nearest = min(STORED["records"], key=lambda r: len(environment_differences(r["environment"], results["environment"])))
+    warnings.warn(f"no stored numbers of this environment ({'; '.join(environment_differences(nearest['environment'], results['environment']))}"
+                  f" against the nearest record): checked within {ACROSS_ENVIRONMENTS_BITS} bits, not to the bit; "
+                  "python scripts/make_reference.py stores this environment's")
+    for record in STORED["records"]:
+        assert abs(results["paper_mdl"] - record["runs"][engine]["paper_mdl"]) < ACROSS_ENVIRONMENTS_BITS
+        assert math.isclose(results["online_codelength_bits"], record["runs"][engine]["online_codelength_bits"], rel_tol=0.01)
+
+
+def test_every_stored_record_names_its_environment_and_one_is_the_readmes() -> None:
+    for record in STORED["records"]:
+        assert set(record["runs"]) == set(MODES) and record["environment"]["torch"], record["made_by"]
+    assert sum(bool(r.get("readme")) for r in STORED["records"]) == 1
 
 
 def test_engine_names_and_members_per_fit_name_the_same_runs(tmp_path: Path) -> None:
@@ -178,3 +206,23 @@ def test_bf16_applies_to_a_fit_of_several_members(tmp_path: Path, model: list[st
     assert math.isfinite(bf16["paper_mdl"]) and bf16["members_per_fit"] == "all"
     assert bf16["paper_mdl"] != fp32["paper_mdl"]
     assert abs(bf16["paper_mdl"] - fp32["paper_mdl"]) < 0.05 * fp32["paper_mdl"]
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/mdl.md"])
+def test_the_printed_example_is_the_lock_environments_default_run(document: str) -> None:
+    """The example a new user compares against is the stored default run of the locked install; the stacked test
+    above makes that run again bit for bit wherever the environment matches the lock's (CI's machine image)."""
+    (readme_record,) = [r for r in STORED["records"] if r.get("readme")]
+    text = (REPO / document).read_text()
+    for line in readme_record["runs"]["stacked"]["printed"]:
+        assert f"    {line}\n" in text, f"{document} does not print {line!r}: python scripts/make_reference.py --readme"
+    env = readme_record["environment"]
+    assert f"torch {env['torch']}" in (REPO / "README.md").read_text()
+
+
+def test_the_lock_pins_the_torch_the_printed_example_was_made_with() -> None:
+    (readme_record,) = [r for r in STORED["records"] if r.get("readme")]
+    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert readme_record["environment"]["torch"].split("+")[0] == pins["torch"]
+    assert readme_record["environment"]["numpy"] == pins["numpy"]
