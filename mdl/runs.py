@@ -2,7 +2,7 @@
 
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
 its config hash, status (finished; partial: blocks done of all; started: no block yet), data set, model,
-width, depth, eraser, seed, engine, paper MDL and code version. ``--where eraser.name=leace`` keeps the
+width, depth, eraser, seed, engine, paper MDL, code version and environment (torch, device, threads). ``--where eraser.name=leace`` keeps the
 runs whose resolved config has that value (repeatable; dotted keys as in overrides), ``--status``
 those in that state, ``--csv`` writes the table (every listed column) to a file as well.
 """
@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from mdl.run.environment import describe
 from mdl.results import PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json
 
 STATUSES = ("finished", "partial", "started")
-COLUMNS = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "engine", "paper_mdl", "code_version")
+COLUMNS = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "engine", "paper_mdl", "code_version",
+           "environment")
 
 
 @dataclass
@@ -74,6 +76,7 @@ def read_run(folder: Path) -> StoredRun | None:
         "engine": (results or {}).get("engine") or select(config, "mdl.engine"),
         "paper_mdl": round(results["paper_mdl"], 4) if results and results.get("paper_mdl") is not None else None,
         "code_version": record.get("code_version"),
+        "environment": describe(record.get("environment")),
     }
     return StoredRun(folder, status, config, values)
 

@@ -55,7 +55,7 @@ def curve(arch: str, eraser: str, width: int, depth: int, seed: int) -> list[flo
 
 def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: int, seed: int,
               eraser_path: str | None = None, activation: str = "relu", eraser_options: dict | None = None,
-              code_version: str | None = None) -> Path:
+              code_version: str | None = None, environment: dict | None = None) -> Path:
     run_dir = root / f"{job}_eraser={eraser},model={arch},seed={seed},width={width}"
     run_dir.mkdir(parents=True)
     online = paper_mdl(arch, eraser, width, depth, seed) / 2
@@ -83,6 +83,8 @@ def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: i
     }
     if code_version is not None:
         results["code_version"] = code_version
+    if environment is not None:
+        results["environment"] = environment
     (run_dir / "results.json").write_text(json.dumps(results))
     return run_dir
 
@@ -668,3 +670,28 @@ def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):
     for fmt in ("png", "pdf", "svg"):
         assert (tmp_path / "out" / f"lr_transfer_mlp.{fmt}").stat().st_size > 0
     assert "lr_transfer_mlp.png" in text
+
+
+def test_a_cell_whose_seeds_mix_environments_is_flagged(tmp_path: Path, capsys):
+    """Seeds of one cell computed under two torch builds: the cell stays one (the same experiment), and the console
+    and report.md name the environments and the cell that mixes them."""
+    sweep = tmp_path / "multirun"
+    base = {"torch": "2.14.1", "gpu": None, "cpu_capability": "AVX512", "threads": 1}
+    for job, torch_version in enumerate(("2.14.1", "2.15.0")):
+        write_run(sweep, job, "mlp", "none", 128, 2, job, environment={**base, "torch": torch_version})
+    write_run(sweep, 2, "mlp", "leace", 128, 2, 0, environment=base)
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
+    (line,) = [l for l in capsys.readouterr().out.splitlines() if "mix environments" in l]
+    assert "1 cell(s) mix environments" in line and "none" in line and "leace" not in line.split("mix environments")[1]
+    text = (out / "report.md").read_text()
+    assert "`torch 2.14.1 cpu/AVX512 1t` (2 runs)" in text and "`torch 2.15.0 cpu/AVX512 1t` (1 runs)" in text
+
+
+def test_runs_of_one_environment_say_so_without_a_flag(tmp_path: Path):
+    sweep = tmp_path / "multirun"
+    write_run(sweep, 0, "mlp", "none", 128, 2, 0)
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
+    text = (out / "report.md").read_text()
+    assert "Environment: `unrecorded`." in text and "mix environments" not in text

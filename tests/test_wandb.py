@@ -54,7 +54,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     """Read from the run files W&B writes: the summary holds the paper's numbers and every erasure
     diagnostic, tags come from the config, the name has no logger=wandb, results.json and the eraser
     are an artifact, the blocks a table."""
-    from wandb_records import artifacts, run_record, summary
+    from wandb_records import artifacts, config, run_record, summary
 
     proc = run_launch(["-m", "logger=wandb", "eraser=leace", "tags=[baseline,v2]", f"paths.output_root={tmp_path}", *FAST],
                       cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
@@ -77,6 +77,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     assert any(k.endswith("-blocks") for k in logged) and values["blocks/nrows"] == len(results["blocks"])
     assert values["erased_images/_type"] == "image-file"  # Figure 1's panel for this run
     assert (run_file.parents[2] / "figures" / "figure1_digits.png").stat().st_size > 0
+    assert config(run_file)["environment"] == results["environment"]  # what computed it, beside the config
 
 
 def test_a_skipped_run_is_logged_from_its_stored_results_once(tmp_path: Path) -> None:

@@ -55,6 +55,16 @@ def summary(path: str | Path) -> dict[str, object]:
     return values
 
 
+def config(path: str | Path) -> dict[str, object]:
+    """The run config as W&B accumulates it: the last value set for every top-level key."""
+    values: dict[str, object] = {}
+    for r in records(path):
+        if r.WhichOneof("record_type") == "config":
+            for item in r.config.update:
+                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return values
+
+
 def artifacts(path: str | Path) -> dict[str, list[str]]:
     """Logged artifacts: name -> the files in it."""
     return {r.artifact.name: [m.path for m in r.artifact.manifest.contents]

@@ -124,6 +124,8 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                                 f"{len(sweep.problems)} unreadable. Did the jobs finish?")
     if sweep.mixed_versions and echo is not None:
         echo(f"note: {sweep.code_version_line().replace('`', '')}")
+    if len({r.environment for r in sweep.runs}) > 1 and echo is not None:
+        echo(f"note: {environments_line(sweep, build_cells(sweep)).replace('**', '')}")
     missing = missing_jobs(dirs)
     if missing and echo is not None:
         echo(f"note: {len(missing)} planned job(s) have no results.json (interrupted, failed or still running); "
@@ -193,7 +195,22 @@ def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
                if sweep.mixed_versions and sweep.split_code_versions else "")
             + f"); seeds grouped by {sweep.replicate_keys or ['seed']}.",
             f"Code version{'s' if len(counts) > 1 else ''} (results.json `code_version`, else `git_sha`): {versions}"
-            + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."), ""]
+            + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."),
+            environments_line(sweep, cells), ""]
+
+
+def environments_line(sweep: Sweep, cells: list[Cell]) -> str:
+    """Which environments computed the runs (results.json `environment`), and the cells whose seeds mix them:
+    their means average numbers of different torch builds, CPUs or GPUs."""
+    counts: dict[str, int] = {}
+    for run in sweep.runs:
+        counts[run.environment] = counts.get(run.environment, 0) + 1
+    line = "Environment" + ("s" if len(counts) > 1 else "") + ": " + ", ".join(
+        f"`{env}`" + (f" ({n} runs)" if len(counts) > 1 else "") for env, n in counts.items())
+    mixed = [f"{c.arch} / {c.eraser}" + (f" {c.row}" if c.row else "") for c in cells if len({r.environment for r in c.runs}) > 1]
+    if mixed:
+        return line + f" — **{len(mixed)} cell(s) mix environments: {'; '.join(mixed[:6])}{'; ...' if len(mixed) > 6 else ''}**"
+    return line + "."
 
 
 def _paper_losses(sweep: Sweep) -> str:

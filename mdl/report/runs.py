@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mdl.run.environment import describe
 from mdl.run.identity import LR_SOURCES, is_bookkeeping
 
 RESULTS_NAME = "results.json"
@@ -52,6 +53,11 @@ class Run:
     arch: str = ""
     eraser: str = ""
     row: tuple[Any, ...] = ()                 # values of the row keys, in Sweep.row_keys order
+
+    @property
+    def environment(self) -> str:
+        """Where this run's numbers were computed, in one line (mdl/run/environment.py)."""
+        return describe(self.results.get("environment"))
 
     @property
     def code_version(self) -> str:

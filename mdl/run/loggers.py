@@ -202,6 +202,7 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
         else:
             member.log_metrics({**numbers, **erasure})
     if run is not None:
+        run.config.update({"environment": results.get("environment")}, allow_val_change=True)  # what computed it
         _wandb_extras(run, results, run_dir)
     logger.finalize("success")
     if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
