@@ -45,24 +45,24 @@ def run_record(path: str | Path):
     return next(r.run for r in records(path) if r.WhichOneof("record_type") == "run")
 
 
-def summary(path: str | Path) -> dict[str, object]:
-    """The run summary as W&B accumulates it: the last value set for every key."""
+def _updates(path: str | Path, kind: str) -> dict[str, object]:
+    """The last value set for every key by the run file's ``kind`` records (summary or config)."""
     values: dict[str, object] = {}
     for r in records(path):
-        if r.WhichOneof("record_type") == "summary":
-            for item in r.summary.update:
+        if r.WhichOneof("record_type") == kind:
+            for item in getattr(r, kind).update:
                 values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
     return values
+
+
+def summary(path: str | Path) -> dict[str, object]:
+    """The run summary as W&B accumulates it."""
+    return _updates(path, "summary")
 
 
 def config(path: str | Path) -> dict[str, object]:
-    """The run config as W&B accumulates it: the last value set for every top-level key."""
-    values: dict[str, object] = {}
-    for r in records(path):
-        if r.WhichOneof("record_type") == "config":
-            for item in r.config.update:
-                values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return values
+    """The run config as W&B accumulates it (top-level keys)."""
+    return _updates(path, "config")
 
 
 def artifacts(path: str | Path) -> dict[str, list[str]]:
