@@ -10,6 +10,9 @@ the W&B extras, for runs that train and for runs skipped as already done.
   time), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
   as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
   results, once per project (a marker in its run-store folder).
+
+Every run has loggers of its own (its own W&B run, CSV file, TensorBoard log), also where one process trains
+several runs at once (a pack, mdl/run/pack.py): each holds that run's series only.
 """
 
 from __future__ import annotations
@@ -111,6 +114,9 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         "name": wandb.name or run_name(overrides, run_dir),
         "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags, *([f"preset:{preset}"] if preset else [])],
         "config": OmegaConf.to_container(cfg, resolve=True),
+        # a W&B run of its own, also beside others open in this process (a pack logs its runs at once): without it
+        # W&B hands every later logger the first run, and closing that one leaves the others writing to a finished run
+        "reinit": "create_new",
     }
 
 
