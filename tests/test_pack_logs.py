@@ -4,26 +4,26 @@ and TensorBoard log, holding exactly the series the same run logs alone, after a
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pytest
 
 from conftest import FAST, compose_config
 
-WANDB_OWN = ("_timestamp", "_runtime", "_step")  # W&B's own bookkeeping: when and in which order, not what
+WANDB_OWN = ("_timestamp", "_runtime", "_step", "_wandb")  # W&B's own bookkeeping: when and in which order, not what
+# W&B copies the last value of a step metric into rows logged without it (define_metric's step_sync) as its threads get to
+# them: in one launch or another. The rows' epochs are those of the CSV, which gets the same calls (LoggerGroup).
+STEPS = ("epoch", "trainer/global_step")
+MEDIA_PLACES = ("path", "artifact_path", "_latest_artifact_path")  # where W&B put a table or image: by step or a random id
 
 
-def logged(rows: Iterable[dict[str, Any]], ignored: Iterable[str] = ()) -> list[tuple[str, str, str]]:
+def logged(rows: Iterable[dict[str, Any]], ignored: Callable[[str], bool], epochs: bool = True) -> list[tuple[str, str, str]]:
     """Every value logged, as (key, the epoch of its row, value), sorted: a run's series whatever the order of the
     calls (a relaunch logs the epochs finished before a kill first); a value logged twice shows twice."""
-    def plain(value: Any) -> str:
-        if isinstance(value, dict) and "_type" in value:  # media (a table, an image): by type and content
-            return f"{value['_type']} {value.get('sha256', '')}"
-        return str(value)
-
-    return sorted((key, str(row.get("epoch", "")), plain(value)) for row in rows for key, value in row.items()
-                  if key not in ignored and value not in ("", None))
+    return sorted((key, str(row.get("epoch", "")) if epochs else "", str(value)) for row in rows
+                  for key, value in row.items() if not ignored(key) and value not in ("", None))
 
 
 def csv_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -32,7 +32,7 @@ def csv_rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 def csv_series(run_dir: Path) -> list[tuple[str, str, str]]:
-    return logged(csv_rows(run_dir), ignored=("step",))  # CSVLogger's own row count
+    return logged(csv_rows(run_dir), ignored=lambda key: key == "step")  # CSVLogger's own row count
 
 
 def wandb_file(run_dir: Path) -> Path:
@@ -44,7 +44,18 @@ def wandb_file(run_dir: Path) -> Path:
 def wandb_series(run_dir: Path) -> list[tuple[str, str, str]]:
     from wandb_records import history
 
-    return logged(history(wandb_file(run_dir)), ignored=WANDB_OWN)
+    return logged(history(wandb_file(run_dir)), ignored=lambda key: wandb_own(key) or key in STEPS, epochs=False)
+
+
+def wandb_own(key: str) -> bool:
+    return key in WANDB_OWN or key.split("/", 1)[0] in WANDB_OWN or key.rsplit("/", 1)[-1] in MEDIA_PLACES
+
+
+def wandb_summary(run_dir: Path) -> dict[str, Any]:
+    """The run's W&B summary, less the last step logged (the last call's, whichever series it was)."""
+    from wandb_records import summary
+
+    return {k: v for k, v in summary(wandb_file(run_dir)).items() if not wandb_own(k) and k not in STEPS}
 
 
 def tensorboard_values(run_dir: Path) -> dict[str, list[float]]:
@@ -86,3 +97,85 @@ def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensor
         assert [float(v) for k, _, v in wandb_series(run_dir) if k == "block01/val_loss"] == expected
         assert summary(wandb_file(run_dir))["paper_mdl"] == float(s)
         assert run_record(wandb_file(run_dir)).display_name == f"seed={s}"
+
+
+# --- a packed sweep against the same runs launched alone ---------------------------------------------------------
+
+SWEEP = ["-m", "seed=0,1", "eraser=none,leace", "logger=[csv,wandb]", *FAST, "trainer.torch_threads=1",
+         "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=40", "trainer.patience=40"]  # every member 40 epochs:
+# block 1 (one batch an epoch) ends long before the final fit (ten): a kill finds finished and unfinished members
+WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+
+
+def sweep_jobs(root: Path) -> dict[str, Path]:
+    """The job folders of the one sweep under ``root``, by their overrides (the folder's name less the job number)."""
+    (sweep,) = root.glob("multirun/*/*")
+    return {job.name.split("_", 1)[1]: job for job in sweep.iterdir() if (job / "results.json").is_file()}
+
+
+def killed_once_blocks_finished(args: list[str], root: Path) -> None:
+    """Launch the sweep and SIGKILL it (a node failure) once every run has finished a block and the pack's
+    checkpoint, written since, holds them finished and the others mid-fit."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, python_path
+
+    def blocks_done(progress: Path) -> int:
+        try:
+            return len(json.loads(progress.read_text())["block_index"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    with open(root / "killed.err", "w") as err:
+        process = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=root, stdout=err, stderr=err,
+                                   env={**os.environ, "PYTHONPATH": python_path(), **WANDB_ENV})
+        deadline = time.time() + 600
+        while time.time() < deadline and process.poll() is None:
+            progress = list(root.glob("store/*/progress.json"))
+            checkpoint = list(root.glob("store/packs/*/checkpoints/pack.ckpt"))
+            if (len(progress) == 4 and all(map(blocks_done, progress)) and checkpoint
+                    and checkpoint[0].stat().st_mtime > max(p.stat().st_mtime for p in progress)):
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+                assert not list(root.glob("multirun/*/*/*/results.json")), "killed after the pack finished: kill sooner"
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"not killed mid-fit: {(root / 'killed.err').read_text()[-3000:]}")
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_and_relaunched(tmp_path: Path) -> None:
+    """``logger=[csv,wandb]``, 2 seeds x 2 erasers: launched with Hydra's basic launcher (each run alone), packed
+    (one fit), and packed, killed mid-fit and launched again (a new sweep folder resuming the pack's checkpoint):
+    every packed job has one W&B run and one CSV, each with the values the same run logs alone. Before: the four
+    runs logged into one W&B run, three CSVs were cut short, and the relaunch lacked the blocks finished before."""
+    from conftest import run_launch
+
+    alone = run_launch([*SWEEP, f"paths.output_root={tmp_path / 'alone'}"], cwd=tmp_path, env=WANDB_ENV)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    packed = run_launch([*SWEEP, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path, env=WANDB_ENV)
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    relaunched = tmp_path / "relaunched"
+    relaunched.mkdir()
+    args = [*SWEEP, "hydra/launcher=packed", f"paths.output_root={relaunched}"]
+    killed_once_blocks_finished(args, relaunched)
+    for sweep in relaunched.glob("multirun/*"):  # the killed attempt's sweep: its W&B runs are cut short
+        sweep.rename(tmp_path / f"killed-{sweep.name}")
+    again = run_launch(args, cwd=tmp_path, env=WANDB_ENV)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming fit from" in again.stdout + again.stderr
+
+    reference = sweep_jobs(tmp_path / "alone")
+    assert len(reference) == 4
+    for root in (tmp_path / "packed", relaunched):
+        jobs = sweep_jobs(root)
+        assert jobs.keys() == reference.keys(), root
+        for name, job in jobs.items():
+            assert csv_series(job) == csv_series(reference[name]), (root.name, name)
+            assert wandb_series(job) == wandb_series(reference[name]), (root.name, name)
+            assert wandb_summary(job) == wandb_summary(reference[name]), (root.name, name)
+
