@@ -179,3 +179,49 @@ def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_
             assert wandb_series(job) == wandb_series(reference[name]), (root.name, name)
             assert wandb_summary(job) == wandb_summary(reference[name]), (root.name, name)
 
+
+def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps_its_own_launch_log(tmp_path: Path) -> None:
+    """Each run's block lines carry its label, each run ends with its own ``paper MDL`` summary (as launch.py prints a
+    run's), and each job folder's launch.log holds that job's lines and none of the other job's. Before: unlabelled
+    block lines of both runs, no summary, and a launch.log holding the next job's launch line (the last one empty)."""
+    from conftest import run_launch
+
+    proc = run_launch(["-m", "seed=0,1", *FAST, "trainer.torch_threads=1", "hydra/launcher=packed",
+                       f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "] block 1/" not in out and "] final fit" not in out and "] block 1, " not in out  # every run's lines are named
+    jobs = {f"seed {s}": job for s in (0, 1) for job in tmp_path.glob(f"multirun/*/*/{s}_*")}
+    for label, job in jobs.items():
+        other = next(name for name in jobs if name != label)
+        results = json.loads((job / "results.json").read_text())
+        assert f"{label}: block 1/2: trained on" in out and f"{label}: final fit on" in out
+        assert f"{label}: paper MDL: {results['paper_mdl']:.4f} bits/example" in out
+        assert f"{label}: results: {job / 'results.json'}" in out
+        own = (job / "launch.log").read_text()
+        assert f"{label}: block 1/2: trained on" in own and f"{label}: paper MDL: {results['paper_mdl']:.4f}" in own
+        assert "data digits: train" in own  # the data the two runs share: in both logs
+        assert f"{other}:" not in own and "\t#" not in own  # nothing of the other job, nor the next one's launch line
+
+
+def test_each_jobs_log_file_gets_its_own_lines_and_the_packs(tmp_path: Path) -> None:
+    """mdl/run/job_logs.py: a line goes to the files of the jobs it belongs to (``own_lines``, a hook wrapped with
+    ``owned_by``), a line of no job in particular to every job's; the files are closed when the pack ends."""
+    import logging
+
+    from mdl.run.job_logs import LogFile, job_log_files, own_lines, owned_by
+
+    log = logging.getLogger("test_pack_logs")
+    log.setLevel(logging.INFO)
+    files = {job: (LogFile(tmp_path / f"{job}.log", logging.Formatter("%(message)s")),) for job in ("a", "b", "c")}
+    with job_log_files(files):
+        log.info("the pack")
+        with own_lines("a"):
+            log.info("a's line")
+        owned_by(["b"], log.info)("b's line")
+        with own_lines("a", "c"):
+            log.info("data of a and c")
+    log.info("after the pack")
+    lines = {job: (tmp_path / f"{job}.log").read_text().splitlines() for job in files}
+    assert lines == {"a": ["the pack", "a's line", "data of a and c"], "b": ["the pack", "b's line"],
+                     "c": ["the pack", "data of a and c"]}
