@@ -4,6 +4,7 @@ and TensorBoard log, holding exactly the series the same run logs alone, after a
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -58,6 +59,12 @@ def wandb_summary(run_dir: Path) -> dict[str, Any]:
     return {k: v for k, v in summary(wandb_file(run_dir)).items() if not wandb_own(k) and k not in STEPS}
 
 
+def tensorboard_series(run_dir: Path) -> list[tuple[str, float]]:
+    """Every scalar of the run's one TensorBoard event file, as (tag, value), sorted."""
+    (_,) = (run_dir / "tensorboard").rglob("events.out.tfevents.*")
+    return sorted((tag, value) for tag, values in tensorboard_values(run_dir).items() for value in values)
+
+
 def tensorboard_values(run_dir: Path) -> dict[str, list[float]]:
     """Every scalar of the run's TensorBoard event files, by tag, in the order logged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -101,7 +108,8 @@ def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensor
 
 # --- a packed sweep against the same runs launched alone ---------------------------------------------------------
 
-SWEEP = ["-m", "seed=0,1", "eraser=none,leace", "logger=[csv,wandb]", *FAST, "trainer.torch_threads=1",
+LOGGERS = "logger=[csv,wandb,tensorboard]" if importlib.util.find_spec("tensorboard") else "logger=[csv,wandb]"
+SWEEP = ["-m", "seed=0,1", "eraser=none,leace", LOGGERS, *FAST, "trainer.torch_threads=1",
          "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=40", "trainer.patience=40"]  # every member 40 epochs:
 # block 1 (one batch an epoch) ends long before the final fit (ten): a kill finds finished and unfinished members
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
@@ -149,10 +157,11 @@ def killed_once_blocks_finished(args: list[str], root: Path) -> None:
 
 @pytest.mark.slow
 def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_and_relaunched(tmp_path: Path) -> None:
-    """``logger=[csv,wandb]``, 2 seeds x 2 erasers: launched with Hydra's basic launcher (each run alone), packed
-    (one fit), and packed, killed mid-fit and launched again (a new sweep folder resuming the pack's checkpoint):
-    every packed job has one W&B run and one CSV, each with the values the same run logs alone. Before: the four
-    runs logged into one W&B run, three CSVs were cut short, and the relaunch lacked the blocks finished before."""
+    """``logger=[csv,wandb]`` (and TensorBoard, if installed), 2 seeds x 2 erasers: launched with Hydra's basic
+    launcher (each run alone), packed (one fit), and packed, killed mid-fit and launched again (a new sweep folder
+    resuming the pack's checkpoint): every packed job has one W&B run, one CSV (and one TensorBoard log), each with
+    the values the same run logs alone. Before: the four runs logged into one W&B run, three CSVs were cut short,
+    and the relaunch lacked the validation accuracy of the blocks finished before the kill."""
     from conftest import run_launch
 
     alone = run_launch([*SWEEP, f"paths.output_root={tmp_path / 'alone'}"], cwd=tmp_path, env=WANDB_ENV)
@@ -178,6 +187,8 @@ def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_
             assert csv_series(job) == csv_series(reference[name]), (root.name, name)
             assert wandb_series(job) == wandb_series(reference[name]), (root.name, name)
             assert wandb_summary(job) == wandb_summary(reference[name]), (root.name, name)
+            if "tensorboard" in LOGGERS:
+                assert tensorboard_series(job) == tensorboard_series(reference[name]), (root.name, name)
 
 
 def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps_its_own_launch_log(tmp_path: Path) -> None:
