@@ -8,7 +8,8 @@ launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs
 and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl/run/pack.py): the
 sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of ``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
-process, one pack after another; their log lines go to this process's log, labelled by what varies.
+process, one pack after another; their log lines go to this process's log, labelled by what varies, and each job's
+to its own folder's log file, which ends with its summary.
 """
 
 

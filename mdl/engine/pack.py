@@ -71,7 +71,7 @@ def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRec
     recorded: list[dict[int, Any]] = []
     for run in runs:
         progress = run.store / PROGRESS_FILE
-        recorded.append(finished_blocks(progress, boundaries))
+        recorded.append(run.hooks(finished_blocks)(progress, boundaries))  # its lines ("resuming: ...") are the run's
         if not progress.exists():
             write_progress(progress, boundaries, {})
     done: list[dict[int, Any]] = [{} for _ in runs]
