@@ -236,3 +236,31 @@ def test_each_jobs_log_file_gets_its_own_lines_and_the_packs(tmp_path: Path) -> 
     lines = {job: (tmp_path / f"{job}.log").read_text().splitlines() for job in files}
     assert lines == {"a": ["the pack", "a's line", "data of a and c"], "b": ["the pack", "b's line"],
                      "c": ["the pack", "data of a and c"]}
+
+
+def test_a_failing_wandb_run_leaves_the_csv_complete(tmp_path: Path) -> None:
+    """W&B failing at a run's end (before: a finished W&B run in a pack, "UsageError: Run ... is finished"; or W&B
+    down) must not cut the other loggers' series short: the CSV still gets every row (CSVLogger writes them when
+    closed). Before: the rows since its last flush were lost."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from mdl.run.loggers import LoggerGroup, log_epoch, log_results
+
+    class FailingWandb:
+        def log_metrics(self, metrics: dict[str, Any]) -> None:
+            pass
+
+        def finalize(self, status: str) -> None:
+            pass
+
+        @property
+        def experiment(self) -> Any:
+            raise RuntimeError("Run (abc) is finished")
+
+    failing = FailingWandb()
+    group = LoggerGroup([CSVLogger(save_dir=str(tmp_path), name="csv", version=""), failing], failing)
+    for epoch in range(3):
+        log_epoch(group, "block01", epoch, 1.0, 2.0 + epoch)
+    with pytest.raises(RuntimeError, match="is finished"):
+        log_results(group, {"paper_mdl": 1.5, "blocks": []}, tmp_path)
+    assert [float(r["block01/val_loss"]) for r in csv_rows(tmp_path) if r.get("block01/val_loss")] == [2.0, 3.0, 4.0]

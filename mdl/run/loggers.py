@@ -189,7 +189,18 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
 
 def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
     """The final fit's curves (without the losses logged ``live``), the summary numbers and (W&B) the
-    block table and artifacts; then close the run."""
+    block table and artifacts; then close the run. A logger that fails here (W&B down) still leaves the
+    others' files complete: CSV and TensorBoard write their last rows when closed."""
+    try:
+        run = _log_final(logger, results, run_dir, live)
+    finally:
+        logger.finalize("success")
+    if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
+        run.finish()
+
+
+def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool) -> Any:
+    """log_results' series and numbers; the W&B run, if any, still open."""
     share_epoch_axis(logger)
     curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
     for name, curve in curves.items():
@@ -209,9 +220,7 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
             member.log_metrics({**numbers, **erasure})
     if run is not None:
         _wandb_extras(run, results, run_dir)
-    logger.finalize("success")
-    if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
-        run.finish()
+    return run
 
 
 def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> None:
