@@ -198,7 +198,8 @@ def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> li
     for indices in groups:
         part = [prepared[i] for i in indices]
         if len(part) > 1:
-            results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
+            with own_lines(*(p.job.key for p in part)):  # the fit's own lines (e.g. "resuming fit from"): its runs'
+                results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
         else:
             with own_lines(part[0].job.key), part[0].job.disk_errors_named():
                 results[indices[0]] = finish_run(*train_alone(part[0]))
