@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, compose_config
+from conftest import FAST, REPO, compose_config
 from mdl.run.experiment import Job, run_experiment
 from mdl.run.pack import data_key, pack_folder, pack_key, run_pack
 
@@ -307,4 +307,4 @@ def test_the_cost_estimate_counts_the_packs_of_a_packed_sweep(capsys) -> None:
     main(["-m", "seed=0,1,2", "model=convnext", "mdl.members_per_fit=auto", "hydra/launcher=packed"])
     assert "3 jobs in 1 pack " in capsys.readouterr().out  # stacked in fits of what the GPU holds: packed
     main(["-m", "seed=0,1,2"])
-    assert "pack" not in capsys.readouterr().out
+    assert "pack" not in capsys.readouterr().out.replace(str(REPO), "<repo>")  # a checkout's path may hold "pack"

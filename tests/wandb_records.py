@@ -69,3 +69,9 @@ def artifacts(path: str | Path) -> dict[str, list[str]]:
     """Logged artifacts: name -> the files in it."""
     return {r.artifact.name: [m.path for m in r.artifact.manifest.contents]
             for r in records(path) if r.WhichOneof("record_type") == "artifact"}
+
+
+def history(path: str | Path) -> list[dict[str, object]]:
+    """The run's history rows (one per ``log`` call), each key with its value, W&B's own keys (``_step``...) included."""
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in records(path) if r.WhichOneof("record_type") == "history"]

@@ -8,7 +8,8 @@ launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs
 and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl/run/pack.py): the
 sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of ``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
-process, one pack after another; their log lines go to this process's log, labelled by what varies.
+process, one pack after another; their log lines go to this process's log, labelled by what varies, and each job's
+to its own folder's log file, which ends with its summary.
 """
 
 
@@ -36,14 +37,18 @@ ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedL
 
 
 def checked_job(cfg: DictConfig) -> Any:
-    """The task of the first pass: the job's checks and identity (mdl/run/experiment.py Job), no training."""
+    """The task of the first pass: the job's checks and identity (mdl/run/experiment.py Job) and its log file (the
+    pack writes the job's lines there), no training."""
+    from dataclasses import replace
+
     from mdl.run.imports import imports_frozen
+    from mdl.run.job_logs import current_log_files
 
     with imports_frozen():
         from mdl.run.experiment import Job
 
     hc = HydraConfig.get()
-    return Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task))
+    return replace(Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task)), log_files=current_log_files())
 
 
 def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str], idx: int, job_id: str) -> JobReturn:
@@ -54,8 +59,10 @@ def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequen
         sweep_config.hydra.job.num = idx
     HydraConfig.instance().set_config(sweep_config)
     log.info("\t#%d : %s", idx, " ".join(overrides))
-    return run_job(hydra_context=hydra_context, task_function=checked_job, config=sweep_config,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    ret = run_job(hydra_context=hydra_context, task_function=checked_job, config=sweep_config,
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # off the job's log file, as Hydra's basic launcher
+    return ret
 
 
 def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:

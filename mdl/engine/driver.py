@@ -91,8 +91,10 @@ def run_prequential(
     steps_per_group: int = 1,
     paper_loss: str = "last_block",
     on_epoch: EpochHook | None = None,
+    label: str = "",
 ) -> dict[str, Any]:
-    """Train every member (resuming from ``run_dir``) and return the results.json fields.
+    """Train every member (resuming from ``run_dir``) and return the results.json fields; ``label`` names the run in
+    its log lines (a run of a packed sweep).
     ``members_per_fit``: None = all in one fit; ``auto`` = as many as the device's memory holds (measured), and a
     fit that runs out of memory is split in halves with a warning. ``paper_loss`` (mdl/codelength.py PAPER_LOSSES) picks the
     paper MDL's L(c_i); with ``last_block`` every member also has its untrained weights as a candidate."""
@@ -120,7 +122,7 @@ def run_prequential(
         for m in sorted(m for f in skipped for m in f):
             on_block(m, BlockResult(**recorded[m]), True)  # restored: with its curves
 
-    record = block_recorder(progress_path, boundaries, recorded, on_block)
+    record = block_recorder(progress_path, boundaries, recorded, on_block, label)
     outcomes: dict[int, MemberOutcome] = {}
     pending = deque(f for f in fits if f not in skipped)
     while pending:
@@ -140,13 +142,14 @@ def run_prequential(
 
 
 def block_recorder(progress_path: Path, boundaries: Sequence[int], recorded: dict[int, Any],
-                   on_block: BlockHook | None) -> Callable[..., None]:
+                   on_block: BlockHook | None, label: str = "") -> Callable[..., None]:
     """What happens when a member finishes in this process: its block into ``recorded`` and progress.json, a log
-    line, the loggers (the final member: the log line only; results.json holds it)."""
+    line (named by the run's ``label`` where several runs train together), the loggers (the final member: the log
+    line only; results.json holds it)."""
     final = len(boundaries) - 1
 
     def record(outcome: MemberOutcome, seconds: float | None = None) -> None:
-        log_member(outcome, final, seconds)
+        log_member(outcome, final, seconds, label)
         if outcome.member == final:
             return
         block = outcome.block()
@@ -194,16 +197,17 @@ def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[int]]
                  single_steps[0], steps_per_group)
 
 
-def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None) -> None:
+def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, label: str = "") -> None:
+    run = f"{label}: " if label else ""
     if outcome.member == num_blocks:
-        log.info("final fit on %d examples: %d epochs, best val loss %.4f nats", outcome.n_train, outcome.epochs,
+        log.info("%sfinal fit on %d examples: %d epochs, best val loss %.4f nats", run, outcome.n_train, outcome.epochs,
                  outcome.best_val_loss)
         return
     block = outcome.block()
     took = f", {seconds:.1f}s" if seconds is not None else ""
     log.info(
-        "block %d/%d: trained on %d, %d epochs (best after %d)%s | next %d examples: %.3f bits/example, "
-        "val %.3f bits, last block %.3f bits", outcome.member + 1, num_blocks, block.n_train, block.epochs,
+        "%sblock %d/%d: trained on %d, %d epochs (best after %d)%s | next %d examples: %.3f bits/example, "
+        "val %.3f bits, last block %.3f bits", run, outcome.member + 1, num_blocks, block.n_train, block.epochs,
         block.best_after_epochs, took, block.n_eval, block.eval_bits / block.n_eval, block.val_bits_per_example,
         block.heldout_bits_per_example,
     )

@@ -40,7 +40,7 @@ PACK_CHECKPOINT = "pack.ckpt"
 
 @dataclass
 class PackedRun:
-    """One run of a pack: its seed, its store folder (progress.json), its loggers' hooks and its data."""
+    """One run of a pack: its seed, its store folder (progress.json), its loggers' hooks, its data and its name."""
 
     seed: int
     store: Path
@@ -48,7 +48,9 @@ class PackedRun:
     on_epoch: EpochHook | None = None
     final_curves: Any = None
     data: ErasedDataModule | None = None  # its own data module; None: the pack's (train_pack's ``dm``)
-    label: str = ""  # its name in the progress display (default: its seed)
+    label: str = ""  # its name in the progress display and its log lines (default: its seed)
+    hooks: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda hook: hook  # wraps the hooks called for this
+    # run alone (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file
 
 
 def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRecipe, settings: FitSettings,
@@ -69,7 +71,7 @@ def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRec
     recorded: list[dict[int, Any]] = []
     for run in runs:
         progress = run.store / PROGRESS_FILE
-        recorded.append(finished_blocks(progress, boundaries))
+        recorded.append(run.hooks(finished_blocks)(progress, boundaries))  # its lines ("resuming: ...") are the run's
         if not progress.exists():
             write_progress(progress, boundaries, {})
     done: list[dict[int, Any]] = [{} for _ in runs]
@@ -79,7 +81,7 @@ def train_pack(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelRec
         if all(m != final and m in recorded[r] for r, m in members):  # finished before an interruption
             for r, m in members:
                 if runs[r].on_block is not None:  # a resumed run's logger is new: the series again
-                    runs[r].on_block(m, BlockResult(**recorded[r][m]), True)
+                    runs[r].hooks(runs[r].on_block)(m, BlockResult(**recorded[r][m]), True)
             continue
         try:
             outcomes = _fit_members(dm, boundaries, recipe, settings, runs, recorded, members, pack_dir)
@@ -121,10 +123,11 @@ def _fit_members(dm: ErasedDataModule, boundaries: Sequence[int], recipe: ModelR
     parts = []
     for r in in_fit:
         run = runs[r]
+        label = run.label or f"seed {run.seed}"
+        record = block_recorder(run.store / PROGRESS_FILE, boundaries, recorded[r], run.on_block, label)
+        on_block = run.hooks(run.on_block) if run.on_block is not None else None
         parts.append(RunMembers(run.seed, member_seeds(run.seed, size), sorted(m for q, m in members if q == r),
-                                block_recorder(run.store / PROGRESS_FILE, boundaries, recorded[r], run.on_block),
-                                run.on_block, run.on_epoch, run.final_curves, label=run.label or f"seed {run.seed}",
-                                data=run.data))
+                                run.hooks(record), on_block, run.on_epoch, run.final_curves, label=label, data=run.data))
     checkpoint = _checkpoint(pack_dir, members, size * len(runs))
     has_final = any(m == size - 1 for _, m in members)  # its checkpoint stays until the results are written
     outcomes = fit_stack(dm, boundaries, parts, recipe, settings, checkpoint, keep_checkpoint=has_final)

@@ -87,10 +87,9 @@ class StackedProtocol(L.Callback):
     def on_train_start(self, trainer: L.Trainer, module: StackedClassifier) -> None:
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
-        if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger
-            # finished blocks are re-logged by the driver (on_block); the final fit is not
-            for m in [m for m in self.members if m in self.active or m in self.final_members]:
-                state = self.members[m]
+        if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger, of
+            # every member, those finished before included (their accuracy curve is only here; fit_stack logs their bits)
+            for m, state in self.members.items():
                 accuracy = state.val_accuracy_curve
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
                     self.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)

@@ -110,9 +110,11 @@ def fit_stack(dm: ErasedDataModule, boundaries: Sequence[int], runs: list[RunMem
         r, m = where(g)
         outcomes[r][m] = replace(outcome, member=m)
         if m < num_blocks and g not in logged and runs[r].on_block is not None:
-            # finished before an interruption: this process's logger lacks it
-            log.info("resumed: logging block %d of a fit finished before the interruption", m + 1)
-            runs[r].on_block(m, outcomes[r][m].block(), True)  # restored: with its curves
+            # finished before an interruption: this process's logger lacks it (its epochs, if it takes them, were
+            # handed on at the fit's start, with their accuracy)
+            log.info("%sresumed: logging block %d of a fit finished before the interruption",
+                     f"{runs[r].label}: " if runs[r].label else "", m + 1)
+            runs[r].on_block(m, outcomes[r][m].block(), runs[r].on_epoch is None)  # restored: with its curves
     if not keep_checkpoint:  # every member is recorded; the fit holding the final member keeps its checkpoint
         checkpoint.unlink(missing_ok=True)  # until the results are written (experiment.discard_resume_state)
     return outcomes

@@ -33,6 +33,7 @@ from mdl.run.components import (
 from mdl.run.config_checks import check_trainer_config, validate_config
 from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
 from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
+from mdl.run.job_logs import LogFile
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.schedule import block_boundaries
@@ -73,6 +74,8 @@ class Job:
     device: torch.device
     key: str
     store: Path
+    label: str = ""  # how log lines name it among the runs it trains with (a pack: mdl/run/pack.py run_label)
+    log_files: tuple[LogFile, ...] = ()  # its own log files, for a process that trains it with others (a pack)
 
     @classmethod
     def checked(cls, cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> Job:
@@ -261,7 +264,7 @@ def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
         run.dm, run.boundaries, run.recipe, run.trainer_kwargs, cfg.trainer.patience, cfg.seed, run.job.store,
         members_per_fit=members_per_fit(cfg.mdl), on_block=run.on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
         final_curves=run.final_curves, callbacks=run.callbacks, steps_per_group=cfg.mdl.steps_per_group,
-        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch,
+        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch, label=run.job.label,
     )
     return run, outcome
 
@@ -269,7 +272,7 @@ def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
 def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
     """results.json in the run folder and the store, the resume state dropped, the results logged."""
     job, cfg = run.job, run.job.cfg
-    warn_capped_fits(outcome, run.trainer_kwargs.get("max_epochs"), cfg.trainer.patience)
+    warn_capped_fits(outcome, run.trainer_kwargs.get("max_epochs"), cfg.trainer.patience, job.label)
     if run.profiler is not None:
         show_profile(job.run_dir / "profile")
     results = {
@@ -316,18 +319,19 @@ def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
     return 2 * largest
 
 
-def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int) -> None:
+def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int, label: str = "") -> None:
     """Fits that ended at ``trainer.kwargs.max_epochs`` were still improving (early stopping had not
-    stopped them): their code lengths are those of under-trained models."""
+    stopped them): their code lengths are those of under-trained models. ``label``: the run's name in a pack."""
     if max_epochs is None or max_epochs < 0:
         return
     capped = [f"block {i + 1}" for i, b in enumerate(outcome["blocks"]) if b["epochs"] >= max_epochs]
     if outcome.get("final_epochs", 0) >= max_epochs:
         capped.append("the final fit")
     if capped:
-        log.warning("%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
+        log.warning("%s%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
                     "they may still have been improving (under-trained models code longer); raise "
-                    "trainer.kwargs.max_epochs (or -1: until early stopping)", ", ".join(capped), max_epochs, patience)
+                    "trainer.kwargs.max_epochs (or -1: until early stopping)", f"{label}: " if label else "",
+                    ", ".join(capped), max_epochs, patience)
 
 
 def has_resume_state(store: Path) -> bool:

@@ -10,6 +10,9 @@ the W&B extras, for runs that train and for runs skipped as already done.
   time), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
   as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
   results, once per project (a marker in its run-store folder).
+
+Every run has loggers of its own (its own W&B run, CSV file, TensorBoard log), also where one process trains
+several runs at once (a pack, mdl/run/pack.py): each holds that run's series only.
 """
 
 from __future__ import annotations
@@ -111,6 +114,9 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         "name": wandb.name or run_name(overrides, run_dir),
         "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags, *([f"preset:{preset}"] if preset else [])],
         "config": OmegaConf.to_container(cfg, resolve=True),
+        # a W&B run of its own, also beside others open in this process (a pack logs its runs at once): without it
+        # W&B hands every later logger the first run, and closing that one leaves the others writing to a finished run
+        "reinit": "create_new",
     }
 
 
@@ -183,7 +189,18 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
 
 def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
     """The final fit's curves (without the losses logged ``live``), the summary numbers and (W&B) the
-    block table and artifacts; then close the run."""
+    block table and artifacts; then close the run. A logger that fails here (W&B down) still leaves the
+    others' files complete: CSV and TensorBoard write their last rows when closed."""
+    try:
+        run = _log_final(logger, results, run_dir, live)
+    finally:
+        logger.finalize("success")
+    if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
+        run.finish()
+
+
+def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool) -> Any:
+    """log_results' series and numbers; the W&B run, if any, still open."""
     share_epoch_axis(logger)
     curves = {k.removesuffix("_curve"): v for k, v in results.items() if k.endswith("_curve") and isinstance(v, list)}
     for name, curve in curves.items():
@@ -204,9 +221,7 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
     if run is not None:
         run.config.update({"environment": results.get("environment")}, allow_val_change=True)  # what computed it
         _wandb_extras(run, results, run_dir)
-    logger.finalize("success")
-    if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
-        run.finish()
+    return run
 
 
 def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> None:

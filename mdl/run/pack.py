@@ -6,7 +6,8 @@ is trained in fits of as many members; 1 trains plain models, which a pack canno
 only in their seed share one data module (``data_key``); the others each bring their own erased data.
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
 the others together; each still gets its own run folder, results.json, store entry and loggers, with
-the numbers it would have alone.
+the numbers it would have alone. Its log lines name it (``run_label``: what varies in the pack), go to its
+job's own log file (mdl/run/job_logs.py), and end with its summary, as launch.py prints a run's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import logging
 import shutil
 from contextlib import ExitStack
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,8 +33,10 @@ from mdl.engine.memory import data_modules_at_once, memory_bytes
 from mdl.engine.pack import PackedRun, train_pack
 from mdl.engine.preemption import sigterm_guard
 from mdl.codelength import check_paper_loss
-from mdl.run.experiment import Job, PreparedRun, finish_run, job_data, prepare_run, train_alone
+from mdl.results import RESULTS_FILE
+from mdl.run.experiment import Job, PreparedRun, finish_run, job_data, prepare_run, summary, train_alone
 from mdl.run.identity import config_hash, members_per_fit
+from mdl.run.job_logs import job_log_files, own_lines, owned_by
 from mdl.run.storage import run_lock
 
 log = logging.getLogger(__name__)
@@ -79,16 +84,17 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     if len(jobs) > 1 and (None in keys or len(keys) > 1):
         raise ValueError("run_pack: these runs differ in more than their seed, eraser and data seed "
                          "(or train one member per fit)")
+    jobs = [replace(job, label=run_label(jobs, job)) for job in jobs]
     first: dict[str, int] = {}
     for i, job in enumerate(jobs):
         first.setdefault(job.key, i)
     results: dict[int, dict[str, Any]] = {}
-    with ExitStack() as held, sigterm_guard():
+    with ExitStack() as held, sigterm_guard(), job_log_files({job.key: job.log_files for job in jobs}):
         for i in sorted(first.values(), key=lambda i: jobs[i].key):  # one lock order: packs never wait on each other in a cycle
             held.enter_context(run_lock(jobs[i].store, jobs[i].cfg.mdl.lock_lease_s))
         todo = []
         for i in sorted(first.values()):
-            done = jobs[i].stored_results()
+            done = owned_by([jobs[i].key], jobs[i].stored_results)()
             if done is not None:
                 results[i] = done
             else:
@@ -101,13 +107,22 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
                 results[i] = result
         for i, job in enumerate(jobs):
             if i not in results:  # a repeat of a run above, whose lock is held
-                results[i] = job.stored_results() or _run_alone(job)
+                results[i] = owned_by([job.key], job.stored_results)() or _run_alone(job)
+        for i, job in enumerate(jobs):
+            _log_summary(job, results[i])
     return [results[i] for i in range(len(jobs))]
 
 
 def _run_alone(job: Job) -> dict[str, Any]:
-    with job.disk_errors_named():
+    with own_lines(job.key), job.disk_errors_named():
         return finish_run(*train_alone(prepare_run(job)))
+
+
+def _log_summary(job: Job, results: dict[str, Any]) -> None:
+    """The run's closing summary, as launch.py prints a run's, each line named by the run (and in its own log)."""
+    with own_lines(job.key):
+        for line in summary(results, job.run_dir / RESULTS_FILE).splitlines():
+            log.info("%s: %s", job.label, line)
 
 
 def packs_line(jobs: int, packs: int) -> str:
@@ -141,7 +156,8 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     groups = list(by_data.values())
     todo = {job.key for job in jobs}
     measured = next(job for group in groups for job in group if job.key in todo)  # in the first part that trains
-    first: ErasedDataModule | None = job_data(measured)
+    with own_lines(*_sharing_data(measured, jobs)):
+        first: ErasedDataModule | None = job_data(measured)
     fraction = measured.cfg.mdl.pack_data_fraction
     record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
     at_once = (json.loads(record.read_text())["data_sets_at_once"] if record.exists()
@@ -182,9 +198,10 @@ def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> li
     for indices in groups:
         part = [prepared[i] for i in indices]
         if len(part) > 1:
-            results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
+            with own_lines(*(p.job.key for p in part)):  # the fit's own lines (e.g. "resuming fit from"): its runs'
+                results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
         else:
-            with part[0].job.disk_errors_named():
+            with own_lines(part[0].job.key), part[0].job.disk_errors_named():
                 results[indices[0]] = finish_run(*train_alone(part[0]))
     return [results[i] for i in range(len(prepared))]
 
@@ -193,10 +210,17 @@ def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule])
     """Each run prepared; runs with equal data (``data_key``) share one data module (``modules``: those made already)."""
     prepared = []
     for job in jobs:
-        run = prepare_run(job, dm=modules.get(data_key(job.cfg)))
+        dm = modules.get(data_key(job.cfg))
+        with own_lines(*([job.key] if dm is not None else _sharing_data(job, jobs))):  # the data's lines: each run's
+            run = prepare_run(job, dm=dm)
         modules.setdefault(data_key(job.cfg), run.dm)
         prepared.append(run)
     return prepared
+
+
+def _sharing_data(job: Job, jobs: Sequence[Job]) -> list[str]:
+    """The keys of the ``jobs`` that share ``job``'s data (``data_key``), its own included."""
+    return [other.key for other in jobs if data_key(other.cfg) == data_key(job.cfg)]
 
 
 def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
@@ -211,29 +235,31 @@ def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
     return list(groups.values())
 
 
-def run_label(prepared: list[PreparedRun], run: PreparedRun) -> str:
-    """How the progress display names a run's members: the values of seed, eraser and data_seed that vary in the pack."""
-    def values(p: PreparedRun) -> dict[str, Any]:
-        return {"seed": p.job.cfg.seed, "eraser": p.job.cfg.eraser.get("name"), "data_seed": p.job.cfg.data_seed}
-    varying = [k for k in ("eraser", "data_seed", "seed") if len({str(values(p)[k]) for p in prepared}) > 1]
-    return " ".join(f"{k} {values(run)[k]}" for k in varying) or f"seed {run.job.cfg.seed}"
+def run_label(jobs: Sequence[Job], job: Job) -> str:
+    """How log lines and the progress display name a run of a pack: the values of seed, eraser and data_seed that vary
+    among its ``jobs``."""
+    def values(j: Job) -> dict[str, Any]:
+        return {"seed": j.cfg.seed, "eraser": j.cfg.eraser.get("name"), "data_seed": j.cfg.data_seed}
+    varying = [k for k in ("eraser", "data_seed", "seed") if len({str(values(j)[k]) for j in jobs}) > 1]
+    return " ".join(f"{k} {values(job)[k]}" for k in varying) or f"seed {job.cfg.seed}"
 
 
 def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
     jobs = [p.job for p in prepared]
-    log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(run_label(prepared, p) for p in prepared))
+    log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(job.label for job in jobs))
     first = prepared[0]
     cfg = first.job.cfg
     folder = pack_folder(jobs, pack)
     settings = FitSettings(first.trainer_kwargs, cfg.trainer.patience, cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group,
                            check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=pack_identity(folder, jobs))
     runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves,
-                      data=p.dm if p.dm is not first.dm else None, label=run_label(prepared, p)) for p in prepared]
+                      data=p.dm if p.dm is not first.dm else None, label=p.job.label, hooks=partial(owned_by, [p.job.key]))
+            for p in prepared]
     with ExitStack() as named:
         for job in jobs:
             named.enter_context(job.disk_errors_named())
         outcomes = train_pack(first.dm, first.boundaries, first.recipe, settings, runs, folder, cfg.mdl.paper_loss,
                               members_per_fit(cfg.mdl))
-        results = [finish_run(p, outcome) for p, outcome in zip(prepared, outcomes)]
+        results = [owned_by([p.job.key], finish_run)(p, outcome) for p, outcome in zip(prepared, outcomes)]
     shutil.rmtree(folder, ignore_errors=True)  # every run's results are written: no resume needs the pack's checkpoint
     return results
