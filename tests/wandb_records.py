@@ -59,3 +59,12 @@ def artifacts(path: str | Path) -> dict[str, list[str]]:
     """Logged artifacts: name -> the files in it."""
     return {r.artifact.name: [m.path for m in r.artifact.manifest.contents]
             for r in records(path) if r.WhichOneof("record_type") == "artifact"}
+
+
+def history(path: str | Path) -> list[dict[str, object]]:
+    """The logged rows (``wandb.log`` calls), each as key -> value."""
+    rows = []
+    for r in records(path):
+        if r.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item})
+    return rows

@@ -59,15 +59,23 @@ def is_wandb(cfg: DictConfig) -> bool:
 
 
 class LoggerGroup:
-    """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's."""
+    """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's.
+
+    One step axis for all of them: each logged row gets the next ``step`` of the run (TensorBoard's step, the CSV's
+    ``step`` column, W&B's ``trainer/global_step``), so no two rows of a series share an x; ``epoch``, logged with
+    every loss, is the member's own epoch. Lightning's loggers left alone put every TensorBoard event at step 0 and
+    restart the CSV's count at each flush."""
 
     def __init__(self, loggers: list[Any], wandb: Any = None) -> None:
         self.loggers = loggers
         self.wandb = wandb  # the W&B logger among them, if any
+        self.step = 0  # the next row's step
 
-    def log_metrics(self, metrics: dict[str, Any]) -> None:
-        for logger in self.loggers:
-            logger.log_metrics(metrics)
+    def log_metrics(self, metrics: dict[str, Any], loggers: list[Any] | None = None) -> None:
+        """One row at the next step, to every logger (or to ``loggers`` among them)."""
+        for logger in self.loggers if loggers is None else loggers:
+            logger.log_metrics(metrics, step=self.step)
+        self.step += 1
 
     def finalize(self, status: str) -> None:
         for logger in self.loggers:
@@ -196,11 +204,9 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     run = logger.wandb_run
-    for member in logger.loggers:
-        if member is logger.wandb:
-            run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
-        else:
-            member.log_metrics({**numbers, **erasure})
+    if run is not None:
+        run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
+    logger.log_metrics({**numbers, **erasure}, [m for m in logger.loggers if m is not logger.wandb])
     if run is not None:
         _wandb_extras(run, results, run_dir)
     logger.finalize("success")
