@@ -21,6 +21,7 @@ from erasure.files import atomic_write, source_digest
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
 PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/engine/progress.py write_progress)
+FAILURE_FILE = "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl/run/experiment.py)
 
 
 @dataclass
