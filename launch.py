@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from mdl.run.config_checks import check_before_imports
 from mdl.run.imports import imports_frozen
 from mdl.run.storage import register_resolvers
 
@@ -29,6 +30,11 @@ def main(cfg: DictConfig) -> float | None:
         print(f"warning: +experiment={hc.runtime.choices['experiment']} is applied after debug={hc.runtime.choices['debug']}: "
               "the preset's values win; for a quick smoke use the preset's smoke version or set the keys on the command line",
               file=sys.stderr, flush=True)
+    try:
+        check_before_imports(cfg)  # a wrong value fails in a second, not after torch's import and the data's load
+    except (ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     if cfg.get("print_config", False):  # first, before the seconds torch and lightning take to import
         from omegaconf import OmegaConf
 
