@@ -85,4 +85,8 @@ NULLABLE_GROUPS = ("logger",)
 
 if __name__ == "__main__":
     sys.argv = sys.argv[:1] + without_null_groups(sys.argv[1:])
+    if {"-sc", "--shell-completion"} & set(sys.argv):
+        from mdl.run.help import complete_nested_options
+
+        complete_nested_options()  # +experiment=paper/<TAB>
     main()

@@ -245,3 +245,11 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("job_dirname"):
         OmegaConf.register_new_resolver("job_dirname", job_dirname)
+    if not OmegaConf.has_resolver("mdl_help"):  # conf/hydra/help/mdl.yaml: python launch.py --help
+        OmegaConf.register_new_resolver("mdl_help", _help_text)
+
+
+def _help_text() -> str:
+    from mdl.run.help import help_text
+
+    return help_text()
