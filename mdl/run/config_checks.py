@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.codelength import check_paper_loss
+from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
 
@@ -125,6 +126,7 @@ def check_config(cfg: DictConfig) -> None:
 
     members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
     check_paper_loss(cfg.mdl.paper_loss)
+    check_print_config(cfg.get("print_config", "overrides"))
     if cfg.trainer.precision not in PRECISIONS:
         raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {cfg.trainer.precision!r}")
     check_logger(cfg)

@@ -27,7 +27,7 @@ GROUPS = {  # the groups a user chooses from, in the order a run is described; t
 }
 INTERNAL_GROUPS = ("cost", "paths", "experiment")  # experiment: the presets, listed apart
 KEYS = ("seed=0  data_seed=0  width=128  depth=2  device=auto|cpu|cuda  optimizer.lr=5e-4",
-        "tags=[a,b]  skip_if_done=true  print_config=false")
+        "tags=[a,b]  skip_if_done=true  print_config=overrides|full|false")
 WIDTH = 110  # characters a line of the help takes at most
 
 
