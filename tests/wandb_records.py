@@ -52,6 +52,8 @@ def summary(path: str | Path) -> dict[str, object]:
         if r.WhichOneof("record_type") == "summary":
             for item in r.summary.update:
                 values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+            for item in r.summary.remove:
+                values.pop(item.key or "/".join(item.nested_key), None)
     return values
 
 

@@ -4,10 +4,12 @@ the W&B extras, for runs that train and for runs skipped as already done.
 - every prequential block's training and validation loss as its own series, numbered from 1
   (``block03/val_loss``), and the final fit's (``final/val_loss``), all against one ``epoch`` axis so
   they overlay in one chart, logged live at each epoch's end by both engines;
-- the numbers a reader compares (paper MDL, online code, final loss, every erasure diagnostic) as
-  metrics, and in W&B also as the run *summary* (one value per run, not a one-point chart);
-- W&B only: tags from the config (data, model, eraser, preset), a readable group (preset, sweep date and
-  time), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
+- the numbers a reader compares (paper MDL, online code, every erasure diagnostic, and each fit's
+  ``<block or final>/best_val_loss`` (the kept weights') and ``/last_val_loss`` (the last epoch's)) as
+  metrics, and in W&B as the run *summary* (one value per run, not a one-point chart; the per-epoch
+  series have none there, since W&B's would be their last epoch);
+- W&B only: tags from the config (data, model, eraser, preset, debug), a readable group (the preset or the
+  swept keys, then the sweep's date and time; ``debug`` first for a debug run), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
   as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
   results, once per project (a marker in its run-store folder).
 """
@@ -15,6 +17,7 @@ the W&B extras, for runs that train and for runs skipped as already done.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -26,8 +29,11 @@ from mdl.run.identity import engine_name, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
-SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits",
-                "online_bits_per_example", "final_val_loss")
+# results.json's numbers -> the names every logger gives them; a fit's own numbers are <series>/<quantity>, as its curves
+# (final/val_loss per epoch, final/best_val_loss the kept weights')
+SUMMARY_KEYS = {"paper_mdl": "paper_mdl", "paper_mdl_last_block": "paper_mdl_last_block", "paper_mdl_val_min": "paper_mdl_val_min",
+                "online_codelength_bits": "online_codelength_bits", "online_bits_per_example": "online_bits_per_example",
+                "final_val_loss": "final/best_val_loss"}
 WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
 
 
@@ -87,14 +93,36 @@ class LoggerGroup:
         return None if self.wandb is None else self.wandb.experiment
 
 
-def preset_name() -> str | None:
-    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
+def hydra_choice(group: str) -> str | None:
+    """This Hydra job's choice in ``group`` (``experiment``: ``paper/appendix_c``; ``debug``: ``fast``), if any."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return HydraConfig.get().runtime.choices.get("experiment")
+        return HydraConfig.get().runtime.choices.get(group)
     except (ValueError, AttributeError):  # not inside a Hydra job (tests, scripts)
         return None
+
+
+def preset_name() -> str | None:
+    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
+    return hydra_choice("experiment")
+
+
+def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
+    """What the runs have in common and when: the preset, or a sweep's swept keys (``eraser x seed``), then the
+    sweep's date and time (a single run: ``runs`` and the day); ``debug`` first for a debug run, so it never
+    shares a group with real ones."""
+    from mdl.sweeps.cost import sweep_dimensions
+    from mdl.sweeps.jobs import planned_jobs
+
+    folder = run_dir.parent
+    jobs = planned_jobs(folder)  # None: a single run (runs/<date>/<time>), or a sweeper that cannot be replayed
+    if (folder / "multirun.yaml").is_file():
+        swept = " x ".join(key.lstrip("+~") for key, _ in sweep_dimensions(jobs or []))
+        what, when = preset or swept or "sweep", f"{folder.parent.name} {folder.name}"
+    else:
+        what, when = preset or "runs", folder.name
+    return " ".join(filter(None, ("debug" if debug else None, what, when)))
 
 
 def run_name(overrides: list[str], run_dir: Path) -> str:
@@ -109,15 +137,15 @@ def run_name(overrides: list[str], run_dir: Path) -> str:
 def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
         os.environ["WANDB_MODE"] = "offline"
-    preset = preset_name()
-    sweep = run_dir.parent
+    preset, debug = preset_name(), hydra_choice("debug")
     wandb = wandb_config(cfg)
-    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}"]
+    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}",
+            *([f"preset:{preset}"] if preset else []), *([f"debug:{debug}"] if debug else [])]
     return {
-        "group": wandb.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
+        "group": wandb.group or wandb_group(run_dir, preset, debug),
         "job_type": wandb.job_type or cfg.eraser.name,
         "name": wandb.name or run_name(overrides, run_dir),
-        "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags, *([f"preset:{preset}"] if preset else [])],
+        "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags],
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
 
@@ -154,12 +182,39 @@ def series_name(member: int, num_blocks: int) -> str:
 
 
 def share_epoch_axis(logger: LoggerGroup) -> None:
-    """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart."""
+    """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart, and
+    without a summary of their own (W&B's would be the last epoch, read as the fit's result): the summary holds
+    ``best_`` and ``last_`` values under the same names (``fit_summary``)."""
     run = logger.wandb_run
     if run is not None:
         run.define_metric("epoch")
         for pattern in ("block*", "final/*"):
-            run.define_metric(pattern, step_metric="epoch")
+            run.define_metric(pattern, step_metric="epoch", summary="none")
+
+
+def drop_series_summaries(run: Any) -> None:
+    """W&B: no per-epoch series in the summary (``final/val_loss``: the last epoch's, read as the fit's result): Lightning's
+    ``*`` metric definition puts some back in spite of ``summary="none"``."""
+    for key in list(run.summary.keys()):
+        if key.startswith(("block", "final/")) and key.rsplit("/", 1)[-1] in SERIES:
+            del run.summary[key]
+
+
+def fit_summary(name: str, val_loss_curve: list[float], best_val_loss: float | None) -> dict[str, float]:
+    """A fit's losses as the summary names them: ``<name>/best_val_loss`` (the kept weights') and
+    ``<name>/last_val_loss`` (the last epoch's)."""
+    values = {f"{name}/best_val_loss": best_val_loss, f"{name}/last_val_loss": val_loss_curve[-1] if val_loss_curve else None}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def update_summary(logger: LoggerGroup, values: dict[str, Any]) -> None:
+    """W&B: ``values`` in the run summary (one value per run, not one-point charts); other loggers: one row of them."""
+    if logger.wandb_run is not None:
+        logger.wandb_run.summary.update(values)
+    logger.log_metrics(values, [m for m in logger.loggers if m is not logger.wandb])
+
+
+SERIES = ("val_loss", "train_loss", "val_accuracy")  # per epoch of every fit, as <block or final>/<series>
 
 
 def log_epoch(logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float,
@@ -186,7 +241,9 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
         share_epoch_axis(logger)
         for epoch, (train, val) in enumerate(zip(block.train_loss_curve, block.val_loss_curve)):
             log_epoch(logger, prefix, epoch, train, val)
-    logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
+    best = block.val_bits_per_example * math.log(2)  # bits -> nats, as the curves
+    update_summary(logger, {f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train,
+                            **fit_summary(prefix, block.val_loss_curve, best)})
 
 
 def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
@@ -200,13 +257,13 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
         for epoch, value in enumerate(curve):
             if value is not None:
                 logger.log_metrics({f"final/{name}": value, "epoch": epoch})
-    numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
+    numbers = {name: results[k] for k, name in SUMMARY_KEYS.items() if results.get(k) is not None}
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    update_summary(logger, {**numbers, **fit_summary("final", results.get("val_loss_curve") or [], None), **erasure})
     run = logger.wandb_run
     if run is not None:
-        run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
-    logger.log_metrics({**numbers, **erasure}, [m for m in logger.loggers if m is not logger.wandb])
+        drop_series_summaries(run)
     if run is not None:
         _wandb_extras(run, results, run_dir)
     logger.finalize("success")
