@@ -9,9 +9,10 @@ the W&B extras, for runs that train and for runs skipped as already done.
   metrics, and in W&B as the run *summary* (one value per run, not a one-point chart; the per-epoch
   series have none there, since W&B's would be their last epoch);
 - W&B only: tags from the config (data, model, eraser, preset, debug), a readable group (the preset or the
-  swept keys, then the sweep's date and time; ``debug`` first for a debug run), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
-  as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
-  results, once per project (a marker in its run-store folder).
+  swept keys, then the sweep's date and time; ``debug`` first for a debug run), a name made of the job's
+  own overrides, a table of the blocks, the run's panel of Figure 1 (images as given and erased) as an
+  image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is
+  logged to W&B from its stored results, once per project (a marker in its run-store folder).
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ from mdl.run.identity import engine_name, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
-# results.json's numbers -> the names every logger gives them; a fit's own numbers are <series>/<quantity>, as its curves
-# (final/val_loss per epoch, final/best_val_loss the kept weights')
-SUMMARY_KEYS = {"paper_mdl": "paper_mdl", "paper_mdl_last_block": "paper_mdl_last_block", "paper_mdl_val_min": "paper_mdl_val_min",
-                "online_codelength_bits": "online_codelength_bits", "online_bits_per_example": "online_bits_per_example",
-                "final_val_loss": "final/best_val_loss"}
+SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits",
+                "online_bits_per_example")  # the run's numbers; a fit's own are named by fit_summary
+SERIES = ("val_loss", "train_loss", "val_accuracy")  # per epoch of every fit, as <block or final>/<series>
 WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
 
 
@@ -193,8 +192,8 @@ def share_epoch_axis(logger: LoggerGroup) -> None:
 
 
 def drop_series_summaries(run: Any) -> None:
-    """W&B: no per-epoch series in the summary (``final/val_loss``: the last epoch's, read as the fit's result): Lightning's
-    ``*`` metric definition puts some back in spite of ``summary="none"``."""
+    """W&B: no per-epoch series in the summary (``final/val_loss``: the last epoch's, read as the fit's result);
+    Lightning's own ``*`` metric definition puts some back in spite of ``summary="none"``."""
     for key in list(run.summary.keys()):
         if key.startswith(("block", "final/")) and key.rsplit("/", 1)[-1] in SERIES:
             del run.summary[key]
@@ -213,8 +212,6 @@ def update_summary(logger: LoggerGroup, values: dict[str, Any]) -> None:
         logger.wandb_run.summary.update(values)
     logger.log_metrics(values, [m for m in logger.loggers if m is not logger.wandb])
 
-
-SERIES = ("val_loss", "train_loss", "val_accuracy")  # per epoch of every fit, as <block or final>/<series>
 
 
 def log_epoch(logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float,
@@ -257,14 +254,14 @@ def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, liv
         for epoch, value in enumerate(curve):
             if value is not None:
                 logger.log_metrics({f"final/{name}": value, "epoch": epoch})
-    numbers = {name: results[k] for k, name in SUMMARY_KEYS.items() if results.get(k) is not None}
+    numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    update_summary(logger, {**numbers, **fit_summary("final", results.get("val_loss_curve") or [], None), **erasure})
+    final = fit_summary("final", results.get("val_loss_curve") or [], results.get("final_val_loss"))
+    update_summary(logger, {**numbers, **final, **erasure})
     run = logger.wandb_run
     if run is not None:
         drop_series_summaries(run)
-    if run is not None:
         _wandb_extras(run, results, run_dir)
     logger.finalize("success")
     if run is not None:  # W&B: close the run so every job of a sweep gets its own, complete run
