@@ -35,7 +35,8 @@ def test_print_config_full_and_false(tmp_path: Path, capsys) -> None:
 
 def test_warnings_are_one_line_each_and_printed_once() -> None:
     code = ("from mdl.run.console import one_line_warnings; one_line_warnings(); import warnings\n"
-            "for _ in range(3):\n    warnings.warn('covariance has rank 60 of 64', RuntimeWarning)\n")
+            "for _ in range(3):\n    warnings.warn('covariance has rank 60 of 64', RuntimeWarning)\n"
+            "warnings.warn('a temporary left behind', ResourceWarning)\n")  # hidden by Python's defaults: still hidden
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env={"PATH": "", "PYTHONPATH": python_path()})
     assert proc.stderr == "warning: covariance has rank 60 of 64 (RuntimeWarning)\n"

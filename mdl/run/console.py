@@ -40,9 +40,15 @@ def one_line_warning(message: Warning | str, category: type[Warning], filename: 
     return f"warning: {message} ({category.__name__})\n"
 
 
+HIDDEN_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)  # Python's own choice
+
+
 def one_line_warnings() -> None:
     """Warnings as ``warning: <message> (<category>)``, without the file, line and source line, and each message
-    once per process (a sweep's jobs repeat them); ``python -W ...`` keeps its own filters."""
+    once per process (a sweep's jobs repeat them); those Python hides by default stay hidden, and ``python -W ...``
+    keeps its own filters."""
     warnings.formatwarning = one_line_warning
     if not sys.warnoptions:
         warnings.simplefilter("once")
+        for category in HIDDEN_BY_DEFAULT:
+            warnings.simplefilter("ignore", category)
