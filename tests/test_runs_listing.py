@@ -84,3 +84,26 @@ def test_where_refuses_a_key_no_run_has_naming_the_nearest(tmp_path: Path, capsy
     assert main([f"paths.output_root={tmp_path}", "--where", f"{key}=leace"]) == 2
     err = capsys.readouterr().err
     assert f"--where {key}:" in err and (hint is None or f"did you mean --where {hint}=" in err), err
+
+
+def test_a_failed_pack_lists_its_unfinished_runs_as_failed(tmp_path: Path, monkeypatch) -> None:
+    """hydra/launcher=packed(_slurm): an exception in a pack's training marks each of its unfinished runs failed."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    import mdl.run.pack as pack
+    from hydra_plugins.mdl_packed.packed_launcher import train_checked
+    from mdl.run.experiment import Job
+
+    cfgs = [compose_config(FAST + [f"seed={seed}"], tmp_path) for seed in (0, 1, 2)]
+    run_experiment(cfgs[0], tmp_path / "0")  # finished before the pack
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory\nTried to allocate 2 GiB")
+
+    monkeypatch.setattr(pack, "_train_together", out_of_memory)
+    checked = [JobReturn(status=JobStatus.COMPLETED, _return_value=Job.checked(cfg, tmp_path / f"pack{i}"))
+               for i, cfg in enumerate(cfgs)]
+    assert {r.status for r in train_checked(checked)} == {JobStatus.FAILED}
+    listed = {r.values["seed"]: (r.status, r.values["error"]) for r in list_runs(tmp_path / "store")}
+    assert listed == {0: ("finished", None), 1: ("failed", "RuntimeError: CUDA out of memory"),
+                      2: ("failed", "RuntimeError: CUDA out of memory")}

@@ -107,14 +107,18 @@ class Job:
 
     @contextmanager
     def failure_recorded(self) -> Iterator[None]:
-        """Any exception but a preemption (which resumes) leaves its first line in the store entry, so
-        ``python -m mdl.runs`` lists the run as failed and why, not as started for ever."""
+        """Any exception leaves its first line in the store entry (``record_failure``)."""
         try:
             yield
         except BaseException as err:
-            if not isinstance(err, Preempted):
-                record_failure(self.store, self.run_dir, err)
+            self.record_failure(err)
             raise
+
+    def record_failure(self, err: BaseException) -> None:
+        """So that ``python -m mdl.runs`` lists the run as failed and why, not as started for ever; not for a
+        preemption (the run resumes) or a run that finished (a pack's other runs failed)."""
+        if not isinstance(err, Preempted) and not (self.store / RESULTS_FILE).exists():
+            record_failure(self.store, self.run_dir, err)
 
     @contextmanager
     def disk_errors_named(self) -> Iterator[None]:
