@@ -80,3 +80,14 @@ def test_overfit_check_trains_with_the_runs_threads(monkeypatch) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(2)
+
+
+def test_an_option_the_eraser_does_not_take_is_refused_before_the_data_are_loaded() -> None:
+    """It was refused by the eraser's fit, after the data were loaded and split."""
+    from mdl.run.config_checks import validate_config
+
+    with pytest.raises(ValueError, match=r"did you mean eraser\.options\.shrinkage"):
+        validate_config(compose_config([*FAST, "+eraser.options.shrinkge=0.1"]))
+    for eraser in ("none", "leace", "qleace", "alf_qleace", "gradient", "random"):
+        validate_config(compose_config([*FAST, f"eraser={eraser}"]))  # every shipped option is taken
+    validate_config(compose_config([*FAST, "eraser=random", "eraser.options.rank_from=leace"]))

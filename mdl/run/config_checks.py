@@ -93,7 +93,7 @@ def validate_config(cfg: DictConfig) -> None:
     """Fail before any data is loaded or any eraser fitted (minutes on CIFAR-10) on names that do
     not exist and sizes that cannot work, with the setting, the smallest value that works and a usual one."""
     from datamodules import available_sources
-    from datamodules.settings import check_data_settings
+    from datamodules.settings import check_data_settings, check_eraser_options
     from datamodules.sources import check_source_options
     from erasure import available_erasers
     from models import available_models
@@ -110,6 +110,7 @@ def validate_config(cfg: DictConfig) -> None:
     check_config(cfg)
     check_compile(cfg.trainer.compile)
     check_source_options(cfg.data.source, cfg.data.get("options") or {})
+    check_eraser_options(cfg.eraser.name, cfg.eraser.get("options") or {})
     d = cfg.data
     check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
 
