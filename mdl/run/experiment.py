@@ -135,7 +135,8 @@ class Job:
 def record_failure(store: Path, run_dir: Path, err: BaseException) -> None:
     """The error's type and first line, when and where, in ``store``'s FAILURE_FILE (a full disk may refuse it)."""
     first_line = next(iter(str(err).strip().splitlines()), "")
-    record = {"error": f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__, "time": time.time(), "run_dir": str(run_dir.resolve())}
+    error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+    record = {"error": error, "time": time.time(), "run_dir": str(run_dir.resolve())}
     try:
         atomic_write_json(store / FAILURE_FILE, record)
     except OSError as write_err:

@@ -240,7 +240,7 @@ def job_dirname(num: Any, overrides: str) -> str:
 
 
 def register_resolvers() -> None:
-    """OmegaConf resolvers the configs use (conf/config.yaml's hydra.sweep.subdir); idempotent."""
+    """OmegaConf resolvers the configs use (conf/config.yaml's hydra.sweep.subdir, conf/hydra/help/mdl.yaml); idempotent."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("job_dirname"):
