@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, FAST, compose_config, run_launch
-from mdl.run.config_checks import MODEL_OPTION_VALUES, NAMED_BY_GROUP, PRECISIONS, check_before_imports, conf_names
+from mdl.run.config_checks import CHOICES, MODEL_OPTION_VALUES, NAMED_BY_GROUP, check_before_imports, conf_names
 
 
 @pytest.mark.parametrize("override, named", [
@@ -20,6 +20,8 @@ from mdl.run.config_checks import MODEL_OPTION_VALUES, NAMED_BY_GROUP, PRECISION
     ("eraser.name=lace", "did you mean leace"),
     ("trainer.precision=fp16", "trainer.precision"),
     ("data.source=cifar", "data.source"),
+    ("data.augment_order=foo", "data.augment_order='foo'"),
+    ("data.eval_labels=maybe", "data.eval_labels='maybe'"),
 ])
 def test_a_wrong_value_fails_before_torch_is_imported(tmp_path: Path, override: str, named: str) -> None:
     start = time.perf_counter()
@@ -52,7 +54,15 @@ def test_the_early_checks_tables_equal_their_owners() -> None:
     from models import lenet, mlp, precision, swin
     from models.registry import model_builder
 
-    assert PRECISIONS == precision.PRECISIONS
+    from datamodules import settings
+
+    assert CHOICES["trainer.precision"] == precision.PRECISIONS
+    assert CHOICES["data.augment_order"] == settings.AUGMENT_ORDERS
+    assert CHOICES["data.balance"] == (None, *settings.BALANCE_METHODS)
+    assert CHOICES["eraser.fit_scope"] == settings.FIT_SCOPES
+    for value in ("maybe", False):  # eval_labels: true or predicted, and nothing else
+        with pytest.raises(ValueError, match="data.eval_labels"):
+            settings.check_erasure_settings("erase_then_augment", value, False, None, "split", False)
     assert MODEL_OPTION_VALUES[("mlp", "activation")] == mlp.ACTIVATIONS
     assert MODEL_OPTION_VALUES[("lenet", "variant")] == lenet.VARIANTS
     assert MODEL_OPTION_VALUES[("swin", "head_scaling")] == tuple(swin.HEAD_SCALINGS)

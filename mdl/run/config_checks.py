@@ -32,7 +32,13 @@ MODEL_OPTION_VALUES = {
     ("lenet", "variant"): ("original", "dense_stack"),  # models/lenet.py VARIANTS
     ("swin", "head_scaling"): ("width", "paper"),  # models/swin.py HEAD_SCALINGS
 }
-PRECISIONS = ("fp32", "bf16")  # models/precision.py PRECISIONS
+CHOICES = {  # config key -> the values the code behind it takes
+    "trainer.precision": ("fp32", "bf16"),  # models/precision.py PRECISIONS
+    "data.augment_order": ("erase_then_augment", "augment_then_erase"),  # datamodules/settings.py AUGMENT_ORDERS
+    "data.balance": (None, "suby", "rwy"),  # datamodules/settings.py BALANCE_METHODS (null: off)
+    "data.eval_labels": (True, "predicted"),  # datamodules/settings.py check_erasure_settings
+    "eraser.fit_scope": ("split", "pool"),  # datamodules/settings.py FIT_SCOPES (absent: split)
+}
 # The names a config group's files give (conf/<group>/*.yaml): what the command line can choose; the code's
 # registries hold the same (tests/test_config_checks.py), checked again by validate_config.
 NAMED_BY_GROUP = {"eraser.name": "eraser", "model.name": "model", "data.source": "data"}
@@ -128,8 +134,11 @@ def check_config(cfg: DictConfig) -> None:
     members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
     check_paper_loss(cfg.mdl.paper_loss)
     check_print_config(cfg.get("print_config", "overrides"))
-    if cfg.trainer.precision not in PRECISIONS:
-        raise ValueError(f"trainer.precision must be one of {PRECISIONS}, got {cfg.trainer.precision!r}")
+    for key, values in CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=values[0])
+        if not any(value is v if isinstance(v, bool) or v is None else value == v for v in values):
+            shown = ", ".join("null" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+            raise ValueError(f"{key}={value!r}: choose one of {shown}")
     check_logger(cfg)
     for name, spec in (cfg.get("callbacks") or {}).items():
         if not (isinstance(spec, DictConfig) and spec.get("_target_")):
