@@ -107,6 +107,9 @@ def preset_name() -> str | None:
     return hydra_choice("experiment")
 
 
+MAX_GROUP_WHAT = 80  # characters of the swept keys in a group's name (W&B takes 128 in all)
+
+
 def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
     """What the runs have in common and when: the preset, or a sweep's swept keys (``eraser x seed``), then the
     sweep's date and time (a single run: ``runs`` and the day); ``debug`` first for a debug run, so it never
@@ -117,7 +120,7 @@ def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
     folder = run_dir.parent
     jobs = planned_jobs(folder)  # None: a single run (runs/<date>/<time>), or a sweeper that cannot be replayed
     if (folder / "multirun.yaml").is_file():
-        swept = " x ".join(key.lstrip("+~") for key, _ in sweep_dimensions(jobs or []))
+        swept = " x ".join(key.lstrip("+~") for key, _ in sweep_dimensions(jobs or []))[:MAX_GROUP_WHAT]
         what, when = preset or swept or "sweep", f"{folder.parent.name} {folder.name}"
     else:
         what, when = preset or "runs", folder.name
