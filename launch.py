@@ -10,6 +10,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from mdl.run.config_checks import check_before_imports
+from mdl.run.console import one_line_warnings, show_config
 from mdl.run.imports import imports_frozen
 from mdl.run.storage import register_resolvers
 
@@ -24,15 +26,18 @@ register_resolvers()  # before Hydra resolves the config (job folder names)
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
+    one_line_warnings()
     run_dir = Path(hc.runtime.output_dir)
     if hc.runtime.choices.get("debug") and hc.runtime.choices.get("experiment"):
         print(f"warning: +experiment={hc.runtime.choices['experiment']} is applied after debug={hc.runtime.choices['debug']}: "
               "the preset's values win; for a quick smoke use the preset's smoke version or set the keys on the command line",
               file=sys.stderr, flush=True)
-    if cfg.get("print_config", False):  # first, before the seconds torch and lightning take to import
-        from omegaconf import OmegaConf
-
-        print(f"config ({run_dir}; print_config=false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}", flush=True)
+    try:
+        check_before_imports(cfg)  # a wrong value fails in a second, not after torch's import and the data's load
+    except (ValueError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    show_config(cfg, list(hc.overrides.task), run_dir)  # first, before the seconds torch and lightning take to import
     print(f"run: {run_dir} (loading torch and lightning)", flush=True)
 
     with imports_frozen():  # after Hydra parsed the command line
@@ -79,4 +84,8 @@ NULLABLE_GROUPS = ("logger",)
 
 if __name__ == "__main__":
     sys.argv = sys.argv[:1] + without_null_groups(sys.argv[1:])
+    if {"-sc", "--shell-completion"} & set(sys.argv):
+        from mdl.run.help import complete_nested_options
+
+        complete_nested_options()  # +experiment=paper/<TAB>
     main()

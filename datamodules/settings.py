@@ -97,6 +97,22 @@ def default_options(name: str) -> dict[str, Any]:
     return {"zscore": False, **{k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}}
 
 
+RANK_FROM_OPTIONS = ("rank_from", "rank_from_options")  # eraser=random: its rank from another eraser's (ErasedDataModule)
+
+
+def check_eraser_options(name: str, options: dict[str, Any]) -> None:
+    """An option the eraser does not take (``+eraser.options.shrinkge=0.1``), refused with the nearest before the data
+    are loaded (fit_eraser would refuse it only when it fits, after them)."""
+    import difflib
+
+    known = sorted([*default_options(name), *(RANK_FROM_OPTIONS if name == "random" else ())])
+    for key in options:
+        if key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean eraser.options.{near[0]}? " if near else ""
+            raise ValueError(f"eraser.options.{key}: eraser {name!r} takes no such option; {hint}it takes {', '.join(known)}")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

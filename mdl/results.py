@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from erasure.files import atomic_write, source_digest
-
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
 PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/engine/progress.py write_progress)
+FAILURE_FILE = "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl/run/experiment.py)
 
 
 @dataclass
@@ -73,11 +72,15 @@ def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
 
 def code_version() -> str:
     """A short hash of the framework's own source files: what computed a result (erasure/files.py)."""
+    from erasure.files import source_digest  # here, not above: erasure's package imports torch, this module's readers need not
+
     return source_digest(SOURCE_PACKAGES)[:12]
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     """JSON (no NaN or infinity: they are not JSON), written atomically (erasure/files.py)."""
+    from erasure.files import atomic_write
+
     text = json.dumps(payload, indent=2, allow_nan=False)
     return atomic_write(path, lambda tmp: tmp.write_text(text))
 

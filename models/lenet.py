@@ -39,6 +39,7 @@ from models.registry import check_image_shape, register_model
 
 KERNEL = 5
 VARIANTS = ("original", "dense_stack")
+ACTIVATIONS = ("relu", "gelu")
 CONV_SIZES = (32, 40, 48, 64, 128)  # original: generate_parameter_matched_conv.py find_closest_config
 DENSE_SIZES = (64, 128, 256, 512, 1024, 2048)  # original: the same function
 MATCH_TOLERANCE = 0.05  # warn beyond this
@@ -204,8 +205,8 @@ class LeNet(nn.Module):
         in_channels, h, w = check_image_shape(input_shape, "lenet")
         if len(channels) != 2 or min(channels) < 1:
             raise ValueError(f"lenet channels must be two positive integers [c1, c2], got {channels!r}")
-        if activation not in ("relu", "gelu"):
-            raise ValueError(f"lenet activation must be relu or gelu, got {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"lenet activation must be one of {ACTIVATIONS}, got {activation!r}")
         act = nn.ReLU if activation == "relu" else nn.GELU
         p = resolve_padding(padding, h, w)
         sh, sw = feature_grid(input_shape, p)

@@ -92,8 +92,8 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
 
 
 def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path) -> None:
-    proc = run_launch([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30", f"paths.output_root={tmp_path}"],
-                      cwd=tmp_path)
+    proc = run_launch([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30", f"paths.output_root={tmp_path}",
+                       "print_config=full"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "config (" in proc.stdout and "\neraser:\n" in proc.stdout  # the resolved config, before the run
     text = proc.stdout + proc.stderr

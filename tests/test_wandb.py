@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from conftest import FAST, run_launch
@@ -28,6 +29,10 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
                        b"final/val_loss", b"final/val_accuracy", b"paper_mdl"):
             assert series in record, series
         _workspace_panels_have_data(record)
+    from wandb_records import run_record
+
+    run = run_record(run_files[0])  # a debug sweep: grouped apart, named by what it sweeps and when; tagged
+    assert run.run_group == f"debug eraser {sweep.parent.name} {sweep.name}" and "debug:fast" in run.tags
 
 
 def _workspace_panels_have_data(record: bytes) -> None:
@@ -63,7 +68,14 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     assert "tags" not in run_file.parents[2].name  # the user's tags name no folder: they are not part of a run
     results = json.loads((run_file.parents[2] / "results.json").read_text())
     values = summary(run_file)
-    assert values["paper_mdl"] == results["paper_mdl"] and values["final_val_loss"] == results["final_val_loss"]
+    assert values["paper_mdl"] == results["paper_mdl"] and values["final/best_val_loss"] == results["final_val_loss"]
+    # summary keys say what they are: the kept weights' loss (best) or the last epoch's (last); series have none
+    assert values["final/last_val_loss"] == results["val_loss_curve"][-1] and values["trainer/global_step"] > 0
+    for i, block in enumerate(results["blocks"], 1):
+        assert values[f"block{i:02d}/best_val_loss"] == block["val_bits_per_example"] * math.log(2)
+        assert values[f"block{i:02d}/last_val_loss"] == block["val_loss_curve"][-1]
+        assert values[f"block{i:02d}/eval_bits_per_example"] == block["eval_bits"] / block["n_eval"]
+    assert not {"final/val_loss", "final/train_loss", "block01/val_loss", "final_val_loss"} & set(values)
     for key, value in results["data_diagnostics"]["erasure"].items():
         if isinstance(value, (int, float)):
             assert values[f"erasure/{key}"] == value, key

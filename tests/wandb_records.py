@@ -46,12 +46,14 @@ def run_record(path: str | Path):
 
 
 def _updates(path: str | Path, kind: str) -> dict[str, object]:
-    """The last value set for every key by the run file's ``kind`` records (summary or config)."""
+    """The last value set for every key by the run file's ``kind`` records (summary or config), less those removed."""
     values: dict[str, object] = {}
     for r in records(path):
         if r.WhichOneof("record_type") == kind:
             for item in getattr(r, kind).update:
                 values[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+            for item in getattr(r, kind).remove:
+                values.pop(item.key or "/".join(item.nested_key), None)
     return values
 
 

@@ -88,6 +88,8 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
         results = run_pack([ret.return_value for ret in checked])
     except Exception as err:  # noqa: BLE001 - every job of the pack failed with it, as Hydra reports a job's error
         log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
+        for ret in checked:
+            ret.return_value.record_failure(err)  # python -m mdl.runs: failed, and why
         return [returned(ret, JobStatus.FAILED, err) for ret in checked]
     return [returned(ret, JobStatus.COMPLETED, r["paper_mdl"]) for ret, r in zip(checked, results)]
 

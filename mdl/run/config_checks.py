@@ -1,25 +1,47 @@
 """Checks of a composed config before anything is loaded: unknown names and keys, sizes that cannot
-work, trainer settings the device cannot honour; each error names the setting and a value that works."""
+work, trainer settings the device cannot honour; each error names the setting and a value that works.
+
+Two stages: ``check_before_imports`` needs no torch, so ``launch.py`` refuses a wrong value in about a second
+instead of after the seconds torch and lightning take to import; ``validate_config`` adds what only the code
+can say (its registries, a data source's options, the compile backends) and runs before any data is loaded.
+"""
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from erasure import available_erasers
 from mdl.codelength import check_paper_loss
-from mdl.engine.device import training_device
+from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
-from models import available_models
-from models.precision import check_compile, check_precision
 
-# Keys that say where or how a run is recorded or its data is fetched, not what it computes.
+if TYPE_CHECKING:
+    import torch
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Values that a model's builder or the trainer refuses, known here without importing torch so that a wrong one fails
+# at once; tests/test_config_checks.py keeps each equal to its owner's (named beside it).
+MODEL_OPTION_VALUES = {
+    ("mlp", "activation"): ("relu", "gelu", "swiglu"),  # models/mlp.py ACTIVATIONS
+    ("lenet", "activation"): ("relu", "gelu"),  # models/lenet.py ACTIVATIONS
+    ("lenet", "variant"): ("original", "dense_stack"),  # models/lenet.py VARIANTS
+    ("swin", "head_scaling"): ("width", "paper"),  # models/swin.py HEAD_SCALINGS
+}
+CHOICES = {  # config key -> the values the code behind it takes
+    "trainer.precision": ("fp32", "bf16"),  # models/precision.py PRECISIONS
+    "data.augment_order": ("erase_then_augment", "augment_then_erase"),  # datamodules/settings.py AUGMENT_ORDERS
+    "data.balance": (None, "suby", "rwy"),  # datamodules/settings.py BALANCE_METHODS (null: off)
+    "data.eval_labels": (True, "predicted"),  # datamodules/settings.py check_erasure_settings
+    "eraser.fit_scope": ("split", "pool"),  # datamodules/settings.py FIT_SCOPES (absent: split)
+}
+# The names a config group's files give (conf/<group>/*.yaml): what the command line can choose; the code's
+# registries hold the same (tests/test_config_checks.py), checked again by validate_config.
+NAMED_BY_GROUP = {"eraser.name": "eraser", "model.name": "model", "data.source": "data"}
 
 
 def probes_enabled(cfg: DictConfig) -> bool:
@@ -30,8 +52,6 @@ def probes_enabled(cfg: DictConfig) -> bool:
 def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
     """A key added to ``group`` on the command line (``+trainer.patiense=1``) that none of the group's
     config files defines would be ignored silently: refuse it, naming the nearest known key."""
-    import difflib
-
     known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml"))) - {"defaults"}
     for key in cfg.get(group) or {}:
         if key not in known:
@@ -41,13 +61,68 @@ def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
                              f"{group} takes {', '.join(sorted(map(str, known)))}")
 
 
+def conf_names(key: str) -> list[str]:
+    """The values of ``key`` (``eraser.name``) that the files of its config group set."""
+    group, leaf = NAMED_BY_GROUP[key], key.split(".", 1)[1]
+    return sorted({str(v) for path in (CONF_DIR / group).glob("*.yaml") if (v := OmegaConf.load(path).get(leaf)) is not None})
+
+
+def check_before_imports(cfg: DictConfig) -> None:
+    """Every check that needs no torch, names against the config groups' files: launch.py runs it first."""
+    for key, group in NAMED_BY_GROUP.items():
+        value, known = OmegaConf.select(cfg, key), conf_names(key)
+        if value not in known:
+            near = difflib.get_close_matches(str(value), known, n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ValueError(f"unknown {group} {value!r} ({key}); {hint}choose one of {known} with {group}=<name>")
+    check_config(cfg)
+
+
+def check_model_options(cfg: DictConfig) -> None:
+    """Model options the model's config file does not define (ignored, or refused by the builder after the data are
+    loaded), and option values its builder refuses."""
+    model, options = cfg.model.name, cfg.model.get("options") or {}
+    path = CONF_DIR / "model" / f"{model}.yaml"
+    known = sorted(map(str, (OmegaConf.load(path).get("options") or {}).keys())) if path.is_file() else None
+    for key, value in options.items():
+        if known is not None and key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean model.options.{near[0]}? " if near else ""
+            raise ValueError(f"model.options.{key}: model {model!r} takes no such option; {hint}it takes {', '.join(known) or 'none'}")
+        allowed = MODEL_OPTION_VALUES.get((model, str(key)))
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"model.options.{key}={value!r}: model {model!r} takes one of {list(allowed)}; "
+                             f"e.g. model.options.{key}={allowed[0]}")
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Fail before any data is loaded or any eraser fitted (minutes on CIFAR-10) on names that do
     not exist and sizes that cannot work, with the setting, the smallest value that works and a usual one."""
     from datamodules import available_sources
-    from datamodules.settings import check_data_settings
+    from datamodules.settings import check_data_settings, check_eraser_options
     from datamodules.sources import check_source_options
+    from erasure import available_erasers
+    from models import available_models
+    from models.precision import check_compile
 
+    if cfg.eraser.name not in available_erasers():
+        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
+    if cfg.model.name not in available_models():
+        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
+    if cfg.data.source not in available_sources():
+        raise ValueError(
+            f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
+        )
+    check_config(cfg)
+    check_compile(cfg.trainer.compile)
+    check_source_options(cfg.data.source, cfg.data.get("options") or {})
+    check_eraser_options(cfg.eraser.name, cfg.eraser.get("options") or {})
+    d = cfg.data
+    check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """The checks of validate_config that need no torch (no registry, no data module)."""
     def require_int(key: str, low: int, usual: str, allowed: tuple[Any, ...] = ()) -> None:
         value = OmegaConf.select(cfg, key)
         if value in allowed and not isinstance(value, bool):
@@ -56,12 +131,14 @@ def validate_config(cfg: DictConfig) -> None:
             also = "".join(f" or {'null' if v is None else v}" for v in allowed)
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}{also}; e.g. {key}={usual}")
 
-    if cfg.eraser.name not in available_erasers():
-        raise ValueError(f"unknown eraser {cfg.eraser.name!r}; choose one of {available_erasers()} with eraser=<name>")
     members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
     check_paper_loss(cfg.mdl.paper_loss)
-    check_precision(cfg.trainer.precision)
-    check_compile(cfg.trainer.compile)
+    check_print_config(cfg.get("print_config", "overrides"))
+    for key, values in CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=values[0])
+        if not any(value is v if isinstance(v, bool) or v is None else value == v for v in values):
+            shown = ", ".join("null" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+            raise ValueError(f"{key}={value!r}: choose one of {shown}")
     check_logger(cfg)
     for name, spec in (cfg.get("callbacks") or {}).items():
         if not (isinstance(spec, DictConfig) and spec.get("_target_")):
@@ -71,13 +148,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
     for group in ("trainer", "mdl", "data"):
         refuse_unknown_keys(cfg, group)
-    if cfg.model.name not in available_models():
-        raise ValueError(f"unknown model {cfg.model.name!r}; choose one of {available_models()} with model=<name>")
-    if cfg.data.source not in available_sources():
-        raise ValueError(
-            f"unknown data source {cfg.data.source!r} (data.source); choose one of {available_sources()} with data=<name>"
-        )
-    check_source_options(cfg.data.source, cfg.data.get("options") or {})
+    check_model_options(cfg)
     for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
                             ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
                             ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2"), ("mdl.steps_per_group", 1, "16")):
@@ -100,8 +171,6 @@ def validate_config(cfg: DictConfig) -> None:
         elif lr is None:
             why = f" (no default for data.source={cfg.data.source!r} in optimizer.lr_by_data)"
         raise ValueError(f"optimizer.lr={lr!r}{why}: must be a positive number; e.g. optimizer.lr=5e-4")
-    d = cfg.data
-    check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
     if probes_enabled(cfg):
         require_int("probes.n_per_class", 1, "200", allowed=(None,))
 
@@ -116,6 +185,9 @@ def check_trainer_config(cfg: DictConfig) -> torch.device:
         )
     if kwargs.get("devices") not in (None, 1):
         raise ValueError(f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N")
+    from mdl.engine.device import training_device
+    from models.precision import check_compile, check_precision
+
     check_precision(cfg.trainer.precision)
     check_compile(cfg.trainer.compile)
     return training_device(cfg.device, cfg.data.get("device"), kwargs.get("accelerator"))

@@ -52,6 +52,7 @@ def batch_metrics(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
     from mdl.run.components import make_datamodule, make_module_factory
     from mdl.run.config_checks import check_trainer_config, validate_config
+    from mdl.run.identity import training_threads
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"overfit_one_batch={steps!r}: the number of steps, an integer >= 1; e.g. overfit_one_batch=300")
@@ -59,6 +60,7 @@ def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
     device = check_trainer_config(cfg)
     torch.manual_seed(cfg.seed)
     dm = make_datamodule(cfg, device)
+    torch.set_num_threads(training_threads(cfg))  # as a run trains (prepare_run): torch's default oversubscribes shared CPUs
     module = make_module_factory(cfg, dm.num_classes, dm.input_shape)().to(device)
     n = min(int(cfg.data.batch_size), len(dm.train_set))
     x, y = dm.train_set.x[:n].to(device), dm.train_set.y[:n].to(device)
@@ -71,7 +73,7 @@ def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
         loss = module.step_loss(x, y)
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(float(loss.detach())):
             break
         loss.backward()
         optimizer.step()

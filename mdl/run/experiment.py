@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.driver import ModelRecipe, run_prequential
-from mdl.engine.preemption import sigterm_guard
+from mdl.engine.preemption import Preempted, sigterm_guard
 from mdl.results import (
-    PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, code_version, git_sha,
+    FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, code_version, git_sha,
     read_checked_json, read_json, write_checked_json,
 )
 from mdl.run.components import (
@@ -60,7 +61,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         done = job.stored_results()
         if done is not None:
             return done
-        with job.disk_errors_named():
+        with job.failure_recorded(), job.disk_errors_named():
             return finish_run(*train_alone(prepare_run(job)))
 
 
@@ -106,10 +107,12 @@ class Job:
             write_checked_json(self.run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
             logging_never_fails(log_stored_run, cfg, self.run_dir, self.overrides, done, store)
             return {**done, "skipped": True}
-        # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too)
+        # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too),
+        # and where this attempt writes; an earlier attempt's failure is over
         atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
                                                      "config_hash": self.key, "code_version": code_version(),
-                                                     ENVIRONMENT_KEY: self.environment()})
+                                                     ENVIRONMENT_KEY: self.environment(), "run_dir": str(self.run_dir.resolve())})
+        (store / FAILURE_FILE).unlink(missing_ok=True)
         return None
 
     def environment(self) -> dict[str, Any]:
@@ -134,6 +137,21 @@ class Job:
         return False
 
     @contextmanager
+    def failure_recorded(self) -> Iterator[None]:
+        """Any exception leaves its first line in the store entry (``record_failure``)."""
+        try:
+            yield
+        except BaseException as err:
+            self.record_failure(err)
+            raise
+
+    def record_failure(self, err: BaseException) -> None:
+        """So that ``python -m mdl.runs`` lists the run as failed and why, not as started for ever; not for a
+        preemption (the run resumes) or a run that finished (a pack's other runs failed)."""
+        if not isinstance(err, Preempted) and not (self.store / RESULTS_FILE).exists():
+            record_failure(self.store, self.run_dir, err)
+
+    @contextmanager
     def disk_errors_named(self) -> Iterator[None]:
         """A disk that filled mid-run: say which, and that the checkpoints are kept."""
         try:
@@ -143,6 +161,17 @@ class Job:
             if clear is None:
                 raise
             raise clear from err
+
+
+def record_failure(store: Path, run_dir: Path, err: BaseException) -> None:
+    """The error's type and first line, when and where, in ``store``'s FAILURE_FILE (a full disk may refuse it)."""
+    first_line = next(iter(str(err).strip().splitlines()), "")
+    error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+    record = {"error": error, "time": time.time(), "run_dir": str(run_dir.resolve())}
+    try:
+        atomic_write_json(store / FAILURE_FILE, record)
+    except OSError as write_err:
+        log.warning("could not record the failure in %s (%s)", store, write_err)
 
 
 def json_safe(value: Any) -> Any:

@@ -4,12 +4,15 @@ the W&B extras, for runs that train and for runs skipped as already done.
 - every prequential block's training and validation loss as its own series, numbered from 1
   (``block03/val_loss``), and the final fit's (``final/val_loss``), all against one ``epoch`` axis so
   they overlay in one chart, logged live at each epoch's end by both engines;
-- the numbers a reader compares (paper MDL, online code, final loss, every erasure diagnostic) as
-  metrics, and in W&B also as the run *summary* (one value per run, not a one-point chart);
-- W&B only: tags from the config (data, model, eraser, preset), a readable group (preset, sweep date and
-  time), a name made of the job's own overrides, a table of the blocks, the run's panel of Figure 1 (images
-  as given and erased) as an image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is logged to W&B from its stored
-  results, once per project (a marker in its run-store folder).
+- the numbers a reader compares (paper MDL, online code, every erasure diagnostic, and each fit's
+  ``<block or final>/best_val_loss`` (the kept weights') and ``/last_val_loss`` (the last epoch's)) as
+  metrics, and in W&B as the run *summary* (one value per run, not a one-point chart; the per-epoch
+  series have none there, since W&B's would be their last epoch);
+- W&B only: tags from the config (data, model, eraser, preset, debug), a readable group (the preset or the
+  swept keys, then the sweep's date and time; ``debug`` first for a debug run), a name made of the job's
+  own overrides, a table of the blocks, the run's panel of Figure 1 (images as given and erased) as an
+  image, and results.json and the fitted eraser as artifacts. A run skipped because it already finished is
+  logged to W&B from its stored results, once per project (a marker in its run-store folder).
 
 Every run has loggers of its own (its own W&B run, CSV file, TensorBoard log), also where one process trains
 several runs at once (a pack, mdl/run/pack.py): each holds that run's series only.
@@ -18,6 +21,7 @@ several runs at once (a pack, mdl/run/pack.py): each holds that run's series onl
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +34,8 @@ from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits",
-                "online_bits_per_example", "final_val_loss")
+                "online_bits_per_example")  # the run's numbers; a fit's own are named by fit_summary
+SERIES = ("val_loss", "train_loss", "val_accuracy")  # per epoch of every fit, as <block or final>/<series>
 WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
 
 
@@ -62,15 +67,23 @@ def is_wandb(cfg: DictConfig) -> bool:
 
 
 class LoggerGroup:
-    """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's."""
+    """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's.
+
+    One step axis for all of them: each logged row gets the next ``step`` of the run (TensorBoard's step, the CSV's
+    ``step`` column, W&B's ``trainer/global_step``), so no two rows of a series share an x; ``epoch``, logged with
+    every loss, is the member's own epoch. Lightning's loggers left alone put every TensorBoard event at step 0 and
+    restart the CSV's count at each flush."""
 
     def __init__(self, loggers: list[Any], wandb: Any = None) -> None:
         self.loggers = loggers
         self.wandb = wandb  # the W&B logger among them, if any
+        self.step = 0  # the next row's step
 
-    def log_metrics(self, metrics: dict[str, Any]) -> None:
-        for logger in self.loggers:
-            logger.log_metrics(metrics)
+    def log_metrics(self, metrics: dict[str, Any], loggers: list[Any] | None = None) -> None:
+        """One row at the next step, to every logger (or to ``loggers`` among them)."""
+        for logger in self.loggers if loggers is None else loggers:
+            logger.log_metrics(metrics, step=self.step)
+        self.step += 1
 
     def finalize(self, status: str) -> None:
         for logger in self.loggers:
@@ -82,14 +95,39 @@ class LoggerGroup:
         return None if self.wandb is None else self.wandb.experiment
 
 
-def preset_name() -> str | None:
-    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
+def hydra_choice(group: str) -> str | None:
+    """This Hydra job's choice in ``group`` (``experiment``: ``paper/appendix_c``; ``debug``: ``fast``), if any."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return HydraConfig.get().runtime.choices.get("experiment")
+        return HydraConfig.get().runtime.choices.get(group)
     except (ValueError, AttributeError):  # not inside a Hydra job (tests, scripts)
         return None
+
+
+def preset_name() -> str | None:
+    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
+    return hydra_choice("experiment")
+
+
+MAX_GROUP_WHAT = 80  # characters of the swept keys in a group's name (W&B takes 128 in all)
+
+
+def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
+    """What the runs have in common and when: the preset, or a sweep's swept keys (``eraser x seed``), then the
+    sweep's date and time (a single run: ``runs`` and the day); ``debug`` first for a debug run, so it never
+    shares a group with real ones."""
+    from mdl.sweeps.cost import sweep_dimensions
+    from mdl.sweeps.jobs import planned_jobs
+
+    folder = run_dir.parent
+    jobs = planned_jobs(folder)  # None: a single run (runs/<date>/<time>), or a sweeper that cannot be replayed
+    if (folder / "multirun.yaml").is_file():
+        swept = " x ".join(key.lstrip("+~") for key, _ in sweep_dimensions(jobs or []))[:MAX_GROUP_WHAT]
+        what, when = preset or swept or "sweep", f"{folder.parent.name} {folder.name}"
+    else:
+        what, when = preset or "runs", folder.name
+    return " ".join(filter(None, ("debug" if debug else None, what, when)))
 
 
 def run_name(overrides: list[str], run_dir: Path) -> str:
@@ -104,15 +142,15 @@ def run_name(overrides: list[str], run_dir: Path) -> str:
 def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
         os.environ["WANDB_MODE"] = "offline"
-    preset = preset_name()
-    sweep = run_dir.parent
+    preset, debug = preset_name(), hydra_choice("debug")
     wandb = wandb_config(cfg)
-    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}"]
+    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}",
+            *([f"preset:{preset}"] if preset else []), *([f"debug:{debug}"] if debug else [])]
     return {
-        "group": wandb.group or " ".join(filter(None, (preset, sweep.parent.name, sweep.name))),
+        "group": wandb.group or wandb_group(run_dir, preset, debug),
         "job_type": wandb.job_type or cfg.eraser.name,
         "name": wandb.name or run_name(overrides, run_dir),
-        "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags, *([f"preset:{preset}"] if preset else [])],
+        "tags": [*(cfg.get("tags") or []), *(wandb.get("tags") or []), *tags],
         "config": OmegaConf.to_container(cfg, resolve=True),
         # a W&B run of its own, also beside others open in this process (a pack logs its runs at once): without it
         # W&B hands every later logger the first run, and closing that one leaves the others writing to a finished run
@@ -152,12 +190,37 @@ def series_name(member: int, num_blocks: int) -> str:
 
 
 def share_epoch_axis(logger: LoggerGroup) -> None:
-    """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart."""
+    """W&B: every block's and the final fit's series against one ``epoch`` axis, so they overlay in one chart, and
+    without a summary of their own (W&B's would be the last epoch, read as the fit's result): the summary holds
+    ``best_`` and ``last_`` values under the same names (``fit_summary``)."""
     run = logger.wandb_run
     if run is not None:
         run.define_metric("epoch")
         for pattern in ("block*", "final/*"):
-            run.define_metric(pattern, step_metric="epoch")
+            run.define_metric(pattern, step_metric="epoch", summary="none")
+
+
+def drop_series_summaries(run: Any) -> None:
+    """W&B: no per-epoch series in the summary (``final/val_loss``: the last epoch's, read as the fit's result);
+    Lightning's own ``*`` metric definition puts some back in spite of ``summary="none"``."""
+    for key in list(run.summary.keys()):
+        if key.startswith(("block", "final/")) and key.rsplit("/", 1)[-1] in SERIES:
+            del run.summary[key]
+
+
+def fit_summary(name: str, val_loss_curve: list[float], best_val_loss: float | None) -> dict[str, float]:
+    """A fit's losses as the summary names them: ``<name>/best_val_loss`` (the kept weights') and
+    ``<name>/last_val_loss`` (the last epoch's)."""
+    values = {f"{name}/best_val_loss": best_val_loss, f"{name}/last_val_loss": val_loss_curve[-1] if val_loss_curve else None}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def update_summary(logger: LoggerGroup, values: dict[str, Any]) -> None:
+    """W&B: ``values`` in the run summary (one value per run, not one-point charts); other loggers: one row of them."""
+    if logger.wandb_run is not None:
+        logger.wandb_run.summary.update(values)
+    logger.log_metrics(values, [m for m in logger.loggers if m is not logger.wandb])
+
 
 
 def log_epoch(logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float,
@@ -184,7 +247,9 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
         share_epoch_axis(logger)
         for epoch, (train, val) in enumerate(zip(block.train_loss_curve, block.val_loss_curve)):
             log_epoch(logger, prefix, epoch, train, val)
-    logger.log_metrics({f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train})
+    best = block.val_bits_per_example * math.log(2)  # bits -> nats, as the curves
+    update_summary(logger, {f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train,
+                            **fit_summary(prefix, block.val_loss_curve, best)})
 
 
 def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
@@ -212,14 +277,12 @@ def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live
     numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
     erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    final = fit_summary("final", results.get("val_loss_curve") or [], results.get("final_val_loss"))
+    update_summary(logger, {**numbers, **final, **erasure})
     run = logger.wandb_run
-    for member in logger.loggers:
-        if member is logger.wandb:
-            run.summary.update({**numbers, **erasure})  # W&B: one value per run, not one-point charts
-        else:
-            member.log_metrics({**numbers, **erasure})
     if run is not None:
         run.config.update({"environment": results.get("environment")}, allow_val_change=True)  # what computed it
+        drop_series_summaries(run)
         _wandb_extras(run, results, run_dir)
     return run
 

@@ -240,8 +240,16 @@ def job_dirname(num: Any, overrides: str) -> str:
 
 
 def register_resolvers() -> None:
-    """OmegaConf resolvers the configs use (conf/config.yaml's hydra.sweep.subdir); idempotent."""
+    """OmegaConf resolvers the configs use (conf/config.yaml's hydra.sweep.subdir, conf/hydra/help/mdl.yaml); idempotent."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("job_dirname"):
         OmegaConf.register_new_resolver("job_dirname", job_dirname)
+    if not OmegaConf.has_resolver("mdl_help"):  # conf/hydra/help/mdl.yaml: python launch.py --help
+        OmegaConf.register_new_resolver("mdl_help", _help_text)
+
+
+def _help_text() -> str:
+    from mdl.run.help import help_text
+
+    return help_text()

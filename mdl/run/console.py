@@ -1,0 +1,54 @@
+"""What a run prints before it trains: its config as the overrides that made it and a path to all of it
+(``print_config=full`` prints it all, ``false`` nothing), and Python warnings as one line each, each once.
+Light (no torch): launch.py calls it before the heavy imports."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+PRINT_CONFIG = ("overrides", "full", True, False)  # true: full (its earlier meaning)
+CONFIG_FILE = "config.yaml"  # the resolved config, in the run folder
+
+
+def check_print_config(value: Any) -> None:
+    if not any(value is v if isinstance(v, bool) else value == v for v in PRINT_CONFIG):
+        raise ValueError(f"print_config={value!r}: choose overrides (the job's overrides and the config file's path), "
+                         f"full (the whole resolved config) or false")
+
+
+def show_config(cfg: DictConfig, overrides: list[str], run_dir: Path) -> None:
+    """The resolved config written to ``run_dir``/config.yaml, and printed as ``print_config`` says."""
+    mode = cfg.get("print_config", "overrides")
+    if mode is False:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_FILE
+    OmegaConf.save(cfg, path, resolve=True)
+    if mode in (True, "full"):
+        print(f"config ({path}; print_config=overrides shortens it, false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}",
+              flush=True)
+    else:
+        print(f"config: {' '.join(overrides) or 'the defaults'} (all of it: {path}; print_config=full prints it)", flush=True)
+
+
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+    return f"warning: {message} ({category.__name__})\n"
+
+
+HIDDEN_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)  # Python's own choice
+
+
+def one_line_warnings() -> None:
+    """Warnings as ``warning: <message> (<category>)``, without the file, line and source line, and each message
+    once per process (a sweep's jobs repeat them); those Python hides by default stay hidden, and ``python -W ...``
+    keeps its own filters."""
+    warnings.formatwarning = one_line_warning
+    if not sys.warnoptions:
+        warnings.simplefilter("once")
+        for category in HIDDEN_BY_DEFAULT:
+            warnings.simplefilter("ignore", category)

@@ -1,0 +1,103 @@
+"""Every config value is checked before the heavy imports: a wrong one fails in about a second, not after torch,
+lightning and the data are loaded; the light checks' tables stay equal to the code that owns each value."""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import CONF, FAST, compose_config, run_launch
+from mdl.run.config_checks import CHOICES, MODEL_OPTION_VALUES, NAMED_BY_GROUP, check_before_imports, conf_names
+
+
+@pytest.mark.parametrize("override, named", [
+    ("model.options.activation=tanh", "model.options.activation='tanh'"),
+    ("+model.options.activaton=gelu", "did you mean model.options.activation"),
+    ("eraser.name=lace", "did you mean leace"),
+    ("trainer.precision=fp16", "trainer.precision"),
+    ("data.source=cifar", "data.source"),
+    ("data.augment_order=foo", "data.augment_order='foo'"),
+    ("data.eval_labels=maybe", "data.eval_labels='maybe'"),
+])
+def test_a_wrong_value_fails_before_torch_is_imported(tmp_path: Path, override: str, named: str) -> None:
+    start = time.perf_counter()
+    proc = run_launch([override, f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
+    assert "loading torch" not in proc.stdout and not list(tmp_path.glob("store/*/config.json"))
+    assert elapsed < 6, f"{elapsed:.1f} s: the check waited for a heavy import"  # torch and lightning alone take longer
+
+
+def test_a_logger_whose_extra_is_missing_fails_before_the_imports(monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a))
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
+        check_before_imports(compose_config(["logger=tensorboard"]))
+
+
+def test_the_defaults_presets_and_fast_settings_pass_the_early_checks() -> None:
+    for overrides in ([], FAST, ["model=lenet"], ["model=swin"], ["model=convnext"], ["+experiment=paper/table16/smoke"]):
+        check_before_imports(compose_config(overrides))
+
+
+def test_the_early_checks_tables_equal_their_owners() -> None:
+    import datamodules
+    import erasure
+    import models
+    from models import lenet, mlp, precision, swin
+    from models.registry import model_builder
+
+    from datamodules import settings
+
+    assert CHOICES["trainer.precision"] == precision.PRECISIONS
+    assert CHOICES["data.augment_order"] == settings.AUGMENT_ORDERS
+    assert CHOICES["data.balance"] == (None, *settings.BALANCE_METHODS)
+    assert CHOICES["eraser.fit_scope"] == settings.FIT_SCOPES
+    for value in ("maybe", False):  # eval_labels: true or predicted, and nothing else
+        with pytest.raises(ValueError, match="data.eval_labels"):
+            settings.check_erasure_settings("erase_then_augment", value, False, None, "split", False)
+    assert MODEL_OPTION_VALUES[("mlp", "activation")] == mlp.ACTIVATIONS
+    assert MODEL_OPTION_VALUES[("lenet", "variant")] == lenet.VARIANTS
+    assert MODEL_OPTION_VALUES[("swin", "head_scaling")] == tuple(swin.HEAD_SCALINGS)
+    assert MODEL_OPTION_VALUES[("lenet", "activation")] == lenet.ACTIVATIONS
+    registries = {"eraser.name": erasure.available_erasers(), "model.name": models.available_models(),
+                  "data.source": datamodules.available_sources()}
+    for key in NAMED_BY_GROUP:
+        assert conf_names(key) == sorted(registries[key]), key
+    for name in models.available_models():  # each model's config file defines every option its builder takes
+        taken = set(inspect.signature(model_builder(name)).parameters) - {"width", "depth", "num_classes", "input_shape", "options"}
+        assert set(OmegaConf.load(CONF / "model" / f"{name}.yaml").options) == taken, name
+
+
+def test_overfit_check_trains_with_the_runs_threads(monkeypatch) -> None:
+    """debug=overfit trains with the run's CPU threads (trainer.torch_threads; 1 outside Slurm): with torch's default,
+    2 threads on 2 shared cores made its 300 steps take 26 s instead of under 1 s."""
+    import torch
+
+    from mdl.run.debug_checks import overfit_one_batch
+
+    torch.set_num_threads(2)
+    cfg = compose_config(["debug=overfit", "trainer.torch_threads=1", "device=cpu"])
+    try:
+        assert overfit_one_batch(cfg, 20).steps == 20
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(2)
+
+
+def test_an_option_the_eraser_does_not_take_is_refused_before_the_data_are_loaded() -> None:
+    """It was refused by the eraser's fit, after the data were loaded and split."""
+    from mdl.run.config_checks import validate_config
+
+    with pytest.raises(ValueError, match=r"did you mean eraser\.options\.shrinkage"):
+        validate_config(compose_config([*FAST, "+eraser.options.shrinkge=0.1"]))
+    for eraser in ("none", "leace", "qleace", "alf_qleace", "gradient", "random"):
+        validate_config(compose_config([*FAST, f"eraser={eraser}"]))  # every shipped option is taken
+    validate_config(compose_config([*FAST, "eraser=random", "eraser.options.rank_from=leace"]))

@@ -1,0 +1,54 @@
+"""``python launch.py --help`` lists the groups a user chooses from (a line each, with their options) and the presets,
+without importing torch; shell completion offers the presets in subfolders (``+experiment=paper/<TAB>``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from conftest import CONF, REPO, python_path
+from mdl.run.help import GROUPS, INTERNAL_GROUPS
+
+
+def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": python_path(), **(env or {})})
+
+
+def test_help_lists_the_groups_a_line_each_and_the_presets_without_torch() -> None:
+    start = time.perf_counter()
+    proc = launch("-X", "importtime", "launch.py", "--help")
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    for group in GROUPS:
+        assert f"\n  {group.ljust(15)}{GROUPS[group]}\n" in text, group
+    assert "digits*" in text and "leace*" in text  # the defaults marked
+    for preset in ("lr_search", "paper/table16", "paper/mlp_width"):
+        assert f"\n  {preset} " in text, preset
+    for internal in ("_base", "common", "paths:", "cost:", "epoch_times", "== Config =="):
+        assert internal not in text, internal
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert not imported & {"torch", "lightning", "erasure", "models", "datamodules"}
+    assert elapsed < 6, f"{elapsed:.1f} s"  # 1.5 s on 2 loaded cores; torch's import alone takes longer
+
+
+def test_every_config_group_is_described_or_internal() -> None:
+    folders = {p.name for p in CONF.iterdir() if p.is_dir() and p.name != "hydra"}
+    assert folders == (set(GROUPS) | set(INTERNAL_GROUPS)) - {"hydra/launcher"}
+
+
+def complete(line: str) -> list[str]:
+    proc = launch("launch.py", "-sc", "query=bash", env={"COMP_LINE": line})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.split()
+
+
+def test_presets_in_subfolders_tab_complete() -> None:
+    assert "+experiment=paper/" in complete("python launch.py +experiment=")
+    assert "+experiment=paper/table16" in complete("python launch.py +experiment=paper/t")
+    assert complete("python launch.py +experiment=paper/table16/") == ["+experiment=paper/table16/smoke"]
+    assert not [c for c in complete("python launch.py +experiment=paper/") if "common" in c]
+    assert complete("python launch.py eraser=le") == ["eraser=leace"]  # Hydra's own completion unchanged
