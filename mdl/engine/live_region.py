@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 from typing import Any, Iterator
@@ -28,8 +29,14 @@ def terminal_console() -> Console:
 
 
 def on_terminal() -> bool:
-    """Whether stdout is a terminal, the one place a region redrawn in place reads right."""
-    return terminal_console().is_terminal
+    """Whether stdout is a terminal, the one place a region redrawn in place reads right. Asked of stdout itself:
+    rich counts FORCE_COLOR as a terminal, and a CI log or a Slurm file would fill with redrawn frames."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no stdout, or a closed one
+        return False
+    console = terminal_console()
+    return tty and console.is_terminal and not console.is_dumb_terminal
 
 
 class ConsoleLines(io.TextIOBase):
