@@ -1,9 +1,10 @@
 """What a fit is doing, for a person watching it: one live table for every fit, or plain periodic lines.
 
-On a terminal (and with ``rich`` installed) a table redraws in place: every member still
-training (all of a stacked fit's, or the one model of a single fit), its prefix, epoch, best
-validation loss and patience left, and the time left. In a log file (Slurm, CI) a redrawn table
-is noise, so one line is logged every ``interval`` seconds.
+When stdout is a terminal a table redraws in place (``live_region.LiveRegion``): every member
+still training (all of a stacked fit's, or the one model of a single fit), its prefix, epoch, best
+validation loss and patience left, and the time left; it is erased when the fit ends, and the
+lines logged meanwhile stay above it. In a log file (Slurm, CI) a redrawn table is noise, so one
+line is logged every ``interval`` seconds.
 
 The time left is an estimate: a member stops no earlier than ``patience`` epochs without
 improving (or at ``max_epochs``, if sooner), so the fit lasts about as long as the member
@@ -14,11 +15,12 @@ this errs long; new improvements make members run longer, so it also errs short)
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any, Callable
 
 import lightning as L
+
+from mdl.engine.live_region import LiveRegion
 
 log = logging.getLogger(__name__)
 
@@ -46,66 +48,34 @@ def progress_table(title: str, rows: list[Row], patience: int) -> Any:
     return table
 
 
-class LiveTable:
-    """A table redrawn in place on a terminal (with ``rich``); nothing elsewhere (the callers log lines)."""
-
-    def __init__(self, wanted: bool | None) -> None:
-        self.wanted = sys.stderr.isatty() if wanted is None else wanted
-        self.live: Any = None
-
-    @property
-    def on(self) -> bool:
-        return self.live is not None
-
-    def start(self, render: Callable[[], Any]) -> None:
-        if not self.wanted:
-            return
-        try:
-            from rich.live import Live
-        except ImportError:
-            return
-        self.live = Live(render(), refresh_per_second=2, transient=False)
-        self.live.start()
-
-    def update(self, render: Callable[[], Any]) -> None:
-        if self.live is not None:
-            self.live.update(render())
-
-    def stop(self, render: Callable[[], Any]) -> None:
-        if self.live is not None:
-            self.live.update(render())
-            self.live.stop()
-            self.live = None
-
-
 class MemberProgress(L.Callback):
     """A stacked fit's members (``StackedProtocol``): the table on a terminal, a line every ``interval`` s in a log."""
 
     def __init__(self, protocol: Any, interval: float = 30.0, live: bool | None = None) -> None:
         self.protocol = protocol
         self.interval = interval
-        self.table = LiveTable(live)
+        self.table = LiveRegion(live)
         self.last = 0.0
         self.started = 0.0
         self.steps = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.started = self.last = time.monotonic()
-        self.table.start(self._table)
+        self.table.start(self._table())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any = None,
                            batch: Any = None, batch_idx: int = 0) -> None:
         self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
         now = time.monotonic()
         if self.table.on and now - self.last > 0.5:
-            self.table.update(self._table)
+            self.table.update(self._table())
             self.last = now
         elif not self.table.on and now - self.last > self.interval:
             log.info(self.line())
             self.last = now
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.table.stop(self._table)
+        self.table.stop()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.on_train_end(trainer, pl_module)
@@ -165,7 +135,7 @@ class FitProgress(L.Callback):
         self.reported = 0  # epochs handed to on_epoch
         self.started = self.last = 0.0
         self.first_epoch = 0
-        self.table = LiveTable(live)
+        self.table = LiveRegion(live)
         self.state: Any = None  # the protocol's MemberState, found at the start
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -176,17 +146,17 @@ class FitProgress(L.Callback):
         self.reported = 0  # a resumed fit hands on its earlier epochs too: this process's logger has not seen them
         protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
         self.state = protocol.state if protocol is not None else None
-        self.table.start(self._table)
+        self.table.start(self._table())
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer, pl_module)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer, pl_module)
-        self.table.stop(self._table)
+        self.table.stop()
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.table.stop(self._table)
+        self.table.stop()
 
     def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         train, val = pl_module.train_loss_curve, pl_module.val_loss_curve
@@ -198,7 +168,7 @@ class FitProgress(L.Callback):
         self.reported = done
         now = time.monotonic()
         if self.table.on:
-            self.table.update(self._table)
+            self.table.update(self._table())
         elif done and now - self.last > self.interval:
             log.info(self.line(trainer, done, val[done - 1], now))
             self.last = now
