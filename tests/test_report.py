@@ -561,7 +561,7 @@ def test_figures_for_a_paper_and_a_latex_table(report: Path):
     header, body = rows[0], rows[1:]
     assert len(body) == sum(r["n_seeds"] != "0" for r in read_csv(out / "table.csv"))  # a row per cell with runs
     erasers = {row[header.index("eraser")] for row in body}
-    assert {"LEACE", "QLEACE"} <= erasers and "leace" not in erasers and any("control" in e for e in erasers)
+    assert {"LEACE", "QLEACE", "Control"} <= erasers and "leace" not in erasers
 
 
 def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
@@ -695,3 +695,87 @@ def test_runs_of_one_environment_say_so_without_a_flag(tmp_path: Path):
     assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
     text = (out / "report.md").read_text()
     assert "Environment: `unrecorded`." in text and "mix environments" not in text
+
+
+# --- figures a paper can use (mdl/report/style.py) ----------------------------------------------
+
+def drawn_figures(monkeypatch, build) -> list:
+    """Every matplotlib figure the report saves while ``build()`` runs, kept open for inspection."""
+    import mdl.report.figure1 as figure1_module
+    import mdl.report.figures as figures_module
+    import mdl.report.lr as lr_module
+
+    figures = []
+
+    def keep(fig, path):
+        figures.append((path.name, fig))
+        fig.savefig(path, dpi=50)
+        return path
+
+    for module in (figures_module, figure1_module, lr_module):
+        monkeypatch.setattr(module, "_save", keep)
+    build()
+    return figures
+
+
+def eraser_colours_drawn(fig) -> dict[str, str]:
+    """Display name -> colour, from the legends' lines and from Figure 1's coloured column titles."""
+    from matplotlib.colors import to_hex
+
+    found: dict[str, str] = {}
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            for text, handle in zip(legend.get_texts(), legend.legend_handles):
+                colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_edgecolor()
+                found[text.get_text().split(" (n=")[0].split(":")[0]] = to_hex(colour)
+        if ax.get_title() and not ax.get_legend():
+            found[ax.get_title().split(" (")[0]] = to_hex(ax.title.get_color())
+    return found
+
+
+def test_pdf_figures_embed_truetype_fonts_not_type3(report: Path):
+    """Venues reject Type 3 fonts: every PDF figure embeds its text as TrueType (Type 42)."""
+    from pypdf import PdfReader
+
+    pdfs = sorted(report.parent.glob("*.pdf"))
+    assert pdfs
+    for pdf in pdfs:
+        subtypes = set()
+        for page in PdfReader(pdf).pages:
+            for font in (page["/Resources"].get("/Font") or {}).values():
+                font = font.get_object()
+                subtypes.add(str(font["/Subtype"]))
+                for descendant in font.get("/DescendantFonts") or []:
+                    subtypes.add(str(descendant.get_object()["/Subtype"]))
+        assert subtypes and "/Type3" not in subtypes, (pdf.name, subtypes)
+        assert subtypes & {"/TrueType", "/CIDFontType2"}, (pdf.name, subtypes)
+
+
+def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Path, tmp_path: Path, monkeypatch):
+    """One colour per eraser across all figures (Figure 1's column titles included), the paper's eraser
+    names (Figure 1 included), legends one step below the axis labels, not 6 pt beside 10 pt."""
+    from matplotlib.colors import to_hex
+
+    from mdl.report.style import ERASER_COLORS, ERASER_NAMES, FONT_SIZE, SMALL_FONT_SIZE
+
+    figures = drawn_figures(monkeypatch, lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(),
+                                                              echo=None))
+    names = {name for name, _ in figures}
+    assert {"figure1_synthetic-test.png", "figure3_mdl_increase.png", "val_loss_mlp.png"} <= names
+    expected = {ERASER_NAMES[e]: to_hex(ERASER_COLORS[e]) for e in ("none", "leace", "qleace", "random")}
+    seen: dict[str, set[str]] = {}
+    for name, fig in figures:
+        for label, colour in eraser_colours_drawn(fig).items():
+            seen.setdefault(label, set()).add(colour)
+        for ax in fig.axes:
+            if ax.get_legend() is not None:
+                assert {t.get_fontsize() for t in ax.get_legend().get_texts()} == {SMALL_FONT_SIZE}, name
+            if ax.get_xlabel():
+                assert ax.xaxis.label.get_fontsize() == FONT_SIZE, name
+            assert ax.title.get_fontsize() == FONT_SIZE, name
+    assert "leace" not in seen and "none" not in seen, seen  # config names never reach a figure
+    for label, colour in expected.items():
+        assert seen.get(label) == {colour}, (label, seen.get(label))
+    figure1_titles = {ax.get_title() for name, fig in figures if name.startswith("figure1") for ax in fig.axes}
+    assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles

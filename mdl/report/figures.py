@@ -1,24 +1,24 @@
 """The report's figures: MDL against width / depth, Figure 3 (MDL increase over the control per
 width), final-fit loss curves and probe curves (Figure 1, the erased images, is in figure1.py).
 
-Everything is drawn with matplotlib's Agg backend (no display needed), each figure as PNG (shown in
-report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends outside
-the axes, erasers under the paper's names and a dashed chance line where one is defined. Each function
+Everything is drawn with matplotlib's Agg backend (no display needed) in the style of
+``mdl.report.style`` (fonts, sizes, the paper's eraser names, a colour per eraser), each figure as PNG
+(shown in report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends
+outside the axes and a dashed chance line where one is defined. Each function
 returns the files it wrote with a caption, plus notes on what it had to skip and why.
 """
 
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from mdl.report.style import PANEL_SIZE, display_name, panel_title
+from mdl.report.style import eraser_colors as _colors_of
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the Agg backend)
 import numpy as np  # noqa: E402
 
 from mdl.report.runs import Sweep, sortable  # noqa: E402
@@ -35,24 +35,14 @@ class FigureFile:
     caption: str
 
 
-# config names -> the paper's names (legends only; tables and CSVs keep the config names)
-ERASER_NAMES = {"none": "control", "leace": "LEACE", "qleace": "QLEACE", "alf_qleace": "ALF-QLEACE",
-                "gradient": "gradient eraser", "random": "random projection"}
-PANEL_SIZE = (3.3, 2.5)  # inches: a one-column figure of a two-column paper is about 3.3 in wide
 FORMATS = ("png", "pdf", "svg")
-
-
-def display_name(label: str) -> str:
-    """``qleace (shrinkage=optimal)`` -> ``QLEACE (shrinkage=optimal)``; unknown names unchanged."""
-    base, sep, rest = label.partition(" ")
-    return ERASER_NAMES.get(base, base) + sep + rest
 
 
 def legend(ax) -> None:
     """Outside the axes on the right, so it never covers the data; eraser names as the paper writes them."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, [display_name(label) for label in labels], fontsize=6, loc="upper left",
+        ax.legend(handles, [display_name(label) for label in labels], loc="upper left",
                   bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
 
 
@@ -77,8 +67,9 @@ def chance_line(ax, value: float | None) -> None:
 
 
 def eraser_colors(cells: list[Cell]) -> dict[str, Any]:
-    cmap = plt.get_cmap("tab10")
-    return {e: cmap(i % 10) for i, e in enumerate(erasers_of(cells))}
+    """The style's colour of each eraser of ``cells``, in the report's eraser order."""
+    colors = _colors_of(c.eraser for c in cells)
+    return {e: colors[e] for e in erasers_of(cells)}
 
 
 def slug(text: str) -> str:
@@ -91,11 +82,6 @@ def _grid(n: int, width: float = PANEL_SIZE[0], height: float = PANEL_SIZE[1], r
     fig, axes = plt.subplots(rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel),
                              squeeze=False)
     return fig, axes, cols
-
-
-def _title(arch: str, setting: str, width: int = 50) -> str:
-    """'mlp: width=64, depth=2' wrapped to fit a panel; just 'mlp' when nothing else varies."""
-    return "\n".join(textwrap.wrap(f"{arch}: {setting}" if setting else arch, width))
 
 
 def _save(fig, path: Path) -> Path:
@@ -141,7 +127,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ax.minorticks_off()
                     ax.set_xlabel(axis)
                     ax.set_ylabel(ylabel)
-                    ax.set_title(_title(arch, sweep.describe(_insert(other, a, None), skip=axis)), fontsize=8)
+                    ax.set_title(panel_title(arch, sweep.describe(_insert(other, a, None), skip=axis)))
                     legend(ax)
             _hide_unused(axes, len(panels), cols, len(SCALING_METRICS))
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
@@ -213,7 +199,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
         ax.minorticks_off()
         ax.set_xlabel("width")
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
-        ax.set_title(_title(arch, setting), fontsize=8)
+        ax.set_title(panel_title(arch, setting))
         legend(ax)
     _hide_unused(axes, len(panels), cols)
     path = _save(fig, out / FIGURE3_NAME)
@@ -253,7 +239,7 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                     ax.fill_between(epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2)
                 drawn += 1
             chance_line(ax, chance_level(members, "val_loss"))
-            ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
+            ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("validation loss (nats)")
             legend(ax)
@@ -301,13 +287,13 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                                  f"(probes=maxent); the probe figure averages the others.")
                 n = probe.n_seeds
                 ax.plot(np.arange(1, len(val.mean) + 1), val.mean, color=colors[c.eraser], lw=2,
-                        label=f"{c.eraser}: validation (n={val.n_seeds})")
+                        label=f"{display_name(c.eraser)}: validation (n={val.n_seeds})")
                 ax.plot(np.arange(1, len(probe.mean) + 1), probe.mean, color=colors[c.eraser], lw=2, ls="--",
-                        label=f"{c.eraser}: max-ent probes (n={n})")
+                        label=f"{display_name(c.eraser)}: max-ent probes (n={n})")
                 chance |= {1 / r.results["num_classes"] for r in c.runs if r.results.get("num_classes")}
             for level in sorted(chance):
                 ax.axhline(level, color="gray", ls=":", lw=1)
-            ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
+            ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("accuracy")
             legend(ax)

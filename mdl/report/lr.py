@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _grid, _save, _title, display_name, legend, plt, slug
+from mdl.report.figures import FigureFile, _grid, _save, legend, plt, slug
+from mdl.report.style import display_name, panel_title
 from mdl.report.runs import Sweep
 from mdl.report.stats import Cell
 
@@ -174,7 +175,7 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
             ax.set_xscale("log")
             ax.set_xlabel("optimizer.lr")
             ax.set_ylabel("paper MDL (bits/sample)")
-            ax.set_title(_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)), fontsize=7)
+            ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
             legend(ax)
         for p in range(len(panels), len(axes) * cols):
             axes[p // cols][p % cols].set_visible(False)
