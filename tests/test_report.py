@@ -779,3 +779,18 @@ def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Pat
         assert seen.get(label) == {colour}, (label, seen.get(label))
     figure1_titles = {ax.get_title() for name, fig in figures if name.startswith("figure1") for ax in fig.axes}
     assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles
+
+
+def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path, monkeypatch):
+    """Within a figure, every visible panel of one quantity (same y label) has the same y limits."""
+    figures = drawn_figures(monkeypatch, lambda: build_report([sweep_dir], tmp_path, image_loader=None, echo=None))
+    compared = 0
+    for name, fig in figures:
+        by_quantity: dict[str, set] = {}
+        for ax in fig.axes:
+            if ax.get_visible() and ax.get_ylabel():
+                by_quantity.setdefault(ax.get_ylabel(), set()).add(tuple(round(v, 9) for v in ax.get_ylim()))
+        for quantity, limits in by_quantity.items():
+            assert len(limits) == 1, (name, quantity, limits)
+        compared += sum(1 for ax in fig.axes if ax.get_visible() and ax.get_ylabel()) > len(by_quantity)
+    assert compared >= 3  # val_loss_mlp, figure3, mdl_vs_width_mlp... have several panels

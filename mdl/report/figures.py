@@ -129,7 +129,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ax.set_ylabel(ylabel)
                     ax.set_title(panel_title(arch, sweep.describe(_insert(other, a, None), skip=axis)))
                     legend(ax)
-            _hide_unused(axes, len(panels), cols, len(SCALING_METRICS))
+            _finish_grid(axes, len(panels), cols, len(SCALING_METRICS))
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
             figures.append(FigureFile(path, f"MDL vs {axis}: {arch}",
                                       f"Mean ± 1 sample std (ddof=1) over seeds; log2 x axis. Hollow markers: cells with "
@@ -154,11 +154,25 @@ def _scaling_panel(ax, members: list[Cell], a: int, metric: str, colors: dict, m
         ax.scatter(x[~full], mean[~full], facecolors="white", edgecolors=colors[eraser], zorder=3)
 
 
-def _hide_unused(axes, used: int, cols: int, rows_per_panel: int = 1) -> None:
+def _finish_grid(axes, used: int, cols: int, rows_per_panel: int = 1) -> None:
+    """Hide the grid's unused axes and give the panels one y scale per metric row: the panels of a
+    figure compare the same quantity across settings, which different scales would hide."""
     total = (len(axes) // rows_per_panel) * cols
     for p in range(used, total):
         for m in range(rows_per_panel):
             axes[(p // cols) * rows_per_panel + m][p % cols].set_visible(False)
+    for m in range(rows_per_panel):
+        share_y([axes[(p // cols) * rows_per_panel + m][p % cols] for p in range(used)])
+
+
+def share_y(axes: list) -> None:
+    """The same y limits on every axis of ``axes``: the union of their own."""
+    if len(axes) < 2:
+        return
+    limits = [ax.get_ylim() for ax in axes]
+    low, high = min(lo for lo, _ in limits), max(hi for _, hi in limits)
+    for ax in axes:
+        ax.set_ylim(low, high)
 
 
 # --- Figure 3: MDL increase over the control, per width ---------------------------------------
@@ -201,7 +215,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
         ax.set_title(panel_title(arch, setting))
         legend(ax)
-    _hide_unused(axes, len(panels), cols)
+    _finish_grid(axes, len(panels), cols)
     path = _save(fig, out / FIGURE3_NAME)
     return [FigureFile(path, "Figure 3: MDL increase over the control, per width",
                        "The paper's Figure 3: mean paper MDL of each erased cell minus the mean of the control in the same "
@@ -243,7 +257,7 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("validation loss (nats)")
             legend(ax)
-        _hide_unused(axes, len(rows), cols)
+        _finish_grid(axes, len(rows), cols)
         if not drawn:
             plt.close(fig)
             continue
@@ -297,7 +311,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("accuracy")
             legend(ax)
-        _hide_unused(axes, len(rows), cols)
+        _finish_grid(axes, len(rows), cols)
         path = _save(fig, out / f"maxent_probes_{slug(arch)}.png")
         figures.append(FigureFile(path, f"Max-ent probes over the final fit: {arch}",
                                   "Accuracy on the real validation split (solid) and on the max-ent probes (dashed: "

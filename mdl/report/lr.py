@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _grid, _save, legend, plt, slug
+from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, legend, plt, slug
 from mdl.report.style import display_name, panel_title
 from mdl.report.runs import Sweep
 from mdl.report.stats import Cell
@@ -177,8 +177,7 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
             ax.set_ylabel("paper MDL (bits/sample)")
             ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
             legend(ax)
-        for p in range(len(panels), len(axes) * cols):
-            axes[p // cols][p % cols].set_visible(False)
+        _finish_grid(axes, len(panels), cols)
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
         figures.append(FigureFile(path, f"Learning rate across widths: {arch}",
                                   "Mean paper MDL against the learning rate, one line per width (error bars: sample sd "
