@@ -699,8 +699,12 @@ def test_runs_of_one_environment_say_so_without_a_flag(tmp_path: Path):
 
 # --- figures a paper can use (mdl/report/style.py) ----------------------------------------------
 
-def drawn_figures(monkeypatch, build) -> list:
-    """Every matplotlib figure the report saves while ``build()`` runs, kept open for inspection."""
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """A function running ``build()`` that returns every (file name, matplotlib figure) the report saves while it
+    runs, kept open for inspection (closed when the test ends)."""
+    import matplotlib.pyplot as plt
+
     import mdl.report.figure1 as figure1_module
     import mdl.report.figures as figures_module
     import mdl.report.lr as lr_module
@@ -714,8 +718,14 @@ def drawn_figures(monkeypatch, build) -> list:
 
     for module in (figures_module, figure1_module, lr_module):
         monkeypatch.setattr(module, "_save", keep)
-    build()
-    return figures
+
+    def run(build) -> list:
+        figures.clear()
+        build()
+        return list(figures)
+
+    yield run
+    plt.close("all")
 
 
 def eraser_colours_drawn(fig) -> dict[str, str]:
@@ -752,14 +762,14 @@ def test_pdf_figures_embed_truetype_fonts_not_type3(report: Path):
         assert subtypes & {"/TrueType", "/CIDFontType2"}, (pdf.name, subtypes)
 
 
-def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Path, tmp_path: Path, monkeypatch):
+def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Path, tmp_path: Path, drawn_figures):
     """One colour per eraser across all figures (Figure 1's column titles included), the paper's eraser
     names (Figure 1 included), legends one step below the axis labels, not 6 pt beside 10 pt."""
     from matplotlib.colors import to_hex
 
     from mdl.report.style import ERASER_COLORS, ERASER_NAMES, FONT_SIZE, SMALL_FONT_SIZE
 
-    figures = drawn_figures(monkeypatch, lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(),
+    figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(),
                                                               echo=None))
     names = {name for name, _ in figures}
     assert {"figure1_synthetic-test.png", "figure3_mdl_increase.png", "val_loss_mlp.png"} <= names
@@ -781,9 +791,9 @@ def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Pat
     assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles
 
 
-def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path, monkeypatch):
+def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path, drawn_figures):
     """Within a figure, every visible panel of one quantity (same y label) has the same y limits."""
-    figures = drawn_figures(monkeypatch, lambda: build_report([sweep_dir], tmp_path, image_loader=None, echo=None))
+    figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=None, echo=None))
     compared = 0
     for name, fig in figures:
         by_quantity: dict[str, set] = {}
@@ -794,3 +804,72 @@ def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path
             assert len(limits) == 1, (name, quantity, limits)
         compared += sum(1 for ax in fig.axes if ax.get_visible() and ax.get_ylabel()) > len(by_quantity)
     assert compared >= 3  # val_loss_mlp, figure3, mdl_vs_width_mlp... have several panels
+
+
+def paper_lookup_tables() -> dict:
+    """A paper preset's lookup tables (conf/experiment/paper/common.yaml): many keys a plain sweep lacks."""
+    archs, erasers = ("mlp", "lenet", "convnext", "swin"), ("none", "leace", "qleace", "alf_qleace", "gradient")
+    return {"lr": {a: 5e-4 for a in archs}, "beta1": {a: 0.9 for a in archs},
+            "lr_by_eraser": {"convnext": {e: 1e-4 for e in erasers}}, "augment_order": {e: "erase_then_augment" for e in erasers}}
+
+
+def write_mixed_folder(root: Path) -> Path:
+    """A parent folder of two sweeps: a plain one and a paper preset's (the same grid plus ``paper.*`` tables)."""
+    job = 0
+    for sweep, extra in (("plain", None), ("preset", paper_lookup_tables())):
+        for eraser in ("none", "leace"):
+            for width in (64, 128):
+                for seed in (0, 1):
+                    run = write_run(root / sweep, job, "mlp", eraser, width, 2, seed)
+                    job += 1
+                    if extra:
+                        results = json.loads((run / "results.json").read_text())
+                        results["config"]["paper"] = extra
+                        results["paper_mdl"] += 1.0
+                        (run / "results.json").write_text(json.dumps(results))
+    return root
+
+
+def test_a_folder_of_mixed_sweeps_gets_a_table_per_design(tmp_path: Path, drawn_figures, capsys):
+    """The paper preset's lookup keys are not row keys: each design has its own table, rows keyed by width
+    only (the key its sweep varied), and every panel title fits in two lines."""
+    root = write_mixed_folder(tmp_path / "multirun")
+    figures = drawn_figures(lambda: main([str(root), "--out", str(tmp_path / "out"), "--images", "0"]))
+    designs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert designs == ["design1_paper", "design2_shared_keys_only"], designs
+    for design, control in (("design1_paper", 8.31), ("design2_shared_keys_only", 7.31)):
+        table = read_csv(tmp_path / "out" / design / "table.csv")
+        assert list(table[0])[:3] == ["architecture", "width", "eraser"], design
+        assert len(table) == 4 and len(read_csv(tmp_path / "out" / design / "runs.csv")) == 8
+        cell = find_row(table, architecture="mlp", width=64, eraser="none")
+        assert float(cell["paper_mdl_mean"]) == pytest.approx(control), design
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Design 1: paper.*" in text and "## Design 2: shared keys only" in text
+    assert "[Full report](design1_paper/report.md)" in text and "| architecture | width |" in text
+    assert "2 designs" in capsys.readouterr().out
+    titles = [ax.get_title() for _, fig in figures for ax in fig.axes if ax.get_title()]
+    assert titles and max(t.count("\n") + 1 for t in titles) <= 2
+
+
+def test_panel_titles_fit_in_two_lines():
+    from mdl.report.style import MAX_TITLE_LINES, TITLE_WIDTH, panel_title
+
+    setting = ", ".join(f"paper.lr_by_eraser.convnext.{e}=0.0001" for e in range(12))
+    title = panel_title("convnext", setting)
+    lines = title.split("\n")
+    assert len(lines) == MAX_TITLE_LINES and all(len(line) <= TITLE_WIDTH for line in lines) and title.endswith("…")
+    assert panel_title("mlp", "width=64") == "mlp: width=64" and panel_title("mlp") == "mlp"
+
+
+def test_rows_option_chooses_and_orders_the_row_keys(sweep_dir: Path, tmp_path: Path, capsys):
+    """--rows sets the row keys in order; a key that still splits a pair must be named or --ignore'd."""
+    out = tmp_path / "rows"
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "depth,width"]) == 0
+    assert list(read_csv(out / "table.csv")[0])[:4] == ["architecture", "depth", "width", "eraser"]
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "width"]) == 2
+    assert "also differ in depth: add it to --rows, or --ignore depth" in capsys.readouterr().err
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "widht"]) == 2
+    assert "did you mean width" in capsys.readouterr().err
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "width", "--ignore", "depth"]) == 0
+    assert {k for k in read_csv(out / "table.csv")[0]} >= {"architecture", "width", "eraser"}
+    assert "depth" not in read_csv(out / "table.csv")[0]
