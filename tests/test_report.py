@@ -873,3 +873,67 @@ def test_rows_option_chooses_and_orders_the_row_keys(sweep_dir: Path, tmp_path: 
     assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "width", "--ignore", "depth"]) == 0
     assert {k for k in read_csv(out / "table.csv")[0]} >= {"architecture", "width", "eraser"}
     assert "depth" not in read_csv(out / "table.csv")[0]
+
+
+# --- the lr search's report (conf/experiment/lr_search.yaml, mdl/report/lr.py) -------------------
+
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def write_lr_search(root: Path, max_epochs: int = 200) -> Path:
+    """An lr search of two erasers x three seeds whose two lowest lrs hit the epoch cap in every run."""
+    job = 0
+    for eraser in ("none", "leace"):
+        for lr in LR_GRID:
+            for seed in (0, 1, 2):
+                run = write_run(root, job, "mlp", eraser, 128, 2, seed)
+                job += 1
+                results = json.loads((run / "results.json").read_text())
+                results["config"]["optimizer"] = {"lr": lr}
+                results["config"]["trainer"] = {"kwargs": {"max_epochs": max_epochs}}
+                epochs = 200 if lr < 3e-3 else 40  # the two lowest lrs run 200 epochs
+                results["blocks"] = [{"n_train": 10, "n_eval": 10, "eval_bits": 12.0, "epochs": epochs}] * 3
+                results["final_epochs"] = epochs
+                results["paper_mdl"] = (math.log10(lr) + 2.5) ** 2 + (1.0 if eraser == "leace" else 0.0) + 0.01 * seed
+                (run / "results.json").write_text(json.dumps(results))
+    return root
+
+
+def test_capped_fits_are_the_fits_that_reached_max_epochs():
+    from mdl.results import capped_fits
+
+    results = {"config": {"trainer": {"kwargs": {"max_epochs": 200}}}, "blocks": [{"epochs": 200}, {"epochs": 12}],
+               "final_epochs": 200}
+    assert capped_fits(results) == ["block 1", "the final fit"]
+    assert capped_fits(results, max_epochs=300) == []
+    assert capped_fits({**results, "config": {"trainer": {"kwargs": {"max_epochs": -1}}}}) == []  # until early stopping
+
+
+def test_lr_search_draws_mdl_against_lr_and_flags_capped_fits(tmp_path: Path, drawn_figures):
+    """The lr search's report: a figure of paper MDL against lr with a line per eraser in the style's colours, and
+    the lrs whose runs hit trainer.kwargs.max_epochs flagged in the table and in words."""
+    from matplotlib.colors import to_hex
+
+    from mdl.report.style import ERASER_COLORS
+
+    sweep = write_lr_search(tmp_path / "multirun")
+    out = tmp_path / "out"
+    figures = dict(drawn_figures(lambda: build_report([sweep], out, image_loader=None, echo=None)))
+    (ax,) = [ax for ax in figures["lr_mlp.png"].axes if ax.get_visible()]
+    assert ax.get_xscale() == "log" and "MDL" in ax.get_ylabel()
+    lines = {to_hex(line.get_color()): list(line.get_xdata()) for line in ax.get_lines() if len(line.get_xdata()) > 1}
+    assert lines == {to_hex(ERASER_COLORS["none"]): list(LR_GRID), to_hex(ERASER_COLORS["leace"]): list(LR_GRID)}
+    assert "capped fits" in [t.get_text() for t in ax.get_legend().get_texts()]
+    text = (out / "report.md").read_text()
+    assert "](lr_mlp.png)" in text
+    assert "| mlp | - | none | 0.003 | " in text and "| 0.0003: 3/3, 0.001: 3/3 |" in text
+    assert ("**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = 200 before early stopping ended them, "
+            "at lr 0.0003: 6 of 6 runs; 0.001: 6 of 6 runs.") in text
+
+
+def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
+    sweep = write_lr_search(tmp_path / "multirun", max_epochs=1000)
+    text = build_report([sweep], tmp_path / "out", image_loader=None, echo=None).read_text()
+    assert "**Capped fits**" not in text and "| 0.003 | " in text and "| none |" in text
+    for fmt in ("png", "pdf", "svg"):
+        assert (tmp_path / "out" / f"lr_mlp.{fmt}").stat().st_size > 0

@@ -40,7 +40,7 @@ from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
 from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
 from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
 from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
-from mdl.report.lr import lr_section, lr_transfer_figures
+from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
 from mdl.sweeps.jobs import MissingJob, missing_jobs
 from mdl.report.tables import (
     PARTIAL_MARK, _num, _triple, markdown_table, pivot, write_csv, write_latex_table,
@@ -170,7 +170,7 @@ def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None
     notes: list[str] = []
     for make in (lambda: scaling_figures(sweep, cells, out, cov.max_seeds), lambda: figure3(sweep, cells, out),
                  lambda: loss_figures(sweep, cells, out), lambda: probe_figures(sweep, cells, out),
-                 lambda: lr_transfer_figures(sweep, cells, out),
+                 lambda: lr_figures(sweep, cells, out), lambda: lr_transfer_figures(sweep, cells, out),
                  lambda: figure1(sweep, out, image_loader, n_images)):
         f, n = make()
         figures += f
