@@ -286,7 +286,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
         for c in with_probes:
             if c.arch == arch:
                 rows.setdefault(c.row, []).append(c)
-        fig, axes, cols = _grid(len(rows))
+        fig, axes, cols = _grid(len(rows), width=1.5 * PANEL_SIZE[0])  # two legend lines per eraser, long ones
         for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
             ax = axes[p // cols][p % cols]
             chance = set()
