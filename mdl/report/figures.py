@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.style import PANEL_SIZE, display_name, panel_title
-from mdl.report.style import eraser_colors as _colors_of
+from mdl.report.style import PANEL_SIZE, display_name, eraser_colors, panel_title
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the Agg backend)
 import numpy as np  # noqa: E402
@@ -66,9 +65,9 @@ def chance_line(ax, value: float | None) -> None:
         ax.axhline(value, color="grey", lw=0.8, ls=":", label="chance")
 
 
-def eraser_colors(cells: list[Cell]) -> dict[str, Any]:
-    """The style's colour of each eraser of ``cells``, in the report's eraser order."""
-    colors = _colors_of(c.eraser for c in cells)
+def cell_colors(cells: list[Cell]) -> dict[str, Any]:
+    """The style's colour of each eraser of ``cells``, in the report's eraser order (the order legends list them)."""
+    colors = eraser_colors(c.eraser for c in cells)
     return {e: colors[e] for e in erasers_of(cells)}
 
 
@@ -99,7 +98,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
     """One figure per (axis, architecture) where that axis was varied; panels = the other row
     keys' values, top row paper MDL, bottom row online code length; one line per eraser."""
     figures, notes = [], []
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for axis in ("width", "depth"):
         if axis not in sweep.row_keys:
             notes.append(f"MDL vs {axis}: not drawn, no sweep varied `{axis}`.")
@@ -195,7 +194,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
     panels = figure3_panels(sweep, cells, metric)
     if not panels:
         return [], ["Figure 3 (MDL increase over the control): not drawn, no erased cell has a control in its row."]
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     fig, axes, cols = _grid(len(panels))
     for p, ((arch, setting), points) in enumerate(sorted(panels.items())):
         ax = axes[p // cols][p % cols]
@@ -229,7 +228,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
 def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[FigureFile], list[str]]:
     """Per architecture: one panel per row, one curve per eraser (mean over seeds, ± std band)."""
     figures, notes = [], []
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for arch in sorted({c.arch for c in cells}):
         rows: dict[tuple, list[Cell]] = {}
         for c in cells:
@@ -280,7 +279,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
     (dashed) over the epochs of the final fit, and chance (1/K, dotted)."""
     figures, notes = [], []
     with_probes = [c for c in cells if any(isinstance(r.results.get(PROBE_KEY), list) for r in c.runs)]
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for arch in sorted({c.arch for c in with_probes}):
         rows: dict[tuple, list[Cell]] = {}
         for c in with_probes:

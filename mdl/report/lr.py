@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, eraser_colors, legend, plt, slug
+from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, legend, plt, slug
 from mdl.report.style import display_name, panel_title
 from mdl.report.runs import Sweep, eraser_sort_key, sortable
 from mdl.results import capped_fits, max_epochs_of
@@ -179,7 +179,7 @@ def lr_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_
             if p.arch == arch:
                 panels.setdefault(p.other, []).append(p)
         fig, axes, cols = _grid(len(panels))
-        colors = eraser_colors(cells)
+        colors = cell_colors(cells)
         for k, (_, members) in enumerate(sorted(panels.items(), key=lambda kv: sortable(kv[0]))):
             _lr_panel(axes[k // cols][k % cols], members, colors)
             axes[k // cols][k % cols].set_title(panel_title(arch, members[0].setting))
