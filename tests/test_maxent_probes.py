@@ -171,6 +171,7 @@ def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypa
 def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path, monkeypatch):
     import mdl.report.figures as figs
     from mdl.report.build import build_report
+    from mdl.report.style import display_name  # legends name erasers as the paper does
 
     runs = {}
     for eraser in ("none", "qleace"):
@@ -193,7 +194,7 @@ def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path,
     for eraser in ("none", "qleace"):
         for key, what in (("val_accuracy_curve", "validation"), ("maxent_probe_accuracy_curve", "max-ent probes")):
             expected = [(a + b) / 2 for a, b in zip(runs[eraser, 0][key], runs[eraser, 1][key])]
-            assert lines[f"{eraser}: {what} (n=2)"] == pytest.approx(expected), (eraser, key)
+            assert lines[f"{display_name(eraser)}: {what} (n=2)"] == pytest.approx(expected), (eraser, key)
     chance = [y for label, y in probe[0] if label.startswith("_")]
     assert chance == [pytest.approx([0.1, 0.1])]  # the dotted 1/K line (digits: K = 10)
     assert "Max-ent probes over the final fit" in report.read_text()

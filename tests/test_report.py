@@ -561,7 +561,7 @@ def test_figures_for_a_paper_and_a_latex_table(report: Path):
     header, body = rows[0], rows[1:]
     assert len(body) == sum(r["n_seeds"] != "0" for r in read_csv(out / "table.csv"))  # a row per cell with runs
     erasers = {row[header.index("eraser")] for row in body}
-    assert {"LEACE", "QLEACE"} <= erasers and "leace" not in erasers and any("control" in e for e in erasers)
+    assert {"LEACE", "QLEACE", "Control"} <= erasers and "leace" not in erasers
 
 
 def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
@@ -695,3 +695,245 @@ def test_runs_of_one_environment_say_so_without_a_flag(tmp_path: Path):
     assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
     text = (out / "report.md").read_text()
     assert "Environment: `unrecorded`." in text and "mix environments" not in text
+
+
+# --- figures a paper can use (mdl/report/style.py) ----------------------------------------------
+
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """A function running ``build()`` that returns every (file name, matplotlib figure) the report saves while it
+    runs, kept open for inspection (closed when the test ends)."""
+    import matplotlib.pyplot as plt
+
+    import mdl.report.figure1 as figure1_module
+    import mdl.report.figures as figures_module
+    import mdl.report.lr as lr_module
+
+    figures = []
+
+    def keep(fig, path):
+        figures.append((path.name, fig))
+        fig.savefig(path, dpi=50)
+        return path
+
+    for module in (figures_module, figure1_module, lr_module):
+        monkeypatch.setattr(module, "_save", keep)
+
+    def run(build) -> list:
+        figures.clear()
+        build()
+        return list(figures)
+
+    yield run
+    plt.close("all")
+
+
+def eraser_colours_drawn(fig) -> dict[str, str]:
+    """Display name -> colour, from the legends' lines and from Figure 1's coloured column titles."""
+    from matplotlib.colors import to_hex
+
+    found: dict[str, str] = {}
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            for text, handle in zip(legend.get_texts(), legend.legend_handles):
+                colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_edgecolor()
+                found[text.get_text().split(" (n=")[0].split(":")[0]] = to_hex(colour)
+        if ax.get_title() and not ax.get_legend():
+            found[ax.get_title().split(" (")[0]] = to_hex(ax.title.get_color())
+    return found
+
+
+def test_pdf_figures_embed_truetype_fonts_not_type3(report: Path):
+    """Venues reject Type 3 fonts: every PDF figure embeds its text as TrueType (Type 42)."""
+    from pypdf import PdfReader
+
+    pdfs = sorted(report.parent.glob("*.pdf"))
+    assert pdfs
+    for pdf in pdfs:
+        subtypes = set()
+        for page in PdfReader(pdf).pages:
+            for font in (page["/Resources"].get("/Font") or {}).values():
+                font = font.get_object()
+                subtypes.add(str(font["/Subtype"]))
+                for descendant in font.get("/DescendantFonts") or []:
+                    subtypes.add(str(descendant.get_object()["/Subtype"]))
+        assert subtypes and "/Type3" not in subtypes, (pdf.name, subtypes)
+        assert subtypes & {"/TrueType", "/CIDFontType2"}, (pdf.name, subtypes)
+
+
+def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Path, tmp_path: Path, drawn_figures):
+    """One colour per eraser across all figures (Figure 1's column titles included), the paper's eraser
+    names (Figure 1 included), legends one step below the axis labels, not 6 pt beside 10 pt."""
+    from matplotlib.colors import to_hex
+
+    from mdl.report.style import ERASER_COLORS, ERASER_NAMES, FONT_SIZE, SMALL_FONT_SIZE
+
+    figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(),
+                                                              echo=None))
+    names = {name for name, _ in figures}
+    assert {"figure1_synthetic-test.png", "figure3_mdl_increase.png", "val_loss_mlp.png"} <= names
+    expected = {ERASER_NAMES[e]: to_hex(ERASER_COLORS[e]) for e in ("none", "leace", "qleace", "random")}
+    seen: dict[str, set[str]] = {}
+    for name, fig in figures:
+        for label, colour in eraser_colours_drawn(fig).items():
+            seen.setdefault(label, set()).add(colour)
+        for ax in fig.axes:
+            if ax.get_legend() is not None:
+                assert {t.get_fontsize() for t in ax.get_legend().get_texts()} == {SMALL_FONT_SIZE}, name
+            if ax.get_xlabel():
+                assert ax.xaxis.label.get_fontsize() == FONT_SIZE, name
+            assert ax.title.get_fontsize() == FONT_SIZE, name
+    assert "leace" not in seen and "none" not in seen, seen  # config names never reach a figure
+    for label, colour in expected.items():
+        assert seen.get(label) == {colour}, (label, seen.get(label))
+    figure1_titles = {ax.get_title() for name, fig in figures if name.startswith("figure1") for ax in fig.axes}
+    assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles
+
+
+def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path, drawn_figures):
+    """Within a figure, every visible panel of one quantity (same y label) has the same y limits."""
+    figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=None, echo=None))
+    compared = 0
+    for name, fig in figures:
+        by_quantity: dict[str, set] = {}
+        for ax in fig.axes:
+            if ax.get_visible() and ax.get_ylabel():
+                by_quantity.setdefault(ax.get_ylabel(), set()).add(tuple(round(v, 9) for v in ax.get_ylim()))
+        for quantity, limits in by_quantity.items():
+            assert len(limits) == 1, (name, quantity, limits)
+        compared += sum(1 for ax in fig.axes if ax.get_visible() and ax.get_ylabel()) > len(by_quantity)
+    assert compared >= 3  # val_loss_mlp, figure3, mdl_vs_width_mlp... have several panels
+
+
+def paper_lookup_tables() -> dict:
+    """A paper preset's lookup tables (conf/experiment/paper/common.yaml): many keys a plain sweep lacks."""
+    archs, erasers = ("mlp", "lenet", "convnext", "swin"), ("none", "leace", "qleace", "alf_qleace", "gradient")
+    return {"lr": {a: 5e-4 for a in archs}, "beta1": {a: 0.9 for a in archs},
+            "lr_by_eraser": {"convnext": {e: 1e-4 for e in erasers}}, "augment_order": {e: "erase_then_augment" for e in erasers}}
+
+
+def write_mixed_folder(root: Path) -> Path:
+    """A parent folder of two sweeps: a plain one and a paper preset's (the same grid plus ``paper.*`` tables)."""
+    job = 0
+    for sweep, extra in (("plain", None), ("preset", paper_lookup_tables())):
+        for eraser in ("none", "leace"):
+            for width in (64, 128):
+                for seed in (0, 1):
+                    run = write_run(root / sweep, job, "mlp", eraser, width, 2, seed)
+                    job += 1
+                    if extra:
+                        results = json.loads((run / "results.json").read_text())
+                        results["config"]["paper"] = extra
+                        results["paper_mdl"] += 1.0
+                        (run / "results.json").write_text(json.dumps(results))
+    return root
+
+
+def test_a_folder_of_mixed_sweeps_gets_a_table_per_design(tmp_path: Path, drawn_figures, capsys):
+    """The paper preset's lookup keys are not row keys: each design has its own table, rows keyed by width
+    only (the key its sweep varied), and every panel title fits in two lines."""
+    root = write_mixed_folder(tmp_path / "multirun")
+    figures = drawn_figures(lambda: main([str(root), "--out", str(tmp_path / "out"), "--images", "0"]))
+    designs = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir())
+    assert designs == ["design1_paper", "design2_shared_keys_only"], designs
+    for design, control in (("design1_paper", 8.31), ("design2_shared_keys_only", 7.31)):
+        table = read_csv(tmp_path / "out" / design / "table.csv")
+        assert list(table[0])[:3] == ["architecture", "width", "eraser"], design
+        assert len(table) == 4 and len(read_csv(tmp_path / "out" / design / "runs.csv")) == 8
+        cell = find_row(table, architecture="mlp", width=64, eraser="none")
+        assert float(cell["paper_mdl_mean"]) == pytest.approx(control), design
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Design 1: paper.*" in text and "## Design 2: shared keys only" in text
+    assert "[Full report](design1_paper/report.md)" in text and "| architecture | width |" in text
+    assert "2 designs" in capsys.readouterr().out
+    titles = [ax.get_title() for _, fig in figures for ax in fig.axes if ax.get_title()]
+    assert titles and max(t.count("\n") + 1 for t in titles) <= 2
+
+
+def test_panel_titles_fit_in_two_lines():
+    from mdl.report.style import MAX_TITLE_LINES, TITLE_WIDTH, panel_title
+
+    setting = ", ".join(f"paper.lr_by_eraser.convnext.{e}=0.0001" for e in range(12))
+    title = panel_title("convnext", setting)
+    lines = title.split("\n")
+    assert len(lines) == MAX_TITLE_LINES and all(len(line) <= TITLE_WIDTH for line in lines) and title.endswith("…")
+    assert panel_title("mlp", "width=64") == "mlp: width=64" and panel_title("mlp") == "mlp"
+
+
+def test_rows_option_chooses_and_orders_the_row_keys(sweep_dir: Path, tmp_path: Path, capsys):
+    """--rows sets the row keys in order; a key that still splits a pair must be named or --ignore'd."""
+    out = tmp_path / "rows"
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "depth,width"]) == 0
+    assert list(read_csv(out / "table.csv")[0])[:4] == ["architecture", "depth", "width", "eraser"]
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "width"]) == 2
+    assert "also differ in depth: add it to --rows, or --ignore depth" in capsys.readouterr().err
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "widht"]) == 2
+    assert "did you mean width" in capsys.readouterr().err
+    assert main([str(sweep_dir), "--out", str(out), "--images", "0", "--rows", "width", "--ignore", "depth"]) == 0
+    assert {k for k in read_csv(out / "table.csv")[0]} >= {"architecture", "width", "eraser"}
+    assert "depth" not in read_csv(out / "table.csv")[0]
+
+
+# --- the lr search's report (conf/experiment/lr_search.yaml, mdl/report/lr.py) -------------------
+
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def write_lr_search(root: Path, max_epochs: int = 200) -> Path:
+    """An lr search of two erasers x three seeds whose two lowest lrs hit the epoch cap in every run."""
+    job = 0
+    for eraser in ("none", "leace"):
+        for lr in LR_GRID:
+            for seed in (0, 1, 2):
+                run = write_run(root, job, "mlp", eraser, 128, 2, seed)
+                job += 1
+                results = json.loads((run / "results.json").read_text())
+                results["config"]["optimizer"] = {"lr": lr}
+                results["config"]["trainer"] = {"kwargs": {"max_epochs": max_epochs}}
+                epochs = 200 if lr < 3e-3 else 40  # the two lowest lrs run 200 epochs
+                results["blocks"] = [{"n_train": 10, "n_eval": 10, "eval_bits": 12.0, "epochs": epochs}] * 3
+                results["final_epochs"] = epochs
+                results["paper_mdl"] = (math.log10(lr) + 2.5) ** 2 + (1.0 if eraser == "leace" else 0.0) + 0.01 * seed
+                (run / "results.json").write_text(json.dumps(results))
+    return root
+
+
+def test_capped_fits_are_the_fits_that_reached_max_epochs():
+    from mdl.results import capped_fits
+
+    results = {"config": {"trainer": {"kwargs": {"max_epochs": 200}}}, "blocks": [{"epochs": 200}, {"epochs": 12}],
+               "final_epochs": 200}
+    assert capped_fits(results) == ["block 1", "the final fit"]
+    assert capped_fits(results, max_epochs=300) == []
+    assert capped_fits({**results, "config": {"trainer": {"kwargs": {"max_epochs": -1}}}}) == []  # until early stopping
+
+
+def test_lr_search_draws_mdl_against_lr_and_flags_capped_fits(tmp_path: Path, drawn_figures):
+    """The lr search's report: a figure of paper MDL against lr with a line per eraser in the style's colours, and
+    the lrs whose runs hit trainer.kwargs.max_epochs flagged in the table and in words."""
+    from matplotlib.colors import to_hex
+
+    from mdl.report.style import ERASER_COLORS
+
+    sweep = write_lr_search(tmp_path / "multirun")
+    out = tmp_path / "out"
+    figures = dict(drawn_figures(lambda: build_report([sweep], out, image_loader=None, echo=None)))
+    (ax,) = [ax for ax in figures["lr_mlp.png"].axes if ax.get_visible()]
+    assert ax.get_xscale() == "log" and "MDL" in ax.get_ylabel()
+    lines = {to_hex(line.get_color()): list(line.get_xdata()) for line in ax.get_lines() if len(line.get_xdata()) > 1}
+    assert lines == {to_hex(ERASER_COLORS["none"]): list(LR_GRID), to_hex(ERASER_COLORS["leace"]): list(LR_GRID)}
+    assert "capped fits" in [t.get_text() for t in ax.get_legend().get_texts()]
+    text = (out / "report.md").read_text()
+    assert "](lr_mlp.png)" in text
+    assert "| mlp | - | none | 0.003 | " in text and "| 0.0003: 3/3, 0.001: 3/3 |" in text
+    assert ("**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = 200 before early stopping ended them, "
+            "at lr 0.0003: 6 of 6 runs; 0.001: 6 of 6 runs.") in text
+
+
+def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
+    sweep = write_lr_search(tmp_path / "multirun", max_epochs=1000)
+    text = build_report([sweep], tmp_path / "out", image_loader=None, echo=None).read_text()
+    assert "**Capped fits**" not in text and "| 0.003 | " in text and "| none |" in text
+    for fmt in ("png", "pdf", "svg"):
+        assert (tmp_path / "out" / f"lr_mlp.{fmt}").stat().st_size > 0

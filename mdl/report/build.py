@@ -13,6 +13,10 @@ resolved config minus seeds and paths, see ``mdl.report.runs``) and writes into 
     loss_curves.csv    per-epoch mean / std / min / max of the final fit's validation loss
     backfiring.csv     flagged (architecture, row, eraser) with early / late gaps and crossing epoch
 
+Runs of several designs (runs that do not share their config keys: a paper preset beside a plain sweep, say)
+get a report each, in a folder ``design<i>_<name>`` of ``--out``, and report.md puts their tables one after the
+other. Row keys are the keys the sweeps varied, or those named by ``--rows``.
+
 Spread is the sample standard deviation over seeds (ddof = 1). Cells with fewer seeds than the
 fullest cell are marked and listed, never silently averaged with the others. Runs of different code
 versions (results.json ``code_version``, else ``git_sha``) go to different cells, told apart by a
@@ -33,10 +37,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
-from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures
+from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
 from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
-from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweep
-from mdl.report.lr import lr_section, lr_transfer_figures
+from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
+from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
 from mdl.sweeps.jobs import MissingJob, missing_jobs
 from mdl.report.tables import (
     PARTIAL_MARK, _num, _triple, markdown_table, pivot, write_csv, write_latex_table,
@@ -101,15 +105,19 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                  image_loader: ImageLoader | None = default_image_loader, ignore: Sequence[str] = (),
                  early_fraction: float = 0.25, late_fraction: float = 0.25, n_images: int = 4,
                  merge_code_versions: bool = False, echo: Callable[[str], Any] | None = print,
-                 compare_to: str | None = None) -> Path:
+                 compare_to: str | None = None, rows: Sequence[str] | None = None) -> Path:
     """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file.
 
     ``compare_to`` names a shipped paper table (``mdl.report.paper.available_tables()``) to compare
     with whatever the runs' data set; None compares with the tables of the runs' own data set.
+    ``rows`` names the row keys (default: the keys the sweeps varied, ``mdl.report.runs.choose_row_keys``).
 
     Runs of different code versions land in different cells unless ``merge_code_versions``; when
     the runs come from more than one version, ``echo`` (print; None: silent) gets one line saying
     how many and whether cells were split or merged, and report.md says the same.
+
+    Runs of several designs (``mdl.report.runs.design_groups``) get a report each, in a folder of ``out``
+    named after the design, and ``out``/report.md puts their tables one after the other and links them.
     """
     if not dirs:
         raise ValueError("give at least one sweep directory (e.g. multirun/2025-01-01/12-00-00)")
@@ -118,19 +126,42 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
                          f"{early_fraction}, late={late_fraction}")
     if compare_to:
         load_paper_table(compare_to)  # an unknown name fails before any file is read
-    sweep = load_sweep(dirs, ignore, merge_code_versions=merge_code_versions)
-    if not sweep.runs:
+    sweeps = load_sweeps(dirs, ignore, merge_code_versions=merge_code_versions, rows=rows)
+    if not any(s.runs for s in sweeps):
         raise FileNotFoundError(f"no readable results.json below {', '.join(map(str, dirs))}; "
-                                f"{len(sweep.problems)} unreadable. Did the jobs finish?")
-    if sweep.mixed_versions and echo is not None:
-        echo(f"note: {sweep.code_version_line().replace('`', '')}")
-    if len({r.environment for r in sweep.runs}) > 1 and echo is not None:
-        echo(f"note: {environments_line(sweep, build_cells(sweep)).replace('**', '')}")
+                                f"{len(sweeps[0].problems)} unreadable. Did the jobs finish?")
     missing = missing_jobs(dirs)
     if missing and echo is not None:
         echo(f"note: {len(missing)} planned job(s) have no results.json (interrupted, failed or still running); "
              f"report.md lists them: " + "; ".join(m.describe() for m in missing[:3]) + ("; ..." if len(missing) > 3 else ""))
     out = Path(out) if out is not None else Path(dirs[0]) / "report"
+    options = dict(image_loader=image_loader, early_fraction=early_fraction, late_fraction=late_fraction,
+                   n_images=n_images, compare_to=compare_to, echo=echo)
+    if len(sweeps) == 1:
+        return write_report(sweeps[0], dirs, out, missing=missing, **options)
+    if echo is not None:
+        echo(f"note: the runs follow {len(sweeps)} designs (they do not share their config keys): a report each, "
+             f"in {', '.join(design_folder(i, s) for i, s in enumerate(sweeps, 1))} of {out}")
+    reports = [write_report(s, dirs, out / design_folder(i, s), **options) for i, s in enumerate(sweeps, 1)]
+    path = out / "report.md"
+    path.write_text(render_designs(sweeps, reports, dirs, out, missing))
+    return path
+
+
+def design_folder(index: int, sweep: Sweep) -> str:
+    """``design1_paper``: the folder of a design's report (numbered: two designs' names may share a slug)."""
+    return f"design{index}_{slug(sweep.design.replace('.*', ''))}"
+
+
+def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None, early_fraction: float,
+                 late_fraction: float, n_images: int, compare_to: str | None, echo: Callable[[str], Any] | None,
+                 missing: Sequence[MissingJob] = ()) -> Path:
+    """One design's report (tables, figures, CSVs) into ``out``; return its Markdown file."""
+    where = f" ({sweep.design})" if sweep.design else ""
+    if sweep.mixed_versions and echo is not None:
+        echo(f"note{where}: {sweep.code_version_line().replace('`', '')}")
+    if len({r.environment for r in sweep.runs}) > 1 and echo is not None:
+        echo(f"note{where}: {environments_line(sweep, build_cells(sweep)).replace('**', '')}")
     out.mkdir(parents=True, exist_ok=True)
     cells = build_cells(sweep)
     cov = coverage(sweep, cells)
@@ -139,7 +170,8 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     notes: list[str] = []
     for make in (lambda: scaling_figures(sweep, cells, out, cov.max_seeds), lambda: figure3(sweep, cells, out),
                  lambda: loss_figures(sweep, cells, out), lambda: probe_figures(sweep, cells, out),
-                 lambda: lr_transfer_figures(sweep, cells, out), lambda: figure1(sweep, out, image_loader, n_images)):
+                 lambda: lr_figures(sweep, cells, out), lambda: lr_transfer_figures(sweep, cells, out),
+                 lambda: figure1(sweep, out, image_loader, n_images)):
         f, n = make()
         figures += f
         notes += n
@@ -148,10 +180,28 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
     text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
-                  [*paper_md, *lr_section(sweep, cells, out), *_missing(missing)])
+                  [*paper_md, *lr_section(sweep, cells, out), *_missing(list(missing))])
     path = out / "report.md"
     path.write_text(text)
     return path
+
+
+def render_designs(sweeps: list[Sweep], reports: list[Path], dirs, out: Path, missing: list[MissingJob]) -> str:
+    """The report over several designs: each design's paper-MDL table under its name, with a link to its report."""
+    md = ["# Sweep report\n",
+          f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
+          f"{sum(len(s.runs) for s in sweeps)} runs of {len(sweeps)} designs. Runs that do not share their config keys "
+          "(a preset's lookup tables, an option group's settings) are reported apart, a table per design named by the "
+          "keys only its runs have; each design's full report (tables, figures, CSVs, coverage) is in its folder.", ""]
+    for i, (sweep, report) in enumerate(zip(sweeps, reports), 1):
+        cells = build_cells(sweep)
+        md += [f"## Design {i}: {sweep.design}\n",
+               f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, erasers "
+               f"{erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'}. "
+               f"[Full report]({report.relative_to(out).as_posix()})\n",
+               "**Paper-compatible prequential MDL, bits per sample:**\n",
+               pivot(sweep, cells, "paper_mdl", coverage(sweep, cells).max_seeds), ""]
+    return "\n".join([*md, *_missing(missing)])
 
 
 def _missing(missing: list[MissingJob]) -> list[str]:
@@ -306,6 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="report directory (default: <first SWEEP_DIR>/report)")
     parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
                         help="config key (prefix) that must not split conditions, e.g. trainer.max_time; repeatable")
+    parser.add_argument("--rows", default=None, metavar="KEY,KEY",
+                        help="the table's row keys, in order (full config keys or unambiguous last parts, e.g. "
+                             "width,depth,optimizer.lr; default: the keys the sweeps varied); a key that varies "
+                             "within an architecture x eraser pair and is not named must be --ignore'd")
     parser.add_argument("--early-fraction", type=float, default=0.25, help="backfiring: early window, fraction of epochs")
     parser.add_argument("--late-fraction", type=float, default=0.25, help="backfiring: late window, fraction of epochs")
     parser.add_argument("--images", type=int, default=4, help="Figure 1: number of images (rows)")
@@ -318,7 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         path = build_report(args.sweep_dirs, args.out, ignore=args.ignore, early_fraction=args.early_fraction,
                             late_fraction=args.late_fraction, n_images=args.images,
-                            merge_code_versions=args.merge_code_versions, compare_to=args.compare_to)
+                            merge_code_versions=args.merge_code_versions, compare_to=args.compare_to,
+                            rows=[k for k in args.rows.split(",") if k] if args.rows is not None else None)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

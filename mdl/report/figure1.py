@@ -8,6 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mdl.report.figures import FigureFile, _save, plt, slug
+from mdl.report.style import display_name, eraser_colors
 from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key
 
 RANDOM_FIT_IMAGES = 8192
@@ -146,6 +147,7 @@ def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: flo
     n_rows, n_cols = columns[0][1].shape[0], len(columns)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.6 * n_rows), squeeze=False)
     span = hi - lo if hi > lo else 1.0
+    colors = eraser_colors(label for label, _ in columns[1:])  # the original's column has no eraser
     for j, (label, images) in enumerate(columns):
         for i in range(n_rows):
             img = ((images[i].detach().double().cpu().numpy() - lo) / span).clip(0, 1)
@@ -157,5 +159,5 @@ def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: flo
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
-                ax.set_title(label, fontsize=8)
+                ax.set_title(display_name(label), color=colors.get(label, "black"))
     return _save(fig, path)

@@ -1,24 +1,23 @@
 """The report's figures: MDL against width / depth, Figure 3 (MDL increase over the control per
 width), final-fit loss curves and probe curves (Figure 1, the erased images, is in figure1.py).
 
-Everything is drawn with matplotlib's Agg backend (no display needed), each figure as PNG (shown in
-report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends outside
-the axes, erasers under the paper's names and a dashed chance line where one is defined. Each function
+Everything is drawn with matplotlib's Agg backend (no display needed) in the style of
+``mdl.report.style`` (fonts, sizes, the paper's eraser names, a colour per eraser), each figure as PNG
+(shown in report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends
+outside the axes and a dashed chance line where one is defined. Each function
 returns the files it wrote with a caption, plus notes on what it had to skip and why.
 """
 
 from __future__ import annotations
 
 import math
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from mdl.report.style import PANEL_SIZE, display_name, eraser_colors, panel_title
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the Agg backend)
 import numpy as np  # noqa: E402
 
 from mdl.report.runs import Sweep, sortable  # noqa: E402
@@ -35,24 +34,14 @@ class FigureFile:
     caption: str
 
 
-# config names -> the paper's names (legends only; tables and CSVs keep the config names)
-ERASER_NAMES = {"none": "control", "leace": "LEACE", "qleace": "QLEACE", "alf_qleace": "ALF-QLEACE",
-                "gradient": "gradient eraser", "random": "random projection"}
-PANEL_SIZE = (3.3, 2.5)  # inches: a one-column figure of a two-column paper is about 3.3 in wide
 FORMATS = ("png", "pdf", "svg")
-
-
-def display_name(label: str) -> str:
-    """``qleace (shrinkage=optimal)`` -> ``QLEACE (shrinkage=optimal)``; unknown names unchanged."""
-    base, sep, rest = label.partition(" ")
-    return ERASER_NAMES.get(base, base) + sep + rest
 
 
 def legend(ax) -> None:
     """Outside the axes on the right, so it never covers the data; eraser names as the paper writes them."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, [display_name(label) for label in labels], fontsize=6, loc="upper left",
+        ax.legend(handles, [display_name(label) for label in labels], loc="upper left",
                   bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
 
 
@@ -76,9 +65,10 @@ def chance_line(ax, value: float | None) -> None:
         ax.axhline(value, color="grey", lw=0.8, ls=":", label="chance")
 
 
-def eraser_colors(cells: list[Cell]) -> dict[str, Any]:
-    cmap = plt.get_cmap("tab10")
-    return {e: cmap(i % 10) for i, e in enumerate(erasers_of(cells))}
+def cell_colors(cells: list[Cell]) -> dict[str, Any]:
+    """The style's colour of each eraser of ``cells``, in the report's eraser order (the order legends list them)."""
+    colors = eraser_colors(c.eraser for c in cells)
+    return {e: colors[e] for e in erasers_of(cells)}
 
 
 def slug(text: str) -> str:
@@ -91,11 +81,6 @@ def _grid(n: int, width: float = PANEL_SIZE[0], height: float = PANEL_SIZE[1], r
     fig, axes = plt.subplots(rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel),
                              squeeze=False)
     return fig, axes, cols
-
-
-def _title(arch: str, setting: str, width: int = 50) -> str:
-    """'mlp: width=64, depth=2' wrapped to fit a panel; just 'mlp' when nothing else varies."""
-    return "\n".join(textwrap.wrap(f"{arch}: {setting}" if setting else arch, width))
 
 
 def _save(fig, path: Path) -> Path:
@@ -113,7 +98,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
     """One figure per (axis, architecture) where that axis was varied; panels = the other row
     keys' values, top row paper MDL, bottom row online code length; one line per eraser."""
     figures, notes = [], []
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for axis in ("width", "depth"):
         if axis not in sweep.row_keys:
             notes.append(f"MDL vs {axis}: not drawn, no sweep varied `{axis}`.")
@@ -141,9 +126,9 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ax.minorticks_off()
                     ax.set_xlabel(axis)
                     ax.set_ylabel(ylabel)
-                    ax.set_title(_title(arch, sweep.describe(_insert(other, a, None), skip=axis)), fontsize=8)
+                    ax.set_title(panel_title(arch, sweep.describe(_insert(other, a, None), skip=axis)))
                     legend(ax)
-            _hide_unused(axes, len(panels), cols, len(SCALING_METRICS))
+            _finish_grid(axes, len(panels), cols, len(SCALING_METRICS))
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
             figures.append(FigureFile(path, f"MDL vs {axis}: {arch}",
                                       f"Mean ± 1 sample std (ddof=1) over seeds; log2 x axis. Hollow markers: cells with "
@@ -168,11 +153,25 @@ def _scaling_panel(ax, members: list[Cell], a: int, metric: str, colors: dict, m
         ax.scatter(x[~full], mean[~full], facecolors="white", edgecolors=colors[eraser], zorder=3)
 
 
-def _hide_unused(axes, used: int, cols: int, rows_per_panel: int = 1) -> None:
+def _finish_grid(axes, used: int, cols: int, rows_per_panel: int = 1) -> None:
+    """Hide the grid's unused axes and give the panels one y scale per metric row: the panels of a
+    figure compare the same quantity across settings, which different scales would hide."""
     total = (len(axes) // rows_per_panel) * cols
     for p in range(used, total):
         for m in range(rows_per_panel):
             axes[(p // cols) * rows_per_panel + m][p % cols].set_visible(False)
+    for m in range(rows_per_panel):
+        share_y([axes[(p // cols) * rows_per_panel + m][p % cols] for p in range(used)])
+
+
+def share_y(axes: list) -> None:
+    """The same y limits on every axis of ``axes``: the union of their own."""
+    if len(axes) < 2:
+        return
+    limits = [ax.get_ylim() for ax in axes]
+    low, high = min(lo for lo, _ in limits), max(hi for _, hi in limits)
+    for ax in axes:
+        ax.set_ylim(low, high)
 
 
 # --- Figure 3: MDL increase over the control, per width ---------------------------------------
@@ -195,7 +194,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
     panels = figure3_panels(sweep, cells, metric)
     if not panels:
         return [], ["Figure 3 (MDL increase over the control): not drawn, no erased cell has a control in its row."]
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     fig, axes, cols = _grid(len(panels))
     for p, ((arch, setting), points) in enumerate(sorted(panels.items())):
         ax = axes[p // cols][p % cols]
@@ -213,9 +212,9 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
         ax.minorticks_off()
         ax.set_xlabel("width")
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
-        ax.set_title(_title(arch, setting), fontsize=8)
+        ax.set_title(panel_title(arch, setting))
         legend(ax)
-    _hide_unused(axes, len(panels), cols)
+    _finish_grid(axes, len(panels), cols)
     path = _save(fig, out / FIGURE3_NAME)
     return [FigureFile(path, "Figure 3: MDL increase over the control, per width",
                        "The paper's Figure 3: mean paper MDL of each erased cell minus the mean of the control in the same "
@@ -229,7 +228,7 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
 def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[FigureFile], list[str]]:
     """Per architecture: one panel per row, one curve per eraser (mean over seeds, ± std band)."""
     figures, notes = [], []
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for arch in sorted({c.arch for c in cells}):
         rows: dict[tuple, list[Cell]] = {}
         for c in cells:
@@ -253,11 +252,11 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                     ax.fill_between(epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2)
                 drawn += 1
             chance_line(ax, chance_level(members, "val_loss"))
-            ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
+            ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("validation loss (nats)")
             legend(ax)
-        _hide_unused(axes, len(rows), cols)
+        _finish_grid(axes, len(rows), cols)
         if not drawn:
             plt.close(fig)
             continue
@@ -280,13 +279,13 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
     (dashed) over the epochs of the final fit, and chance (1/K, dotted)."""
     figures, notes = [], []
     with_probes = [c for c in cells if any(isinstance(r.results.get(PROBE_KEY), list) for r in c.runs)]
-    colors = eraser_colors(cells)
+    colors = cell_colors(cells)
     for arch in sorted({c.arch for c in with_probes}):
         rows: dict[tuple, list[Cell]] = {}
         for c in with_probes:
             if c.arch == arch:
                 rows.setdefault(c.row, []).append(c)
-        fig, axes, cols = _grid(len(rows))
+        fig, axes, cols = _grid(len(rows), width=1.5 * PANEL_SIZE[0])  # two legend lines per eraser, long ones
         for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
             ax = axes[p // cols][p % cols]
             chance = set()
@@ -301,17 +300,17 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                                  f"(probes=maxent); the probe figure averages the others.")
                 n = probe.n_seeds
                 ax.plot(np.arange(1, len(val.mean) + 1), val.mean, color=colors[c.eraser], lw=2,
-                        label=f"{c.eraser}: validation (n={val.n_seeds})")
+                        label=f"{display_name(c.eraser)}: validation (n={val.n_seeds})")
                 ax.plot(np.arange(1, len(probe.mean) + 1), probe.mean, color=colors[c.eraser], lw=2, ls="--",
-                        label=f"{c.eraser}: max-ent probes (n={n})")
+                        label=f"{display_name(c.eraser)}: max-ent probes (n={n})")
                 chance |= {1 / r.results["num_classes"] for r in c.runs if r.results.get("num_classes")}
             for level in sorted(chance):
                 ax.axhline(level, color="gray", ls=":", lw=1)
-            ax.set_title(_title(arch, sweep.describe(row)), fontsize=8)
+            ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("accuracy")
             legend(ax)
-        _hide_unused(axes, len(rows), cols)
+        _finish_grid(axes, len(rows), cols)
         path = _save(fig, out / f"maxent_probes_{slug(arch)}.png")
         figures.append(FigureFile(path, f"Max-ent probes over the final fit: {arch}",
                                   "Accuracy on the real validation split (solid) and on the max-ent probes (dashed: "

@@ -2,7 +2,11 @@
 ``optimizer.lr`` with the lowest mean paper MDL, and whether it lies at the edge of the grid (then
 the grid should be extended). Written into report.md when a sweep varies ``optimizer.lr``
 (``+experiment=lr_search``). muP's premise is that an lr tuned at the base width transfers to every
-width (Yang et al. 2021, Tensor Programs V), so the search runs at ``model.base_width``."""
+width (Yang et al. 2021, Tensor Programs V), so the search runs at ``model.base_width``.
+
+The figure ``lr_<arch>.png`` draws paper MDL against lr, a line per eraser. Runs whose fits stopped at
+``trainer.kwargs.max_epochs`` (``mdl.results.capped_fits``) are under-trained, which makes small lrs look
+worse than they are: their lrs are drawn hollow, counted in the table and named in the text."""
 
 from __future__ import annotations
 
@@ -11,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _grid, _save, _title, display_name, legend, plt, slug
-from mdl.report.runs import Sweep
+from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, legend, plt, slug
+from mdl.report.style import display_name, panel_title
+from mdl.report.runs import Sweep, eraser_sort_key, sortable
+from mdl.results import capped_fits, max_epochs_of
 from mdl.report.stats import Cell
 
 LR_KEY = "optimizer.lr"
+LR_AXIS_LABEL = f"learning rate ({LR_KEY})"
 
 
 @dataclass(frozen=True)
@@ -28,32 +35,60 @@ class LrChoice:
     n: int
     grid: tuple[float, ...]
     names: tuple[str, str, str] = ("", "", "")  # data.source, model.name, eraser.name of its runs: where a sweep looks it up
+    capped: int = 0  # runs at the best lr with a fit stopped at trainer.kwargs.max_epochs
 
     @property
     def at_edge(self) -> bool:
         return len(self.grid) > 1 and self.lr in (self.grid[0], self.grid[-1])
 
 
-def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> list[LrChoice]:
+@dataclass(frozen=True)
+class LrPoint:
+    """One swept lr of one (architecture, setting, eraser): its cell's mean metric, and how many of its runs
+    had a fit stopped at trainer.kwargs.max_epochs (capped: under-trained, so their MDL reads too long)."""
+    arch: str
+    setting: str
+    eraser: str
+    lr: float
+    mean: float
+    std: float
+    n: int
+    capped: int
+    cell: Cell
+    other: tuple[Any, ...]  # the cell's row with the lr left out: the panel it is drawn in
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.arch, self.setting, self.eraser
+
+
+def lr_points(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> list[LrPoint]:
+    """Every cell with a numeric ``optimizer.lr`` and a mean ``metric``, as a point of the lr search."""
     if LR_KEY not in sweep.row_keys:
         return []
     i = sweep.row_keys.index(LR_KEY)
-    groups: dict[tuple[str, tuple[Any, ...], str], list[tuple[float, float, int]]] = {}
-    names: dict[tuple[str, tuple[Any, ...], str], tuple[str, str, str]] = {}
+    points = []
     for c in cells:
-        mean, _, n = c.mean_std(metric)
+        mean, std, n = c.mean_std(metric)
         if n and isinstance(c.row[i], (int, float)) and not math.isnan(mean):
-            key = (c.arch, c.row[:i] + (None,) + c.row[i + 1:], c.eraser)
-            groups.setdefault(key, []).append((float(c.row[i]), mean, n))
-            config = c.runs[0].results.get("config", {})
-            names[key] = tuple(str((config.get(k) or {}).get(f, "")) for k, f in
-                               (("data", "source"), ("model", "name"), ("eraser", "name")))
+            other = c.row[:i] + (None,) + c.row[i + 1:]
+            points.append(LrPoint(c.arch, sweep.describe(other, skip=LR_KEY), c.eraser, float(c.row[i]), mean, std, n,
+                                  sum(bool(capped_fits(r.results)) for r in c.runs), c, other))
+    return points
+
+
+def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> list[LrChoice]:
+    groups: dict[tuple[str, str, str], list[LrPoint]] = {}
+    for p in lr_points(sweep, cells, metric):
+        groups.setdefault(p.key, []).append(p)
     choices = []
-    for key, points in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        arch, other, eraser = key
-        lr, mean, n = min(points, key=lambda p: p[1])
-        choices.append(LrChoice(arch, sweep.describe(other, skip=LR_KEY), eraser, lr, mean, n,
-                                tuple(sorted(p[0] for p in points)), names[key]))
+    for (arch, setting, eraser), points in sorted(groups.items()):
+        best = min(points, key=lambda p: p.mean)
+        config = best.cell.runs[0].results.get("config", {})
+        names = tuple(str((config.get(k) or {}).get(f, "")) for k, f in
+                      (("data", "source"), ("model", "name"), ("eraser", "name")))
+        choices.append(LrChoice(arch, setting, eraser, best.lr, best.mean, best.n, tuple(sorted(p.lr for p in points)),
+                                names, best.capped))
     return choices
 
 
@@ -97,15 +132,86 @@ def lr_section(sweep: Sweep, cells: list[Cell], report_dir: Path | None = None) 
     use = "Use it with `optimizer.lr=<value>` in the real sweep."
     if report_dir is not None:
         use = write_best_lrs(choices, report_dir)[1]
+    points = lr_points(sweep, cells)
     md = ["## Learning rate\n",
           f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
-          f"the base width, it transfers to the others). {use}\n",
-          "| architecture | setting | eraser | best lr | paper MDL | n | grid |", "|---|---|---|---|---|---|---|"]
+          f"the base width, it transfers to the others; figure `lr_<arch>.png`). {use}\n",
+          "| architecture | setting | eraser | best lr | paper MDL | n | grid | capped runs (lr: runs with a fit at "
+          "max_epochs) |", "|---|---|---|---|---|---|---|---|"]
     for c in choices:
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""
-        md.append(f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge} | {c.mean:.4f} | {c.n} | "
-                  f"{', '.join(f'{g:g}' for g in c.grid)} |")
-    return [*md, "", *transfer_section(sweep, cells)]
+        capped = f" (**capped**: {c.capped} of {c.n} runs)" if c.capped else ""
+        by_lr = ", ".join(f"{p.lr:g}: {p.capped}/{p.n}" for p in sorted(points, key=lambda p: p.lr)
+                          if p.key == (c.arch, c.setting, c.eraser) and p.capped) or "none"
+        md.append(f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge}{capped} | {c.mean:.4f} | {c.n} | "
+                  f"{', '.join(f'{g:g}' for g in c.grid)} | {by_lr} |")
+    return [*md, "", *capped_lines(points), *transfer_section(sweep, cells)]
+
+
+def capped_lines(points: list[LrPoint]) -> list[str]:
+    """The lrs whose runs hit the epoch cap, in words: their MDL is an under-trained model's, which favours
+    the lrs that converge within the cap (usually the larger ones)."""
+    capped = [p for p in points if p.capped]
+    if not capped:
+        return []
+    by_lr: dict[float, list[LrPoint]] = {}
+    for p in points:
+        by_lr.setdefault(p.lr, []).append(p)
+    caps = sorted({cap for p in capped for r in p.cell.runs if capped_fits(r.results)
+                   for cap in [max_epochs_of(r.results)] if cap is not None})
+    parts = [f"{lr:g}: {sum(p.capped for p in ps)} of {sum(p.n for p in ps)} runs" for lr, ps in sorted(by_lr.items())
+             if any(p.capped for p in ps)]
+    return [f"**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = {', '.join(map(str, caps))} before "
+            f"early stopping ended them, at lr {'; '.join(parts)}. Those models may still have been improving: their "
+            "MDL is too long, and the search is biased towards the lrs that converge within the cap. Raise "
+            "`trainer.kwargs.max_epochs` (or -1: until early stopping) and run them again before trusting the answer.",
+            ""]
+
+
+def lr_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl") -> tuple[list[FigureFile], list[str]]:
+    """Per architecture, a panel per setting: mean ``metric`` against lr, one line per eraser, each eraser's best lr
+    starred and lrs with capped runs drawn hollow."""
+    points = lr_points(sweep, cells, metric)
+    figures = []
+    for arch in sorted({p.arch for p in points}):
+        panels: dict[tuple[Any, ...], list[LrPoint]] = {}
+        for p in points:
+            if p.arch == arch:
+                panels.setdefault(p.other, []).append(p)
+        fig, axes, cols = _grid(len(panels))
+        colors = cell_colors(cells)
+        for k, (_, members) in enumerate(sorted(panels.items(), key=lambda kv: sortable(kv[0]))):
+            _lr_panel(axes[k // cols][k % cols], members, colors)
+            axes[k // cols][k % cols].set_title(panel_title(arch, members[0].setting))
+        _finish_grid(axes, len(panels), cols)
+        path = _save(fig, out / f"lr_{slug(arch)}.png")
+        figures.append(FigureFile(path, f"Learning-rate search: {arch}",
+                                  "Mean paper MDL against the learning rate, one line per eraser (error bars: sample sd "
+                                  "over seeds); a star marks each eraser's best lr; hollow markers: lrs where some runs "
+                                  "had a fit stopped at `trainer.kwargs.max_epochs` (under-trained: MDL too long)."))
+    return figures, []
+
+
+def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
+    """One line per eraser over the lr grid (log x), its best lr starred, capped lrs hollow."""
+    for eraser in [e for e in colors if any(p.eraser == e for p in points)]:
+        pts = sorted((p for p in points if p.eraser == eraser), key=lambda p: p.lr)
+        lr = [p.lr for p in pts]
+        mean = [p.mean for p in pts]
+        ax.errorbar(lr, mean, yerr=[0.0 if math.isnan(p.std) else p.std for p in pts], color=colors[eraser],
+                    label=eraser, capsize=2, marker="none")
+        for p in pts:
+            ax.scatter([p.lr], [p.mean], color=colors[eraser] if not p.capped else "white",
+                       edgecolors=colors[eraser], zorder=3, s=18)
+        best = min(pts, key=lambda p: p.mean)
+        ax.scatter([best.lr], [best.mean], marker="*", s=90, color=colors[eraser], edgecolors="black", linewidths=0.4,
+                   zorder=4)
+    if any(p.capped for p in points):
+        ax.scatter([], [], facecolors="white", edgecolors="grey", s=18, label="capped fits")
+    ax.set_xscale("log")
+    ax.set_xlabel(LR_AXIS_LABEL)
+    ax.set_ylabel("paper MDL (bits/sample)")
+    legend(ax)
 
 
 # --- does the optimum transfer across widths? ----------------------------------------------------
@@ -163,7 +269,8 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
         fig, axes, cols = _grid(len(panels))
         widths = sorted({w for lines in panels.values() for w in lines})
         colors = {w: plt.cm.viridis(k / max(len(widths) - 1, 1)) for k, w in enumerate(widths)}
-        for p, ((setting, eraser), lines) in enumerate(sorted(panels.items())):
+        ordered = sorted(panels.items(), key=lambda kv: (kv[0][0], eraser_sort_key(kv[0][1])))
+        for p, ((setting, eraser), lines) in enumerate(ordered):
             ax = axes[p // cols][p % cols]
             for width, pts in sorted(lines.items()):
                 lr, mean, std = zip(*sorted(pts))
@@ -172,12 +279,11 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
                 k = min(range(len(mean)), key=mean.__getitem__)
                 ax.scatter([lr[k]], [mean[k]], marker="*", s=80, color=colors[width], zorder=3)
             ax.set_xscale("log")
-            ax.set_xlabel("optimizer.lr")
+            ax.set_xlabel(LR_AXIS_LABEL)
             ax.set_ylabel("paper MDL (bits/sample)")
-            ax.set_title(_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)), fontsize=7)
+            ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
             legend(ax)
-        for p in range(len(panels), len(axes) * cols):
-            axes[p // cols][p % cols].set_visible(False)
+        _finish_grid(axes, len(panels), cols)
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
         figures.append(FigureFile(path, f"Learning rate across widths: {arch}",
                                   "Mean paper MDL against the learning rate, one line per width (error bars: sample sd "

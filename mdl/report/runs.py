@@ -11,7 +11,12 @@ Within a condition's config three kinds of keys matter for display:
 - the eraser label: ``eraser.name`` plus any ``eraser.*`` key that varies within that eraser
   (e.g. ``alf_qleace (max_rank=15)``), so option sweeps stay apart and still share a control;
 - the row keys: every other key that varies within some (architecture, eraser) pair, e.g.
-  ``width``, ``depth``, ``data.source``. Rows are (architecture, row-key values).
+  ``width``, ``depth``, ``data.source`` (what the sweeps swept), or the keys the user names
+  (``--rows``). Rows are (architecture, row-key values).
+
+Runs of different *designs* (runs that do not share their config keys, e.g. a paper preset's
+``paper.*`` lookup tables beside a plain sweep) are kept apart by ``load_sweeps``: one Sweep, hence one
+table, per design, instead of one table with a row key for every key some design lacks.
 
 The code version that computed a run (``code_version`` in results.json, else ``git_sha``, else
 ``unknown``) is part of a condition by default: when a sweep holds more than one version, runs of
@@ -21,11 +26,12 @@ different versions are never averaged together and the version becomes the last 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from mdl.run.environment import describe
 from mdl.run.identity import LR_SOURCES, is_bookkeeping
@@ -85,6 +91,7 @@ class Sweep:
     copies: int = 0  # results.json files identical in numbers to one kept (store/, skipped re-launches)
     code_versions: list[str] = field(default_factory=list)  # distinct versions of the kept runs, sorted
     split_code_versions: bool = True  # False: --merge-code-versions, runs of all versions share cells
+    design: str = ""  # what sets these runs' design apart from the other designs read with them ("": one design)
 
     @property
     def mixed_versions(self) -> bool:
@@ -243,16 +250,8 @@ def short_versions(versions: Iterable[str]) -> dict[str, str]:
     return {v: (lab if labels.count(lab) == 1 else v) for v, lab in zip(versions, labels)}
 
 
-def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
-               merge_code_versions: bool = False) -> Sweep:
-    """Load every results.json below ``dirs``, label runs, and keep one run per (condition, seed).
-
-    Copies with the same numbers (the run store, a re-launch's skipped jobs: they carry the
-    original's code version) are counted once; real re-runs with different numbers keep the newest
-    non-skipped file and are listed. With more than one code version among the runs, the version is
-    part of the condition (runs of two versions are two runs, in two cells, under a ``code_version``
-    row key) unless ``merge_code_versions``.
-    """
+def read_runs(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = ()) -> tuple[list[Run], list[Problem]]:
+    """Every readable results.json below ``dirs`` as a Run, and a Problem for each unreadable one."""
     runs: list[Run] = []
     problems: list[Problem] = []
     for path in find_results(dirs):
@@ -264,7 +263,92 @@ def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] =
         for key in ("model.name", "eraser.name"):
             if key not in run.flat:
                 problems.append(Problem(run.path, f"config has no {key}; counted under 'None'"))
+    return runs, problems
 
+
+def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
+               merge_code_versions: bool = False, rows: Sequence[str] | None = None) -> Sweep:
+    """All runs below ``dirs`` as one Sweep, whatever their designs (``load_sweeps`` keeps designs apart)."""
+    runs, problems = read_runs(dirs, extra_ignored)
+    return make_sweep(runs, problems, merge_code_versions, rows)
+
+
+def load_sweeps(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
+                merge_code_versions: bool = False, rows: Sequence[str] | None = None) -> list[Sweep]:
+    """The runs below ``dirs`` as one Sweep per design (``design_groups``): a parent folder of mixed
+    sweeps gives a table per design instead of one table with a row key per key that any design lacks."""
+    runs, problems = read_runs(dirs, extra_ignored)
+    groups = design_groups(runs)
+    return [make_sweep(members, problems, merge_code_versions, rows, design=name) for name, members in groups.items()]
+
+
+DESIGN_FREE_PREFIXES = ("model.", "eraser.", "data.options.")  # what the chosen model, eraser or data set brings
+
+
+def design_keys(run: Run) -> frozenset[str]:
+    """The config keys that make a run's design: all but those its model, eraser and data set bring along,
+    which differ between the arms of any one sweep (a ConvNeXt has no activation, a control no options)."""
+    return frozenset(k for k in run.flat if not k.startswith(DESIGN_FREE_PREFIXES))
+
+
+def design_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by their design keys, each group named by the keys that set it apart from the others
+    ('paper.*' for a paper preset's lookup tables; 'shared keys only' for the group that has no key of its own)."""
+    groups: dict[frozenset[str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(design_keys(run), []).append(run)
+    if len(groups) < 2:
+        return {"": runs}
+    common = frozenset.intersection(*groups)
+    named: dict[str, list[Run]] = {}
+    for keys, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), sorted(kv[0]))):
+        own = sorted({k.split(".")[0] + (".*" if "." in k else "") for k in keys - common})
+        name = ", ".join(own) or "shared keys only"
+        named[name if name not in named else f"{name} ({len(named) + 1})"] = members
+    return named
+
+
+def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
+    """The row keys: ``rows`` (full or unambiguous trailing dotted names) when given, else every key that
+    varies within an (architecture, eraser) pair, i.e. what the sweeps swept. Given ``rows``, a key that varies
+    within a pair and is neither a row nor ignored is an error: its runs would be averaged together."""
+    varying = _varying_within(runs, lambda r: (r.arch, r.eraser),
+                              lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
+    swept = set().union(*varying.values()) if varying else set()
+    if rows is None:
+        return sorted(swept, key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    known = sorted(set().union(*(r.flat for r in runs)) if runs else set())
+    chosen = [resolve_key(name, known) for name in rows]
+    left = sorted(swept - set(chosen))
+    if left:
+        raise ValueError(f"runs of one architecture and eraser also differ in {', '.join(left)}: add "
+                         f"{'them' if len(left) > 1 else 'it'} to --rows, or --ignore {left[0]} to average over it")
+    return chosen
+
+
+def resolve_key(name: str, known: Sequence[str]) -> str:
+    """A config key from its full dotted name or an unambiguous trailing part (``lr`` for ``optimizer.lr``)."""
+    if name in known:
+        return name
+    matches = [k for k in known if k.endswith("." + name)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"--rows {name} is ambiguous: {', '.join(matches)}")
+    close = difflib.get_close_matches(name, known, n=3)
+    raise ValueError(f"--rows {name}: no run has this config key" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def make_sweep(runs: list[Run], problems: list[Problem], merge_code_versions: bool = False,
+               rows: Sequence[str] | None = None, design: str = "") -> Sweep:
+    """Label ``runs``, choose their row keys, and keep one run per (condition, seed).
+
+    Copies with the same numbers (the run store, a re-launch's skipped jobs: they carry the
+    original's code version) are counted once; real re-runs with different numbers keep the newest
+    non-skipped file and are listed. With more than one code version among the runs, the version is
+    part of the condition (runs of two versions are two runs, in two cells, under a ``code_version``
+    row key) unless ``merge_code_versions``.
+    """
     model_keys = _varying_within(runs, lambda r: _value(r, "model.name"),
                                  lambda r: {k for k in r.flat if k.startswith("model.") and k != "model.name"})
     eraser_keys = _varying_within(runs, lambda r: _value(r, "eraser.name"),
@@ -272,10 +356,7 @@ def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] =
     for run in runs:
         run.arch = arch_label(run, model_keys[_value(run, "model.name")])
         run.eraser = _label(str(_value(run, "eraser.name")), run, eraser_keys[_value(run, "eraser.name")])
-    varying = _varying_within(runs, lambda r: (r.arch, r.eraser),
-                              lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
-    row_keys = sorted(set().union(*varying.values()),
-                      key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
+    row_keys = choose_row_keys(runs, rows)
     split = not merge_code_versions and len({r.code_version for r in runs}) > 1
     labels = short_versions(r.code_version for r in runs)
     for run in runs:
@@ -304,7 +385,7 @@ def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] =
     ordered = sorted(kept.values(), key=lambda r: (r.arch, sortable(r.row), eraser_sort_key(r.eraser), str(r.replicate)))
     return Sweep(runs=ordered, row_keys=row_keys, replicate_keys=replicate_keys, problems=problems,
                  duplicates=duplicates, copies=copies, code_versions=sorted({r.code_version for r in ordered}),
-                 split_code_versions=not merge_code_versions)
+                 split_code_versions=not merge_code_versions, design=design)
 
 
 def sortable(values: tuple[Any, ...]) -> tuple:

@@ -77,7 +77,7 @@ def latex_escape(text: Any) -> str:
 def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
     """The table as a plain LaTeX tabular (no package needed: rules are \\hline): mean ± sample std over
     seeds, n when seeds are missing, erasers under the paper's names."""
-    from mdl.report.figures import display_name
+    from mdl.report.style import display_name
 
     keys = list(sweep.row_keys)
     header = ["architecture", *keys, "eraser", *(f"{METRICS[m][0]} ({METRICS[m][1]})" for m in LATEX_METRICS)]

@@ -24,7 +24,8 @@ from datamodules.datamodule import ErasedDataModule
 from mdl.engine.driver import ModelRecipe, run_prequential
 from mdl.engine.preemption import Preempted, sigterm_guard
 from mdl.results import (
-    FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, code_version, git_sha,
+    FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, capped_fits,
+    code_version, git_sha,
     read_checked_json, read_json, write_checked_json,
 )
 from mdl.run.components import (
@@ -353,9 +354,7 @@ def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: 
     stopped them): their code lengths are those of under-trained models. ``label``: the run's name in a pack."""
     if max_epochs is None or max_epochs < 0:
         return
-    capped = [f"block {i + 1}" for i, b in enumerate(outcome["blocks"]) if b["epochs"] >= max_epochs]
-    if outcome.get("final_epochs", 0) >= max_epochs:
-        capped.append("the final fit")
+    capped = capped_fits(outcome, max_epochs)
     if capped:
         log.warning("%s%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
                     "they may still have been improving (under-trained models code longer); raise "
