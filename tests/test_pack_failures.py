@@ -1,0 +1,95 @@
+"""A pack fails like a run (issue 34): every error of a packed job gets launch.py's handling (mdl/run/exits.py: a
+user error is one line and exit 2, a preemption the ``preempted:`` line and exit 143), SIGTERM to a packed sweep
+checkpoints, starts no further pack and resumes bit-identical, and every key is checked before the data load."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+
+from conftest import FAST, compose_config
+from mdl.engine.preemption import EXIT_CODE, Preempted, sigterm_guard, sigterm_requested
+from mdl.run.config_checks import validate_config
+from mdl.run.experiment import Job
+from mdl.run.storage import NotEnoughRoom, StalledLockHolder
+
+
+def _checked(root: Path) -> list[JobReturn]:
+    job = Job.checked(compose_config([*FAST, "seed=0"], root), root / "run0")
+    return [JobReturn(overrides=["seed=0"], cfg=job.cfg, hydra_cfg=None, working_dir=str(root), task_name="launch",
+                      status=JobStatus.COMPLETED, _return_value=job)]
+
+
+@pytest.mark.parametrize("error, code, line", [
+    (ValueError("data.val_size=0: too small"), 2, "error: data.val_size=0: too small"),
+    (NotEnoughRoom(28, "not enough room in /x: this run's checkpoints need about 4.1 MiB"), 2, "error: [Errno 28] not enough room"),
+    (PermissionError(13, "read-only store"), 2, "error: [Errno 13] read-only store"),
+    (StalledLockHolder("the holder of /x stopped renewing its lease"), 2, "error: the holder of /x"),
+    (Preempted("SIGTERM received"), EXIT_CODE, "preempted: SIGTERM received. Run the same command again to resume."),
+])
+def test_an_error_of_a_pack_ends_the_process_as_launch_py_ends_a_run(tmp_path: Path, monkeypatch, capsys, error, code, line) -> None:
+    """Before, ``train_checked`` recorded every error as the pack's jobs' failure and Hydra re-raised it: exit 1 and
+    a traceback for what launch.py reports in one line."""
+    import mdl.run.pack
+    from hydra_plugins.mdl_packed.packed_launcher import train_checked
+
+    def fail(jobs):
+        raise error
+
+    monkeypatch.setattr(mdl.run.pack, "run_pack", fail)
+    monkeypatch.delenv("MDL_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        train_checked(_checked(tmp_path))
+    assert ended.value.code == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line) and len(err.splitlines()) == 1, err
+
+
+def test_a_bug_in_a_pack_still_fails_its_jobs_with_the_traceback(tmp_path: Path, monkeypatch) -> None:
+    import mdl.run.pack
+    from hydra_plugins.mdl_packed.packed_launcher import train_checked
+
+    def fail(jobs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(mdl.run.pack, "run_pack", fail)
+    (ret,) = train_checked(_checked(tmp_path))
+    assert ret.status == JobStatus.FAILED and isinstance(ret._return_value, RuntimeError)
+
+
+def test_a_sigterm_in_a_sweeps_guard_is_not_cleared_by_the_next_run() -> None:
+    """Before, every run's ``sigterm_guard`` cleared the request: the packed launcher's next pack started and trained."""
+    with sigterm_guard():
+        with pytest.raises(Preempted):
+            signal.raise_signal(signal.SIGTERM)
+        assert sigterm_requested()
+        with pytest.raises(Preempted, match="before this run started"):
+            with sigterm_guard():
+                pass  # a pack's run_pack: never started
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler) or callable(signal.getsignal(signal.SIGTERM))
+
+
+@pytest.mark.parametrize("value", ["0", "2", "x", "nan", "-0.5", "true"])
+def test_pack_data_fraction_is_refused_before_the_data_load_in_every_run(tmp_path: Path, value: str) -> None:
+    """A single run does not use the key, but a value a pack would refuse (after its data load and eraser fit) is
+    refused in every run, so no run records it."""
+    with pytest.raises(ValueError, match="mdl.pack_data_fraction=.*share of the memory in \\(0, 1\\]"):
+        validate_config(compose_config([*FAST, f"mdl.pack_data_fraction={value}"], tmp_path))
+    validate_config(compose_config([*FAST, "mdl.pack_data_fraction=1"], tmp_path))
+
+
+@pytest.mark.parametrize("args, named", [(["-m", "seed=abc"], "seed='abc'"),
+                                         (["-m", "seed=0,1", "mdl.pack_data_fraction=2"], "mdl.pack_data_fraction=2"),
+                                         (["-m", "seed=0,1", "data_seed=x"], "data_seed='x'")])
+def test_the_cost_estimate_refuses_what_launch_py_refuses(capsys, args, named) -> None:
+    """Seed and bookkeeping keys do not change a job's cost, so the estimate used to leave them unchecked."""
+    from mdl.sweeps.cost import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    assert ended.value.code == 2 and named in capsys.readouterr().err
