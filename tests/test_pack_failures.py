@@ -93,3 +93,72 @@ def test_the_cost_estimate_refuses_what_launch_py_refuses(capsys, args, named) -
     with pytest.raises(SystemExit) as ended:
         main(args)
     assert ended.value.code == 2 and named in capsys.readouterr().err
+
+
+# --- SIGTERM, a real signal to a real packed sweep (as tests/test_preemption.py does for single runs) ----------------
+
+PACKED_RUN = ["-m", "hydra/launcher=packed", "trainer.kwargs.max_epochs=100", "trainer.patience=100",
+              "mdl.checkpoint_every_s=1000", "mdl.num_blocks=3", "data.first_block=100", "model.base_width=32",
+              "trainer.torch_threads=1"]
+EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve", "blocks")
+
+
+def _sweep_results(root: Path) -> dict[str, dict]:
+    """The sweep's results by job folder name (its overrides)."""
+    return {p.parent.name.split("_", 1)[1]: json.loads(p.read_text()) for p in root.glob("multirun/*/*/*/results.json")}
+
+
+def _wait_for(condition, process, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the sweep ended first: {process.communicate()[1][-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sweep, killed_in", [
+    (["seed=0,1", "width=16,32"], "first of two packs"),
+    (["seed=0", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "first part"),
+    (["seed=0", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
+], ids=["two-packs", "part-1", "part-2"])
+def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and_resumes_exactly(
+        tmp_path: Path, sweep: list[str], killed_in: str) -> None:
+    """Before: exit 1 with Hydra's "Error executing job" and a Preempted traceback, and the launcher started the next
+    pack two seconds later and trained it to the end."""
+    from test_preemption import launch, terminate
+
+    args = [*PACKED_RUN, *sweep]
+    reference = launch(args, tmp_path / "ref")
+    assert reference.wait(timeout=900) == 0, reference.communicate()[1][-3000:]
+    expected = _sweep_results(tmp_path / "ref")
+
+    root = tmp_path / "preempted"
+    run = launch(args, root)
+    checkpoints = lambda: list(root.glob("store/packs/*/checkpoints/*.ckpt"))  # noqa: E731
+    if killed_in == "second part":  # the first part's results are written, the second part has checkpointed
+        _wait_for(lambda: _sweep_results(root) and checkpoints(), run)
+    else:
+        _wait_for(checkpoints, run)
+    before = len(_sweep_results(root))
+    time.sleep(0.5)  # into later epochs
+    code, err, _ = terminate(run)
+    assert code == EXIT_CODE, err[-3000:]
+    assert "preempted: SIGTERM received" in err and "Run the same command again to resume" in err
+    assert "Traceback" not in err and "Error executing job" not in err
+    assert checkpoints(), "no checkpoint left to resume from"
+    assert len(_sweep_results(root)) == before, "the sweep went on after the signal"
+    if killed_in == "first of two packs":
+        assert len(list(root.glob("store/*/progress.json"))) == 2, "the second pack started"
+
+    rerun = launch(args, root)
+    _, rerun_err = rerun.communicate(timeout=900)
+    assert rerun.returncode == 0, rerun_err[-3000:]
+    resumed = _sweep_results(root)
+    assert resumed.keys() == expected.keys() and len(expected) == (4 if "width=16,32" in sweep else 2)
+    for job, result in expected.items():
+        for key in EXACT:
+            assert resumed[job][key] == result[key], (job, key)
