@@ -108,7 +108,9 @@ class Case:
     command: list[str] = field(default_factory=lambda: ["launch.py"])  # or ["-m", "mdl.sweeps.cost"], ...
     env: dict[str, str] = field(default_factory=dict)
     fast: bool = True  # prepend the fast settings (tests/conftest.py FAST)
-    terminate_at: str | None = None  # SIGTERM once a file matching this glob (under the case folder) exists, or "after:S"
+    # SIGTERM once a file matching this glob (under the case folder) exists, "after:S" seconds, or "log:TEXT" once a
+    # log file under the case folder holds TEXT
+    terminate_at: str | None = None
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -235,7 +237,7 @@ CASES = [
          terminate_at=PACK_CHECKPOINT),
     Case("local launcher SIGTERM", ["-m", "hydra/launcher=local", "seed=0", *LONG], [],
          terminate_at="outputs/store/*/checkpoints/*.ckpt"),
-    Case("SIGTERM during a CIFAR-sized eraser fit", [*CIFAR_SIZED, "eraser=qleace"], [], terminate_at="after:40"),
+    Case("SIGTERM during a CIFAR-sized eraser fit", [*CIFAR_SIZED, "eraser=qleace"], [], terminate_at="log:fitting eraser"),
 ]
 
 
@@ -258,7 +260,8 @@ def run_case(case: Case, timeout: float = 600) -> Outcome:
                "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline",
                **case.env}
         entry = [str(REPO / case.command[0])] if case.command[0].endswith(".py") else case.command
-        cmd = [sys.executable, *entry, *(FAST if case.fast else []), *overrides]
+        flags = [o for o in overrides if o in ("-m", "--multirun")]  # before the overrides, as argparse wants them
+        cmd = [sys.executable, *entry, *flags, *(FAST if case.fast else []), *(o for o in overrides if o not in flags)]
         process = subprocess.Popen(cmd, cwd=REPO if entry[0] == "-m" else tmp, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
         sent = terminate_when_due(case, process, tmp, timeout) if case.terminate_at else None
@@ -281,6 +284,8 @@ def terminate_when_due(case: Case, process: subprocess.Popen, tmp: Path, timeout
     while time.monotonic() - start < timeout and process.poll() is None:
         if case.terminate_at.startswith("after:"):
             due = time.monotonic() - start >= float(case.terminate_at.split(":", 1)[1])
+        elif case.terminate_at.startswith("log:"):
+            due = any(case.terminate_at[4:] in log.read_text(errors="replace") for log in tmp.glob("outputs/**/*.log"))
         else:
             due = any(tmp.glob(case.terminate_at))
         if due:
@@ -346,10 +351,10 @@ def report(outcome: Outcome) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-k", default="", help="run only the cases whose name contains this")
+    parser.add_argument("-k", action="append", default=[], help="run only the cases whose name contains this (repeatable)")
     parser.add_argument("-j", type=int, default=2, help="cases run at once")
     args = parser.parse_args(argv)
-    cases = [c for c in CASES if args.k in c.name]
+    cases = [c for c in CASES if not args.k or any(k in c.name for k in args.k)]
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:
         outcomes = list(pool.map(run_case, cases))
     for outcome in outcomes:
