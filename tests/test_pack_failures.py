@@ -122,8 +122,8 @@ def _wait_for(condition, process, timeout: float = 300) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sweep, killed_in", [
     (["seed=0,1", "width=16,32"], "first of two packs"),
-    (["seed=0", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "first part"),
-    (["seed=0", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
+    (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "first part"),  # a part per eraser, 2 runs each
+    (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
 ], ids=["two-packs", "part-1", "part-2"])
 def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and_resumes_exactly(
         tmp_path: Path, sweep: list[str], killed_in: str) -> None:
@@ -158,7 +158,50 @@ def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and
     _, rerun_err = rerun.communicate(timeout=900)
     assert rerun.returncode == 0, rerun_err[-3000:]
     resumed = _sweep_results(root)
-    assert resumed.keys() == expected.keys() and len(expected) == (4 if "width=16,32" in sweep else 2)
+    assert resumed.keys() == expected.keys() and len(expected) == 4
     for job, result in expected.items():
         for key in EXACT:
             assert resumed[job][key] == result[key], (job, key)
+
+
+# --- a pack's own records and room -------------------------------------------------------------------------------
+
+TIGHT = [*FAST, "trainer.kwargs.max_epochs=2", "trainer.torch_threads=1", "mdl.pack_data_fraction=1e-12"]
+
+
+def _pack_jobs(root: Path, extra=()) -> list[Job]:
+    variants = [["eraser=none"], ["eraser=none", "seed=1"], ["eraser=leace"], ["eraser=leace", "seed=1"]]
+    return [Job.checked(compose_config([*TIGHT, *extra, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
+
+
+@pytest.mark.parametrize("damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}'])
+def test_a_damaged_parts_record_is_named_and_made_again(tmp_path: Path, caplog, damage: str) -> None:
+    """Before: a traceback that never named the file, and the pack could not go on until it was deleted by hand."""
+    from mdl.run.pack import PARTS_FILE, pack_folder, run_pack
+
+    jobs = _pack_jobs(tmp_path)
+    record = pack_folder(jobs) / PARTS_FILE
+    record.parent.mkdir(parents=True)
+    record.write_text(damage)
+    results = run_pack(jobs)
+    assert len(results) == 4 and all(r["paper_mdl"] > 0 for r in results)
+    assert str(record) in caplog.text and "damaged" in caplog.text
+    assert "trains in 2 parts" in caplog.text
+
+
+def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monkeypatch) -> None:
+    """Room for one run's checkpoints but not for the pack's (they live in the pack's folder, all runs' members in
+    one file): refused before training. Before, only one run's were counted, and the fit failed seconds in."""
+    import shutil
+    from collections import namedtuple
+
+    from mdl.run.experiment import checkpoint_bytes, job_data
+    from mdl.run.pack import run_pack
+
+    jobs = _pack_jobs(tmp_path, ["mdl.pack_data_fraction=1"])
+    one_run = checkpoint_bytes(jobs[0].cfg, job_data(jobs[0]))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * one_run, 8 * one_run, int(1.5 * one_run)))
+    with pytest.raises(NotEnoughRoom, match=r"this pack's checkpoints \(4 runs\) need about"):
+        run_pack(jobs)
+    assert not list(tmp_path.glob("**/*.ckpt"))
