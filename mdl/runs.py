@@ -1,7 +1,8 @@
 """``python -m mdl.runs [overrides] [--where KEY=VALUE] [--status S] [--csv FILE]``: the runs in the store.
 
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
-its config hash, status (finished; partial: blocks done of all; started: no block yet), data set, model,
+its config hash, status (finished; partial: blocks done of all; started: no block yet; damaged: its record cannot be
+read, named in a warning), data set, model,
 width, depth, eraser, seed, engine, paper MDL and code version. ``--where eraser.name=leace`` keeps the
 runs whose resolved config has that value (repeatable; dotted keys as in overrides), ``--status``
 those in that state, ``--csv`` writes the table (every listed column) to a file as well.
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 
 from mdl.results import PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json
 
-STATUSES = ("finished", "partial", "started")
+STATUSES = ("finished", "partial", "started", "damaged")
 COLUMNS = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "engine", "paper_mdl", "code_version")
 
 
@@ -46,14 +47,16 @@ def read_run(folder: Path) -> StoredRun | None:
     if (folder / RESULTS_FILE).exists():
         try:
             results = read_checked_json(folder / RESULTS_FILE)
-        except DamagedRecord:
+        except DamagedRecord as err:
+            if not (folder / RUN_CONFIG_FILE).exists():  # nothing else says what this run is
+                return damaged_run(folder, folder / RESULTS_FILE, err)
             results = None
     record = results
     if record is None and (folder / RUN_CONFIG_FILE).exists():
         try:
             record = read_json(folder / RUN_CONFIG_FILE)
-        except (OSError, ValueError):
-            record = None
+        except (OSError, ValueError) as err:  # cut short by a full disk or a kill: listed, not left out
+            return damaged_run(folder, folder / RUN_CONFIG_FILE, err)
     if record is None:
         return None
     config = record.get("config") or {}
@@ -76,6 +79,14 @@ def read_run(folder: Path) -> StoredRun | None:
         "code_version": record.get("code_version"),
     }
     return StoredRun(folder, status, config, values)
+
+
+def damaged_run(folder: Path, record: Path, err: Exception) -> StoredRun:
+    """A store entry whose record cannot be read: a row saying so (its config unknown), and a warning naming the file."""
+    print(f"warning: {record} is damaged ({type(err).__name__}: {err}); its run is listed as damaged: launch it "
+          f"again to redo it, or delete {folder}", file=sys.stderr)
+    values = {c: None for c in COLUMNS} | {"hash": folder.name, "status": "damaged"}
+    return StoredRun(folder, "damaged", {}, values)
 
 
 def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None) -> list[StoredRun]:

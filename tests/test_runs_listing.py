@@ -33,3 +33,14 @@ def test_lists_finished_and_partial_runs_with_filters(tmp_path: Path, monkeypatc
 def test_missing_store_is_one_message(tmp_path: Path, capsys) -> None:
     assert main([f"paths.output_root={tmp_path / 'nowhere'}"]) == 2
     assert "no run store at" in capsys.readouterr().err
+
+
+def test_a_run_with_a_truncated_record_is_listed_as_damaged(tmp_path: Path, capsys) -> None:
+    """A config.json cut short (a full disk, a kill) used to leave its run out of the listing without a word."""
+    entry = tmp_path / "store" / "0123456789abcdef"
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text('{"config": {"seed": 0, "wid')
+    assert main([f"paths.output_root={tmp_path}"]) == 0
+    out, err = capsys.readouterr()
+    assert "0123456789abcdef  damaged" in out and "1 damaged" in out
+    assert f"{entry / 'config.json'} is damaged" in err
