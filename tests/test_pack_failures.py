@@ -205,3 +205,20 @@ def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monk
     with pytest.raises(NotEnoughRoom, match=r"this pack's checkpoints \(4 runs\) need about"):
         run_pack(jobs)
     assert not list(tmp_path.glob("**/*.ckpt"))
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempted_line(tmp_path: Path) -> None:
+    """hydra/launcher=local (submitit): the job checkpoints and exits 143; its launcher used to die with submitit's
+    UncompletedJobError traceback and exit 1."""
+    import os
+
+    from test_preemption import LONG_RUN, first_checkpoint, launch
+
+    run = launch(["-m", "hydra/launcher=local", "seed=0", *LONG_RUN], tmp_path)
+    first_checkpoint(tmp_path, run, timeout=300)
+    (holder,) = tmp_path.glob("store/*/run.lock.holder.json")
+    os.kill(json.loads(holder.read_text())["pid"], signal.SIGTERM)  # the job, as Slurm's preemption signals it
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == EXIT_CODE, err[-3000:]
+    assert "preempted: SIGTERM received" in err and "Traceback" not in err and "UncompletedJobError" not in err
