@@ -222,3 +222,68 @@ def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempte
     _, err = run.communicate(timeout=300)
     assert run.returncode == EXIT_CODE, err[-3000:]
     assert "preempted: SIGTERM received" in err and "Traceback" not in err and "UncompletedJobError" not in err
+
+
+# --- SIGTERM during the data's preparation at CIFAR-10's size ------------------------------------------------------
+
+# A synthetic data set of CIFAR-10's size and shape (3x32x32, 50000 + 10000 images, 10 classes): the eraser's
+# statistics and maps are 3072 x 3072, as on CIFAR-10 (conf/data/synthetic.yaml).
+CIFAR_SIZED = ["data=synthetic", "data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000",
+               "data.options.num_classes=10", "data.val_size=5000"]
+SLURM_GRACE_S = 30  # Slurm's usual KillWait between SIGTERM and SIGKILL
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_cifar_sized_eraser_fit_is_honoured_within_slurms_grace_and_the_rerun_finishes(tmp_path: Path) -> None:
+    """Before: honoured 435 s later on a busy 2-core machine (batched products of every class's 3072 x 3072 matrices,
+    each one uninterruptible call); Slurm would have killed the job mid-write."""
+    from test_preemption import launch
+
+    args = [*FAST, *CIFAR_SIZED, "eraser=qleace", f"data.cache_dir={tmp_path / 'cache'}"]
+    run = launch(args, tmp_path / "out")
+    logs = lambda: " ".join(p.read_text(errors="replace") for p in (tmp_path / "out").glob("runs/**/*.log"))  # noqa: E731
+    _wait_for(lambda: "fitting eraser" in logs(), run, timeout=1200)
+    time.sleep(5)  # into the fit
+    sent = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=600)
+    took = time.monotonic() - sent
+    assert run.returncode == EXIT_CODE and "preempted: SIGTERM received" in err, err[-3000:]
+    assert took < SLURM_GRACE_S, f"honoured {took:.0f} s after SIGTERM"
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.startswith(".")], "a partial cache file was left"
+
+    rerun = launch(args, tmp_path / "out")
+    _, err = rerun.communicate(timeout=3600)
+    assert rerun.returncode == 0, err[-3000:]
+    assert list((tmp_path / "out").glob("runs/**/results.json"))
+
+
+def test_data_work_is_interruptible_and_otherwise_the_same(monkeypatch) -> None:
+    """datamodules/interrupts.py: the work's value and errors as in the main thread; a signal handler's exception
+    ends the wait at once (the work, a LAPACK call of minutes at CIFAR-10's size, is abandoned)."""
+    import threading
+
+    import datamodules.interrupts as interrupts
+
+    assert interrupts.interruptible(lambda: 41 + 1) == 42
+    with pytest.raises(ValueError, match="bad"):
+        interrupts.interruptible(lambda: (_ for _ in ()).throw(ValueError("bad")))
+    assert not interrupts.abandoned()
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGUSR1)).start()  # from a thread: as a kill arrives
+        start = time.monotonic()
+        with pytest.raises(Stop):
+            interrupts.interruptible(lambda: time.sleep(20))
+        assert time.monotonic() - start < 5
+        assert interrupts.abandoned()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        interrupts._abandoned.clear()  # this process goes on: its later tests must not be ended at once

@@ -7,6 +7,7 @@ traceback. Light (no torch): Hydra imports the launchers' plugin module in every
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from contextlib import contextmanager
@@ -26,6 +27,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return (*USER_ERRORS, StalledLockHolder)
 
 
+def end_now_if_work_was_abandoned(code: int) -> None:
+    """Data work stopped by the signal still runs in a worker thread (datamodules/interrupts.py), inside a LAPACK
+    call that the interpreter's shutdown would wait for or crash in: end the process at once. Nothing is lost:
+    no logger or trainer has started yet, finished blocks are saved, the cache is written by renames."""
+    if "datamodules.interrupts" not in sys.modules or not sys.modules["datamodules.interrupts"].abandoned():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def preempted_line(err: Preempted) -> str:
     return f"preempted: {err}. Run the same command again to resume."
 
@@ -38,6 +51,7 @@ def ends_like_a_run() -> Iterator[None]:
         yield
     except Preempted as err:
         print(preempted_line(err), file=sys.stderr, flush=True)
+        end_now_if_work_was_abandoned(EXIT_CODE)
         sys.exit(EXIT_CODE)
     except user_errors() as err:
         if os.environ.get("MDL_TRACEBACK"):
