@@ -4,7 +4,9 @@ Lightning turns SIGTERM into ``SystemExit(None)`` at the next batch: exit status
 checkpoint, and a sweep that reports success. Instead, for the whole of a run (``sigterm_guard``):
 
 - outside a fit (loading data, fitting the eraser, scoring a block) SIGTERM raises ``Preempted`` at
-  once: every finished block is already in progress.json and cache writes are atomic;
+  once: every finished block is already in progress.json and cache writes are atomic (the data's
+  preparation runs in a worker thread that is abandoned, datamodules/interrupts.py: one LAPACK call
+  there can outlast Slurm's grace);
 - inside a fit that checkpoints (``SaveLastCheckpoint``, mdl/engine/fitting.py) the fit trains on to its
   next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
