@@ -30,7 +30,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def end_now_if_work_was_abandoned(code: int) -> None:
     """Data work stopped by the signal still runs in a worker thread (datamodules/interrupts.py), inside a LAPACK
     call that the interpreter's shutdown would wait for or crash in: end the process at once. Nothing is lost:
-    no logger or trainer has started yet, finished blocks are saved, the cache is written by renames."""
+    the run's data come before its loggers and trainer, finished runs and blocks are saved, the cache is written by
+    renames; only exit hooks (an earlier pack's logger's) do not run."""
     if "datamodules.interrupts" not in sys.modules or not sys.modules["datamodules.interrupts"].abandoned():
         return
     logging.shutdown()
