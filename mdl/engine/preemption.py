@@ -14,9 +14,9 @@ checkpoint, and a sweep that reports success. Instead, for the whole of a run (`
 A packed launcher (hydra_plugins/mdl_packed/) holds one guard over its whole sweep: the runs' guards inside it
 share its request, so a SIGTERM during one pack stops the sweep there and no later pack starts.
 
-launch.py (and every packed job, mdl/run/exits.py) turns ``Preempted`` into a message and exit status ``EXIT_CODE`` (128 + 15, the shell's
-status for SIGTERM), so Slurm, submitit and a multirun see a failed job. Re-running the same command
-resumes from the checkpoint. Slurm's grace period between SIGTERM and SIGKILL (KillWait, often 30 s)
+launch.py (and every packed job, mdl/run/exits.py) turns ``Preempted`` into a message and exit status
+``EXIT_CODE`` (128 + 15, the shell's status for SIGTERM), so Slurm, submitit and a multirun see a failed
+job. Re-running the same command resumes from the checkpoint. Slurm's grace period between SIGTERM and SIGKILL (KillWait, often 30 s)
 must cover one epoch for nothing to be lost; otherwise the last periodic checkpoint is the fallback.
 """
 
