@@ -78,12 +78,13 @@ def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_pat
 
 
 @pytest.mark.parametrize("fits", [[], ["mdl.members_per_fit=3"], ["mdl.members_per_fit=2"]],
-                         ids=["one fit", "fits of 3", "fits of 2 and a plain final fit"])
+                         ids=["one fit", "fits of 3 and a plain final fit", "fits of 2"])
 def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path, fits) -> None:
     """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone,
-    in one fit of the whole pack or in fits of k members: each run's members in the fits they have alone (5 members in
-    fits of 3: 3 + 2; of 2: 2 + 2 + the final model alone, a plain model's fit), every run's j-th fit together. Before,
-    a pack's fits of k mixed the runs' members block by block: other stack sizes, other final fits (issue 34)."""
+    in one fit of the whole pack or in fits of k members: each run's members in the fits they have alone (debug=fast's
+    4 members in fits of 3: 3 + the final model alone, a plain model's fit; of 2: 2 + 2), every run's j-th fit together.
+    Before, a pack's fits of k mixed the runs' members block by block: other stacks, a stacked final fit where the run
+    alone trains a plain one, other final fits (issue 34)."""
     variants = [[*fits, *v] for v in ([], ["eraser=none"], ["seed=1"], ["data_seed=1"], ["eraser=qleace"])]
     alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
     together = [Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}") for i, v in enumerate(variants)]
