@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -12,12 +11,9 @@ from omegaconf import DictConfig
 
 from mdl.run.config_checks import check_before_imports
 from mdl.run.console import one_line_warnings, show_config
+from mdl.run.exits import ends_like_a_run
 from mdl.run.imports import imports_frozen
 from mdl.run.storage import register_resolvers
-
-# Errors that mean "change a setting or a file", reported as one message without a traceback
-# (set MDL_TRACEBACK=1 to see it anyway). Anything else is a bug and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportError, FloatingPointError)
 
 
 register_resolvers()  # before Hydra resolves the config (job folder names)
@@ -42,33 +38,20 @@ def main(cfg: DictConfig) -> float | None:
 
     with imports_frozen():  # after Hydra parsed the command line
         from mdl.run.experiment import quiet_lightning, run_experiment, summary
-    from mdl.engine.preemption import EXIT_CODE, Preempted
     from mdl.results import RESULTS_FILE
-    from mdl.run.storage import StalledLockHolder
 
     quiet_lightning()
     if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl/run/debug_checks.py)
         from mdl.run.debug_checks import overfit_one_batch
 
-        try:
+        with ends_like_a_run():
             check = overfit_one_batch(cfg, cfg.overfit_one_batch)
-        except USER_ERRORS as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            sys.exit(2)
         print(check.describe(), flush=True)
         if not check.fits:
             sys.exit(1)
         return None
-    try:
+    with ends_like_a_run():  # a user error: one line, exit 2; preemption: exit 143 (as every packed job ends)
         results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
-    except Preempted as err:  # not a success: Slurm, submitit and a multirun must see a failed job
-        print(f"preempted: {err}. Run the same command again to resume.", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CODE)
-    except (*USER_ERRORS, StalledLockHolder) as err:
-        if os.environ.get("MDL_TRACEBACK"):
-            raise
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
     print(summary(results, run_dir / RESULTS_FILE), flush=True)
     return results["paper_mdl"]
 

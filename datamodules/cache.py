@@ -8,9 +8,10 @@ concurrent jobs build each key once and a reader never sees half a file. (If the
 honoured, e.g. on some network file systems, the rename still keeps every file whole; at worst
 two jobs build the same key.)
 
-Temporary names carry the writer's pid and a random part (``.<file>.<pid>.<random>.tmp``). A job
-killed while writing leaves its temporary behind (as large as the erased data set): the next
-access removes temporaries older than ``stale_after_s`` whose key is not locked. A folder that
+Temporary names carry the writer's pid and a random part (``.<file>.<pid>.<random>.tmp``; safetensors
+writes its own ``.tmpXXXXXX`` inside that). A job killed while writing leaves its temporary behind (as
+large as the erased data set): the next access removes temporaries older than ``stale_after_s`` whose key
+is not locked, and safetensors' own at once when no key of the folder is locked (else once as old). A folder that
 cannot be written (read-only, no permission, disk full) stops the run with one message naming
 it and the settings that move or disable the cache; partial files are removed.
 """
@@ -42,6 +43,8 @@ CACHE_FORMAT_VERSION = 1
 STALE_AFTER_S = 3600.0  # a temporary this old whose key is unlocked belongs to a dead writer
 # .<key>.<kind>.safetensors.<pid>.<random>.tmp (older versions: .<name>.<random>.tmp / .raw)
 TEMPORARY = re.compile(r"^\.+(?P<target>[0-9a-f]{32}\.(?:eraser|data)\.safetensors)\..*\.(?:tmp|raw)$")
+# safetensors' own temporary (``save_file`` writes ``.tmpXXXXXX`` next to its target, then renames it): no key in its name
+SAFETENSORS_TEMPORARY = re.compile(r"^\.tmp[A-Za-z0-9_]{6}$")
 
 
 class CorruptCacheFile(Exception):
@@ -93,10 +96,17 @@ def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S)
 
     removed: list[Path] = []
     now = time.time()
+    idle = None  # whether no writer holds any key of the folder (then safetensors' temporaries are dead, whatever their age)
     with suppress(OSError):
         for entry in os.scandir(folder):
             match = TEMPORARY.match(entry.name)
             with suppress(OSError):
+                if SAFETENSORS_TEMPORARY.match(entry.name) and entry.is_file():
+                    idle = _no_writer(folder) if idle is None else idle
+                    if idle or now - entry.stat().st_mtime >= stale_after_s:
+                        os.unlink(entry.path)
+                        removed.append(Path(entry.path))
+                    continue
                 if match is None or not entry.is_file() or now - entry.stat().st_mtime < stale_after_s:
                     continue
                 try:
@@ -111,6 +121,19 @@ def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S)
             RuntimeWarning, stacklevel=3,
         )
     return removed
+
+
+def _no_writer(folder: Path) -> bool:
+    """Whether no process holds any key's lock in ``folder`` (each lock tried without waiting)."""
+    from filelock import FileLock, Timeout
+
+    for lock in folder.glob("*.lock"):
+        try:
+            with FileLock(str(lock), timeout=0):
+                pass
+        except Timeout:
+            return False
+    return True
 
 
 # The code that makes the cached files: eraser fits and the splits they are fitted on and applied to.

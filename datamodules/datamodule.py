@@ -41,6 +41,7 @@ from datamodules.erasure_checks import (
     _report_gaps, criterion_check, diagnose, diagnostics_summary, edit_rank, erase, eraser_on, label_predictor,
     needs_eval_labels, not_erased, quadratic_leftover,
 )
+from datamodules.interrupts import interruptible
 from datamodules.loader import BatchTransform
 from datamodules.serving import BatchServing
 from datamodules.settings import (
@@ -236,8 +237,13 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
 
         # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
         eraser = _Memo(lambda: eraser_on(self.cache.eraser(self.eraser_key(), fit, describe=self._describe()), self.device))
-        tensors, info = self.cache.tensors(self.data_key(), lambda: self._build(splits(), eraser()), describe=self._describe())
-        self.eraser = eraser()
+
+        def prepared() -> tuple[Eraser, dict[str, Tensor], dict[str, Any]]:
+            tensors, info = self.cache.tensors(self.data_key(), lambda: self._build(splits(), eraser()), describe=self._describe())
+            return eraser(), tensors, info
+
+        # minutes of single LAPACK calls at CIFAR-10's size: a SIGTERM stops them at once (datamodules/interrupts.py)
+        self.eraser, tensors, info = interruptible(prepared)
         self.classes = list(info["classes"])
         self.num_classes = len(self.classes)
         self.diagnostics = {k: v for k, v in info.items() if k != "classes"}

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
 from erasure.leace import leace_map
+from erasure.linalg import per_class
 from erasure.moments import class_moments
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 from erasure.qleace import compute_device
@@ -173,7 +174,7 @@ class AlfQLeaceEraser(Eraser):
         leace = leace_map(moments)
         keep = torch.eye(x.shape[1], dtype=torch.float64, device=dev) - leace.proj
         present = moments.counts > 0
-        covs = keep @ moments.covariances()[present] @ keep.T
+        covs = per_class(lambda c: keep @ c @ keep.T, moments.covariances()[present])
         found = alf_directions(covs, target_fraction, min(rank_cap, x.shape[1]), deviation_norm)
         cpu = torch.device("cpu")
         rank = found.directions.shape[1]

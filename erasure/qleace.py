@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
-from erasure.linalg import psd_eigh, require_variance, smallest_kept, warn_once
+from erasure.linalg import per_class, psd_eigh, require_variance, smallest_kept, warn_once
 from erasure.moments import class_moments
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 
@@ -83,7 +83,7 @@ def _factor(s: Tensor) -> tuple[Tensor, Tensor]:
 def _sqrt_from_eigh(eigvals: Tensor, eigvecs: Tensor) -> Tensor:
     """Batched V diag(sqrt(lambda)) V^T as one product of V lambda^{1/4} with itself."""
     half = eigvecs * eigvals.sqrt().sqrt().unsqueeze(-2)
-    return half @ half.transpose(-1, -2)
+    return per_class(lambda h: h @ h.transpose(-1, -2), half) if half.ndim == 3 else half @ half.transpose(-1, -2)
 
 
 def wasserstein_barycenter(
@@ -104,7 +104,7 @@ def wasserstein_barycenter(
     eps = torch.finfo(covariances.dtype).eps
     for iteration in range(1, max_iter + 1):
         factor, factor_inv = _factor(s)
-        congruent = factor.T @ covariances @ factor
+        congruent = per_class(lambda c: factor.T @ c @ factor, covariances)
         eigvals, eigvecs, keep = psd_eigh(congruent)
         objective = float(torch.trace(s)) + mean_trace - 2 * float(weights @ eigvals.sqrt().sum(-1))
         middle = (weights[:, None, None] * _sqrt_from_eigh(eigvals, eigvecs)).sum(0)
@@ -133,14 +133,17 @@ def transport_maps(bary: Barycenter) -> Tensor:
     """T_z = L (L^T S_z L)^{+1/2} L^T for every class, symmetric PSD, from the stored eigh."""
     tiny = torch.finfo(bary.eigvals.dtype).tiny
     inv_root = torch.where(bary.keep, bary.eigvals.clamp_min(tiny).rsqrt().sqrt(), 0.0)
-    half = bary.factor @ (bary.eigvecs * inv_root.unsqueeze(-2))
+    return per_class(lambda vecs, root: _symmetric_square(bary.factor @ (vecs * root.unsqueeze(-2))), bary.eigvecs, inv_root)
+
+
+def _symmetric_square(half: Tensor) -> Tensor:
     return half @ half.transpose(-1, -2)
 
 
 def maps_to_target(covariances: Tensor, target: Tensor) -> Tensor:
     """Optimal transport maps from each N(0, S_z) onto a given N(0, target) (for comparisons)."""
     factor, _ = _factor(target)
-    eigvals, eigvecs, keep = psd_eigh(factor.T @ covariances @ factor)
+    eigvals, eigvecs, keep = psd_eigh(per_class(lambda c: factor.T @ c @ factor, covariances))
     return transport_maps(Barycenter(target, factor, eigvals, eigvecs, keep, 0, 0.0, 0.0))
 
 

@@ -2,11 +2,12 @@
 
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
 its config hash, status (finished; failed, with the error's first line; partial: blocks done of all; started: no
-block yet), data set, model, width, depth, eraser, seed, learning rate, engine, paper MDL, every other config key
-that differs between runs of one data set, model and eraser (e.g. ``activation``), tags, date, code version, the
-environment that computed it (torch, device, threads) and the run's folder. ``--where eraser.name=leace`` keeps the runs whose resolved config has that value (repeatable;
-dotted keys as in overrides; a key no run has is refused with the nearest one), ``--status`` those in that state,
-``--csv`` writes the table (every listed column, numbers in full precision) to a file as well.
+block yet; damaged: its record cannot be read, named in a warning), data set, model, width, depth, eraser, seed,
+learning rate, engine, paper MDL, every other config key that differs between runs of one data set, model and
+eraser (e.g. ``activation``), tags, date, code version, the environment that computed it (torch, device, threads)
+and the run's folder. ``--where eraser.name=leace`` keeps the runs whose resolved config has that value
+(repeatable; dotted keys as in overrides; a key no run has is refused with the nearest one), ``--status`` those in
+that state, ``--csv`` writes the table (every listed column, numbers in full precision) to a file as well.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mdl.results import (
     FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json,
 )
 
-STATUSES = ("finished", "failed", "partial", "started")
+STATUSES = ("finished", "failed", "partial", "started", "damaged")
 HEAD = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "lr", "engine", "paper_mdl")
 TAIL = ("tags", "date", "code_version", "environment", "path")
 # the config keys the fixed columns show (a swept key among them is not repeated)
@@ -72,8 +73,19 @@ def _progress(folder: Path) -> tuple[str, str | None]:
 
 def read_run(folder: Path) -> StoredRun | None:
     """A store entry as a row; None for a folder that holds no run record."""
-    results = _read(folder / RESULTS_FILE, checked=True) if (folder / RESULTS_FILE).exists() else None
-    started = _read(folder / RUN_CONFIG_FILE) if (folder / RUN_CONFIG_FILE).exists() else None
+    results = started = None
+    if (folder / RESULTS_FILE).exists():
+        try:
+            results = read_checked_json(folder / RESULTS_FILE)
+        except DamagedRecord as err:
+            if not (folder / RUN_CONFIG_FILE).exists():  # nothing else says what this run is
+                return damaged_run(folder, folder / RESULTS_FILE, err)
+    if (folder / RUN_CONFIG_FILE).exists():
+        try:
+            started = read_json(folder / RUN_CONFIG_FILE)
+        except (OSError, ValueError) as err:  # cut short by a full disk or a kill: listed, not left out
+            if results is None:
+                return damaged_run(folder, folder / RUN_CONFIG_FILE, err)
     failure = _read(folder / FAILURE_FILE) if (folder / FAILURE_FILE).exists() else None
     record = results or started
     if record is None:
@@ -151,6 +163,14 @@ def check_where_key(key: str, runs: list[StoredRun]) -> None:
     what = "a group of settings, not one value" if inside else "not a config key of any listed run"
     hint = f"; did you mean --where {near[0]}=...?" if near else ""
     raise ValueError(f"--where {key}: {what}{hint} (keys are dotted as in overrides, e.g. eraser.name, model.options.activation)")
+
+
+def damaged_run(folder: Path, record: Path, err: Exception) -> StoredRun:
+    """A store entry whose record cannot be read: a row saying so (its config unknown), and a warning naming the file."""
+    print(f"warning: {record} is damaged ({type(err).__name__}: {err}); its run is listed as damaged: launch it "
+          f"again to redo it, or delete {folder}", file=sys.stderr)
+    values = {c: None for c in COLUMNS} | {"hash": folder.name, "status": "damaged"}
+    return StoredRun(folder, "damaged", {}, values)
 
 
 def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None) -> list[StoredRun]:

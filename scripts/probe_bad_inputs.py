@@ -7,6 +7,8 @@ that cannot be fitted, an eraser that did not erase) must exit 0 with a warning 
 Each case is printed with its class: ok (as it should), raw (a traceback or another exit code),
 silent (exit 0 where the input should have been refused), unclear (refused, but the message does
 not name the setting and the fix), hang (still running after the time limit); then the counts.
+A preemption case sends SIGTERM once a file appears (or after some seconds): it must exit 143 with
+the `preempted:` line, no traceback, within Slurm's usual grace (PREEMPT_GRACE_S) of the signal.
 
     python scripts/probe_bad_inputs.py            # all cases, two at a time
     python scripts/probe_bad_inputs.py -k cifar   # the cases whose name contains "cifar"
@@ -19,9 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["debug=fast"]  # conf/debug/fast.yaml: a smoke of any config in seconds
 ERROR_EXIT = 2
+PREEMPTED_EXIT = 128 + signal.SIGTERM  # mdl/engine/preemption.py EXIT_CODE
+PREEMPT_GRACE_S = 30  # Slurm's KillWait is often 30 s: a SIGTERM must be honoured within it
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
@@ -102,6 +108,9 @@ class Case:
     command: list[str] = field(default_factory=lambda: ["launch.py"])  # or ["-m", "mdl.sweeps.cost"], ...
     env: dict[str, str] = field(default_factory=dict)
     fast: bool = True  # prepend the fast settings (tests/conftest.py FAST)
+    # SIGTERM once a file matching this glob (under the case folder) exists, "after:S" seconds, or "log:TEXT" once a
+    # log file under the case folder holds TEXT
+    terminate_at: str | None = None
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -135,6 +144,29 @@ def a_file(tmp: Path) -> list[str]:
     (tmp / "a-file").write_text("")
     return []
 
+
+def damaged_multirun(tmp: Path) -> list[str]:
+    """A sweep folder whose multirun.yaml (Hydra's record of the sweep, read by the report) is cut short."""
+    one_result(tmp)
+    (tmp / "multirun.yaml").write_text("hydra:\n  run: {dir: [")
+    return []
+
+
+def truncated_run_config(tmp: Path) -> list[str]:
+    """A store entry whose config.json (the record of a started run) was cut short by a full disk."""
+    entry = tmp / "outputs" / "store" / "0123456789abcdef"
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text('{"config": {"seed": 0, "wid')
+    return []
+
+
+PACKED = ["-m", "hydra/launcher=packed", "seed=0,1"]
+# Long enough to be interrupted (tests/test_preemption.py LONG_RUN), checkpointing every epoch.
+LONG = ["trainer.kwargs.max_epochs=300", "trainer.patience=300", "mdl.checkpoint_every_s=0", "mdl.num_blocks=3"]
+PACK_CHECKPOINT = "outputs/store/packs/*/checkpoints/*.ckpt"
+# A synthetic data set of CIFAR-10's size and shape (50000 + 10000 images of 3x32x32, 10 classes).
+CIFAR_SIZED = ["data=synthetic", "data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000",
+               "data.options.num_classes=10", "data.val_size=5000"]
 
 CASES = [
     Case("val_size=0", ["data.val_size=0"], ["data.val_size"]),
@@ -185,6 +217,27 @@ CASES = [
     Case("sweep_cost num_blocks=1", ["mdl.num_blocks=1"], ["mdl.num_blocks"], command=["-m", "mdl.sweeps.cost"], fast=False),
     Case("report --out in a file", ["{tmp}", "--out", "{tmp}/a-file/report"], ["--out"], command=["-m", "mdl.report"],
          fast=False, prepare=one_result),
+    # --- issue 34, "a pack fails like a run": raw, silent or late before ---
+    *[Case(f"packed pack_data_fraction={v}", [*PACKED, f"mdl.pack_data_fraction={v}"], ["mdl.pack_data_fraction"])
+      for v in ("0", "2", "x", "nan")],
+    Case("single run pack_data_fraction=2", ["mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"]),
+    Case("packed sweep, output root is a file", [*PACKED, "paths.output_root={tmp}/a-file"],
+         ["paths.output_root", "not a folder"], prepare=a_file),
+    Case("packed sweep, lock lease 0", [*PACKED, "mdl.lock_lease_s=0"], ["mdl.lock_lease_s"]),
+    Case("sweep_cost seed=abc", ["-m", "seed=abc"], ["seed"], command=["-m", "mdl.sweeps.cost"], fast=False),
+    Case("sweep_cost pack_data_fraction=2", ["-m", "seed=0,1", "mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"],
+         command=["-m", "mdl.sweeps.cost"], fast=False),
+    Case("report on a damaged multirun.yaml", ["{tmp}"], ["multirun.yaml", "damaged"], expect_error=False,
+         command=["-m", "mdl.report"], fast=False, prepare=damaged_multirun),
+    Case("runs: a truncated config.json", [], ["0123456789abcdef", "config.json"], expect_error=False,
+         command=["-m", "mdl.runs"], fast=False, prepare=truncated_run_config),
+    Case("packed sweep SIGTERM mid-fit", [*PACKED, *LONG], [], terminate_at=PACK_CHECKPOINT),
+    Case("packed sweep of two packs SIGTERM in the first", [*PACKED, "width=16,32", *LONG], [], terminate_at=PACK_CHECKPOINT),
+    Case("packed sweep in parts SIGTERM", [*PACKED, "eraser=none,leace", "mdl.pack_data_fraction=1e-12", *LONG], [],
+         terminate_at=PACK_CHECKPOINT),
+    Case("local launcher SIGTERM", ["-m", "hydra/launcher=local", "seed=0", *LONG], [],
+         terminate_at="outputs/store/*/checkpoints/*.ckpt"),
+    Case("SIGTERM during a CIFAR-sized eraser fit", [*CIFAR_SIZED, "eraser=qleace"], [], terminate_at="log:fitting eraser"),
 ]
 
 
@@ -207,13 +260,39 @@ def run_case(case: Case, timeout: float = 600) -> Outcome:
                "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline",
                **case.env}
         entry = [str(REPO / case.command[0])] if case.command[0].endswith(".py") else case.command
-        cmd = [sys.executable, *entry, *(FAST if case.fast else []), *overrides]
+        flags = [o for o in overrides if o in ("-m", "--multirun")]  # before the overrides, as argparse wants them
+        cmd = [sys.executable, *entry, *flags, *(FAST if case.fast else []), *(o for o in overrides if o not in flags)]
+        process = subprocess.Popen(cmd, cwd=REPO if entry[0] == "-m" else tmp, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        sent = terminate_when_due(case, process, tmp, timeout) if case.terminate_at else None
         try:
-            done = subprocess.run(cmd, cwd=REPO if entry[0] == "-m" else tmp, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired as err:
-            return Outcome(case, -1, str(err.stdout or ""), str(err.stderr or ""), [f"still running after {timeout:.0f} s"])
-    return Outcome(case, done.returncode, done.stdout, done.stderr, judge(case, done))
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            return Outcome(case, -1, stdout, stderr, [f"still running after {timeout:.0f} s"])
+        done = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+        late = [] if sent is None or time.monotonic() - sent <= PREEMPT_GRACE_S else [
+            f"exited {time.monotonic() - sent:.0f} s after SIGTERM (Slurm kills after {PREEMPT_GRACE_S} s)"]
+    return Outcome(case, done.returncode, done.stdout, done.stderr, judge(case, done) + late)
+
+
+def terminate_when_due(case: Case, process: subprocess.Popen, tmp: Path, timeout: float) -> float | None:
+    """Send SIGTERM to the case's process group once ``case.terminate_at`` is due (a file exists, or seconds passed); when it was sent."""
+    assert case.terminate_at is not None
+    start = time.monotonic()
+    while time.monotonic() - start < timeout and process.poll() is None:
+        if case.terminate_at.startswith("after:"):
+            due = time.monotonic() - start >= float(case.terminate_at.split(":", 1)[1])
+        elif case.terminate_at.startswith("log:"):
+            due = any(case.terminate_at[4:] in log.read_text(errors="replace") for log in tmp.glob("outputs/**/*.log"))
+        else:
+            due = any(tmp.glob(case.terminate_at))
+        if due:
+            os.killpg(process.pid, signal.SIGTERM)  # as Slurm signals every process of a job (a launcher's too)
+            return time.monotonic()
+        time.sleep(0.05)
+    return None
 
 
 def judge(case: Case, done: subprocess.CompletedProcess) -> list[str]:
@@ -222,7 +301,12 @@ def judge(case: Case, done: subprocess.CompletedProcess) -> list[str]:
     text = done.stderr + done.stdout
     if "Traceback" in done.stderr:
         problems.append("a traceback on stderr")
-    if case.expect_error:
+    if case.terminate_at:
+        if done.returncode != PREEMPTED_EXIT:
+            problems.append(f"exit code {done.returncode} after SIGTERM, expected {PREEMPTED_EXIT}")
+        if "preempted: " not in done.stderr:
+            problems.append("no `preempted: ...` line on stderr")
+    elif case.expect_error:
         if done.returncode != ERROR_EXIT:
             problems.append(f"exit code {done.returncode}, expected {ERROR_EXIT}")
         if "error: " not in done.stderr:
@@ -245,7 +329,8 @@ def classify(outcome: Outcome) -> str:
         return "hang"
     if outcome.case.expect_error and outcome.returncode == 0:
         return "silent"
-    if "Traceback" in outcome.stderr or outcome.returncode != (ERROR_EXIT if outcome.case.expect_error else 0):
+    expected = PREEMPTED_EXIT if outcome.case.terminate_at else ERROR_EXIT if outcome.case.expect_error else 0
+    if "Traceback" in outcome.stderr or outcome.returncode != expected:
         return "raw"
     return "unclear"
 
@@ -266,10 +351,10 @@ def report(outcome: Outcome) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-k", default="", help="run only the cases whose name contains this")
+    parser.add_argument("-k", action="append", default=[], help="run only the cases whose name contains this (repeatable)")
     parser.add_argument("-j", type=int, default=2, help="cases run at once")
     args = parser.parse_args(argv)
-    cases = [c for c in CASES if args.k in c.name]
+    cases = [c for c in CASES if not args.k or any(k in c.name for k in args.k)]
     with ThreadPoolExecutor(max_workers=max(1, args.j)) as pool:
         outcomes = list(pool.map(run_case, cases))
     for outcome in outcomes:

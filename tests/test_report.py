@@ -937,3 +937,14 @@ def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
     assert "**Capped fits**" not in text and "| 0.003 | " in text and "| none |" in text
     for fmt in ("png", "pdf", "svg"):
         assert (tmp_path / "out" / f"lr_mlp.{fmt}").stat().st_size > 0
+
+
+@pytest.mark.parametrize("damage", ["hydra:\n  run: {dir: [", "[]", "hydra: {sweeper: {_target_: hydra._internal.core_plugins."
+                                    "basic_sweeper.BasicSweeper}, overrides: {task: ['seed=0,,']}}"])
+def test_a_damaged_multirun_record_is_named_and_the_report_still_made(tmp_path: Path, caplog, damage: str):
+    """A multirun.yaml cut short or garbled used to end `python -m mdl.report` in a yaml traceback."""
+    from mdl.sweeps.jobs import missing_jobs
+
+    (tmp_path / "multirun.yaml").write_text(damage)
+    assert missing_jobs([tmp_path]) == []
+    assert f"{tmp_path / 'multirun.yaml'} is damaged" in caplog.text

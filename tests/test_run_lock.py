@@ -67,6 +67,20 @@ def test_live_holder_is_waited_for_past_the_lease(tmp_path: Path) -> None:
     assert not (tmp_path / HOLDER_FILE).exists()  # released: no record left behind
 
 
+def test_a_waiter_with_a_shorter_lease_judges_the_holder_by_the_holders_lease(tmp_path: Path) -> None:
+    """A holder renewing a 20 s lease beats every 2 s; a waiter with a 0.2 s lease used to call it "suspended or hung"
+    within a second and suggest killing it."""
+    holder = hold(tmp_path, lease_s=20.0, seconds=4)
+    try:
+        assert read_holder(tmp_path)[0]["lease_s"] == 20.0
+        start = time.monotonic()
+        with run_lock(tmp_path, lease_s=0.2):
+            assert time.monotonic() - start > 2.0  # waited for the live holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
     """launch.py reports a stalled holder as `error: ...` with exit code 2, not a traceback or a hang."""
     from conftest import FAST, compose_config

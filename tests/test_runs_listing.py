@@ -107,3 +107,14 @@ def test_a_failed_pack_lists_its_unfinished_runs_as_failed(tmp_path: Path, monke
     listed = {r.values["seed"]: (r.status, r.values["error"]) for r in list_runs(tmp_path / "store")}
     assert listed == {0: ("finished", None), 1: ("failed", "RuntimeError: CUDA out of memory"),
                       2: ("failed", "RuntimeError: CUDA out of memory")}
+
+
+def test_a_run_with_a_truncated_record_is_listed_as_damaged(tmp_path: Path, capsys) -> None:
+    """A config.json cut short (a full disk, a kill) used to leave its run out of the listing without a word."""
+    entry = tmp_path / "store" / "0123456789abcdef"
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text('{"config": {"seed": 0, "wid')
+    assert main([f"paths.output_root={tmp_path}"]) == 0
+    out, err = capsys.readouterr()
+    assert "0123456789abcdef  damaged" in out and "1 damaged" in out
+    assert f"{entry / 'config.json'} is damaged" in err

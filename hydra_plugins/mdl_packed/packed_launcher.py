@@ -10,6 +10,10 @@ sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
 process, one pack after another; their log lines go to this process's log, labelled by what varies, and each job's
 to its own folder's log file, which ends with its summary.
+
+A job ends as it does through launch.py alone (mdl/run/exits.py): a setting or file to change stops the sweep
+with one ``error:`` line and exit status 2 (checked before any pack trains); a SIGTERM anywhere in the sweep
+checkpoints the pack in training, starts no further pack and exits 143 with the ``preempted:`` line.
 """
 
 
@@ -24,6 +28,9 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
+
+from mdl.engine.preemption import sigterm_guard, stop_if_requested
+from mdl.run.exits import ends_like_a_run
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +55,8 @@ def checked_job(cfg: DictConfig) -> Any:
         from mdl.run.experiment import Job
 
     hc = HydraConfig.get()
-    return replace(Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task)), log_files=current_log_files())
+    with ends_like_a_run():  # Hydra's run_job would record the error as a failed job and re-raise it later
+        return replace(Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task)), log_files=current_log_files())
 
 
 def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str], idx: int, job_id: str) -> JobReturn:
@@ -73,8 +81,18 @@ def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:
     return list(packs.values())
 
 
+def check_jobs(hydra_context: HydraContext, config: DictConfig, jobs: Sequence[tuple[Sequence[str], int, str]]) -> list[JobReturn]:
+    """Every job (overrides, number, id) checked: a job that launch.py would refuse stops the sweep here, before any
+    pack trains, with launch.py's message and exit status."""
+    checked = [check_job(hydra_context, config, overrides, idx, job_id) for overrides, idx, job_id in jobs]
+    configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # off the last checked job's log file
+    stop_if_requested("while the sweep's jobs were checked")  # Hydra's run_job caught it as a job's error
+    return checked
+
+
 def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
-    """One pack's checked jobs trained together; each job's return: its paper MDL, as launch.py's main returns."""
+    """One pack's checked jobs trained together; each job's return: its paper MDL, as launch.py's main returns. A
+    preemption or user error ends the process as launch.py ends it (mdl/run/exits.py); a bug fails the pack's jobs."""
     from mdl.run.experiment import quiet_lightning
     from mdl.run.pack import run_pack
 
@@ -85,8 +103,9 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
                          task_name=ret.task_name, status=status, _return_value=value)
 
     try:
-        results = run_pack([ret.return_value for ret in checked])
-    except Exception as err:  # noqa: BLE001 - every job of the pack failed with it, as Hydra reports a job's error
+        with ends_like_a_run():
+            results = run_pack([ret.return_value for ret in checked])
+    except Exception as err:  # noqa: BLE001 - a bug: every job of the pack failed with it, as Hydra reports a job's error
         log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
         for ret in checked:
             ret.return_value.record_failure(err)  # python -m mdl.runs: failed, and why
@@ -110,14 +129,14 @@ class PackedLauncher(Launcher):
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        checked = [check_job(self.hydra_context, self.config, overrides, initial_job_idx + i, f"job_id_for_{initial_job_idx + i}")
-                   for i, overrides in enumerate(job_overrides)]
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)  # off the last job's log file
-        ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
-        packs = [[ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])]
-        log.info("packed launcher: %s", packs_line(len(job_overrides), len(packs)))
-        done = list(checked)
-        for members in packs:
-            for i, ret in zip(members, train_checked([checked[i] for i in members])):
-                done[i] = ret
+        with ends_like_a_run(), sigterm_guard():  # one SIGTERM request for the whole sweep: no pack starts after it
+            jobs = [(overrides, initial_job_idx + i, f"job_id_for_{initial_job_idx + i}") for i, overrides in enumerate(job_overrides)]
+            checked = check_jobs(self.hydra_context, self.config, jobs)
+            ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
+            packs = [[ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])]
+            log.info("packed launcher: %s", packs_line(len(job_overrides), len(packs)))
+            done = list(checked)
+            for members in packs:
+                for i, ret in zip(members, train_checked([checked[i] for i in members])):
+                    done[i] = ret
         return done

@@ -8,7 +8,8 @@ array, with the resources of ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm
 environment variables). On its node a task makes its jobs' folders and .hydra/ files, checks them and
 trains them as one fit; each job keeps its own results.json, store entry and loggers. A preempted or
 timed-out task is requeued by submitit (``checkpoint``) and resumes every run in its pack from the pack's
-checkpoint; finished runs are skipped.
+checkpoint; finished runs are skipped. A task's errors end it as launch.py ends a run (mdl/run/exits.py): exit 2
+for a setting or file to change, 143 after a SIGTERM (with the pack checkpointed).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.mdl_packed.packed_launcher import check_job, group_into_packs, train_checked
+from hydra_plugins.mdl_packed.packed_launcher import check_jobs, group_into_packs, train_checked
+from mdl.engine.preemption import sigterm_guard
+from mdl.run.exits import ends_like_a_run
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +43,13 @@ class PackedSlurmLauncher(SlurmLauncher):
         Singleton.set_state(singleton_state)
         setup_globals()
         job_id = submitit.JobEnvironment().job_id
-        checked = [check_job(self.hydra_context, self.config, overrides, idx, job_id) for overrides, idx in jobs]
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)  # off the last checked job's log file
-        ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
-        done = list(checked)
-        if ok:
-            for i, ret in zip(ok, train_checked([checked[i] for i in ok])):
-                done[i] = ret
+        with ends_like_a_run(), sigterm_guard():  # as the packed launcher's sweep: one code path for both
+            checked = check_jobs(self.hydra_context, self.config, [(overrides, idx, job_id) for overrides, idx in jobs])
+            ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
+            done = list(checked)
+            if ok:
+                for i, ret in zip(ok, train_checked([checked[i] for i in ok])):
+                    done[i] = ret
         return done
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -113,8 +113,16 @@ def memory_bytes(device: torch.device) -> int:
     return min(limit for limit in limits if limit > 0)
 
 
+def check_pack_data_fraction(fraction: Any) -> float:
+    """``mdl.pack_data_fraction``, a share of the memory in (0, 1]; checked for every run before its data load
+    (mdl/run/config_checks.py), so what a packed sweep would refuse after hours is refused at once everywhere."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:  # nan too
+        raise ValueError(f"mdl.pack_data_fraction={fraction!r}: give a share of the memory in (0, 1] "
+                         f"(the most a pack of hydra/launcher=packed fills with data at once), e.g. mdl.pack_data_fraction=0.5")
+    return float(fraction)
+
+
 def data_modules_at_once(per_module: int, device: torch.device, fraction: float) -> int:
     """How many data modules of ``per_module`` bytes a pack holds at once within ``fraction`` of the memory."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"mdl.pack_data_fraction={fraction}: give a share of the memory in (0, 1], e.g. 0.5")
+    fraction = check_pack_data_fraction(fraction)
     return max(1, int(memory_bytes(device) * fraction) // max(per_module, 1))

@@ -4,14 +4,19 @@ Lightning turns SIGTERM into ``SystemExit(None)`` at the next batch: exit status
 checkpoint, and a sweep that reports success. Instead, for the whole of a run (``sigterm_guard``):
 
 - outside a fit (loading data, fitting the eraser, scoring a block) SIGTERM raises ``Preempted`` at
-  once: every finished block is already in progress.json and cache writes are atomic;
+  once: every finished block is already in progress.json and cache writes are atomic (the data's
+  preparation runs in a worker thread that is abandoned, datamodules/interrupts.py: one LAPACK call
+  there can outlast Slurm's grace);
 - inside a fit that checkpoints (``SaveLastCheckpoint``, mdl/engine/fitting.py) the fit trains on to its
   next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
 
-launch.py turns ``Preempted`` into a message and exit status ``EXIT_CODE`` (128 + 15, the shell's
-status for SIGTERM), so Slurm, submitit and a multirun see a failed job. Re-running the same command
-resumes from the checkpoint. Slurm's grace period between SIGTERM and SIGKILL (KillWait, often 30 s)
+A packed launcher (hydra_plugins/mdl_packed/) holds one guard over its whole sweep: the runs' guards inside it
+share its request, so a SIGTERM during one pack stops the sweep there and no later pack starts.
+
+launch.py (and every packed job, mdl/run/exits.py) turns ``Preempted`` into a message and exit status
+``EXIT_CODE`` (128 + 15, the shell's status for SIGTERM), so Slurm, submitit and a multirun see a failed
+job. Re-running the same command resumes from the checkpoint. Slurm's grace period between SIGTERM and SIGKILL (KillWait, often 30 s)
 must cover one epoch for nothing to be lost; otherwise the last periodic checkpoint is the fallback.
 """
 
@@ -64,6 +69,10 @@ def sigterm_guard() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if _state.active:  # inside a sweep's guard: one request for the whole sweep, never cleared by a later run
+        stop_if_requested("before this run started")
+        yield
+        return
     _state.requested, _state.deferred, _state.active = False, False, True
     _state.previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -84,6 +93,13 @@ def defer_until_checkpoint() -> None:
         raise Preempted("SIGTERM received before this fit started: stopped; finished blocks are saved")
     _state.deferred = True
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stop_if_requested(where: str) -> None:
+    """Between steps that SIGTERM cannot interrupt usefully (a sweep's jobs, an eraser's iterations): stop here if
+    it arrived."""
+    if _state.active and _state.requested:
+        raise Preempted(f"SIGTERM received (preemption or time limit): stopped {where}; finished blocks are saved")
 
 
 def end_deferral() -> None:

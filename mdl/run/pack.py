@@ -34,10 +34,12 @@ from mdl.engine.pack import PackedRun, train_pack
 from mdl.engine.preemption import sigterm_guard
 from mdl.codelength import check_paper_loss
 from mdl.results import RESULTS_FILE
-from mdl.run.experiment import Job, PreparedRun, finish_run, job_data, prepare_run, summary, train_alone
+from mdl.run.experiment import (
+    Job, PreparedRun, checkpoint_bytes, finish_run, job_data, prepare_run, summary, train_alone,
+)
 from mdl.run.identity import config_hash, members_per_fit
 from mdl.run.job_logs import job_log_files, own_lines, owned_by
-from mdl.run.storage import run_lock
+from mdl.run.storage import require_space, run_lock
 
 log = logging.getLogger(__name__)
 PACKS_DIR = "packs"  # under paths.store_dir: one folder per pack in progress (its checkpoint)
@@ -160,15 +162,14 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
         first: ErasedDataModule | None = job_data(measured)
     fraction = measured.cfg.mdl.pack_data_fraction
     record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
-    at_once = (json.loads(record.read_text())["data_sets_at_once"] if record.exists()
-               else data_modules_at_once(first.resident_bytes(), first.device, fraction))
+    at_once = recorded_split(record) or data_modules_at_once(first.resident_bytes(), first.device, fraction)
     parts = [[job for group in groups[a:a + at_once] for job in group] for a in range(0, len(groups), at_once)]
     if len(parts) > 1:
         log.warning("pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
                     "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another", len(pack), len(groups),
                     first.resident_bytes() / 1e9, len(parts), at_once, fraction, memory_bytes(first.device) / 1e9,
                     first.device)
-        if not record.exists():  # a relaunch (another GPU, another allocation) splits as this launch did
+        if recorded_split(record) is None:  # a relaunch (another GPU, another allocation) splits as this launch did
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(record, json.dumps({"data_sets_at_once": at_once}).encode())
     results: dict[str, dict[str, Any]] = {}
@@ -189,6 +190,23 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     if len(parts) > 1:  # every part is done: the split is no longer needed
         shutil.rmtree(record.parent, ignore_errors=True)
     return [results[job.key] for job in jobs]
+
+
+def recorded_split(record: Path) -> int | None:
+    """The data sets at once that the first launch of a pack in parts recorded; None when there is no record, or a
+    damaged one (named in a warning, then made again: the split only groups runs, every run's numbers are the same)."""
+    if not record.exists():
+        return None
+    try:
+        at_once = json.loads(record.read_text())["data_sets_at_once"]
+        if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
+            raise ValueError(f"data_sets_at_once={at_once!r} is not a count >= 1")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("the pack's split record %s is damaged (%s: %s): splitting the pack again and rewriting it",
+                    record, type(err).__name__, err)
+        record.unlink(missing_ok=True)
+        return None
+    return at_once
 
 
 def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -252,6 +270,8 @@ def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dic
     folder = pack_folder(jobs, pack)
     settings = FitSettings(first.trainer_kwargs, cfg.trainer.patience, cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group,
                            check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=pack_identity(folder, jobs))
+    require_space(Path(cfg.paths.store_dir), sum(checkpoint_bytes(p.job.cfg, p.dm) for p in prepared),
+                  f"this pack's checkpoints ({len(prepared)} runs)", "paths.output_root")  # in the pack's folder, at once
     runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves,
                       data=p.dm if p.dm is not first.dm else None, label=p.job.label, hooks=partial(owned_by, [p.job.key]))
             for p in prepared]

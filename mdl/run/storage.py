@@ -61,12 +61,21 @@ class StalledLockHolder(RuntimeError):
     """The process holding a run's lock stopped renewing its lease (suspended or hung)."""
 
 
-def lock_holder() -> dict[str, Any]:
-    """What identifies this process to someone waiting for its lock: host, pid, Slurm job, start time."""
+def lock_holder(lease_s: float | None = None) -> dict[str, Any]:
+    """What identifies this process to someone waiting for its lock: host, pid, Slurm job, start time, and the
+    lease it renews (a waiter judges the heartbeat by it, whatever its own mdl.lock_lease_s)."""
     slurm = os.environ.get("SLURM_JOB_ID")
     if slurm and os.environ.get("SLURM_ARRAY_TASK_ID"):
         slurm = f"{os.environ.get('SLURM_ARRAY_JOB_ID', slurm)}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm, "started": time.time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm, "started": time.time(), "lease_s": lease_s}
+
+
+def holder_lease(holder: dict[str, Any], lease_s: float) -> float:
+    """The lease the holder renews, as it recorded it; a record without one (older code): the waiter's own."""
+    recorded = holder.get("lease_s")
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, float)) or not recorded > 0:
+        return lease_s
+    return float(recorded)
 
 
 def describe_holder(holder: dict[str, Any] | None) -> str:
@@ -177,8 +186,8 @@ def no_space_error(err: OSError, folders: tuple[Path, ...], setting: str) -> OSE
 def run_lock(store: Path, lease_s: float = 300.0) -> Iterator[None]:
     """Hold the run's lock; if another process holds it, name it and wait for it.
 
-    The holder renews a lease (``mdl.lock_lease_s``) by touching its holder record. A waiter whose
-    holder's heartbeat is older than the lease stops waiting with StalledLockHolder, naming the
+    The holder renews a lease (``mdl.lock_lease_s``, recorded in its holder record) by touching the record. A
+    waiter whose holder's heartbeat is older than the holder's lease stops waiting with StalledLockHolder, naming the
     holder and what to do, instead of hanging for ever; it never takes the lock over, since a
     suspended holder may be resumed and would then write the same run at the same time."""
     lock = FileLock(str(store / LOCK_FILE))
@@ -187,7 +196,7 @@ def run_lock(store: Path, lease_s: float = 300.0) -> Iterator[None]:
     except Timeout:
         _wait_for(lock, store, lease_s)
     try:
-        atomic_write_json(store / HOLDER_FILE, lock_holder())
+        atomic_write_json(store / HOLDER_FILE, lock_holder(lease_s))
         with Heartbeat(store / HOLDER_FILE, interval=max(lease_s / 10, 0.05)):
             yield
     finally:
@@ -212,10 +221,11 @@ def _wait_for(lock: FileLock, store: Path, lease_s: float) -> None:
             # a record left by a killed holder is old before the live holder has written its own: age counts
             # from when this waiter first saw the record, and a dead holder on this host is not blamed
             age = min(age, time.monotonic() - first_seen.setdefault(key, time.monotonic()))
-            if age > lease_s and not _dead_here(holder):
+            lease = holder_lease(holder, lease_s)  # a holder renewing a longer lease beats less often: not hung
+            if age > lease and not _dead_here(holder):
                 raise StalledLockHolder(
                     f"the run in {store} is locked by {describe_holder(holder)}, whose heartbeat stopped {age:.0f} s "
-                    f"ago (mdl.lock_lease_s={lease_s:g}): it is suspended (SIGSTOP, Slurm gang scheduling) or hung. "
+                    f"ago (its mdl.lock_lease_s={lease:g}): it is suspended (SIGSTOP, Slurm gang scheduling) or hung. "
                     f"Resume it (kill -CONT <pid>, scontrol resume <job>) or end it (kill <pid>, scancel <job>): "
                     f"its checkpoints are resumed by the next launch. This launch waits no longer."
                 ) from None

@@ -39,7 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-LOCAL_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+LOCAL_LAUNCHER = "hydra_plugins.mdl_local.local_launcher.LocalLauncher"  # hydra/launcher=local: the plugin's, ending as a run
+PLUGIN_LOCAL_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 PACKED_LAUNCHER = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # hydra/launcher=packed
 PACKED_SLURM_LAUNCHER = "hydra_plugins.mdl_packed.packed_slurm_launcher.PackedSlurmLauncher"  # =packed_slurm: slurm's keys
 PACKING_LAUNCHERS = (PACKED_LAUNCHER, PACKED_SLURM_LAUNCHER)
@@ -58,7 +59,8 @@ def _queue_conf(target: str) -> type | None:
     """The plugin's config dataclass for a launcher target, or None for other launchers."""
     from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
 
-    return {SLURM_LAUNCHER: SlurmQueueConf, PACKED_SLURM_LAUNCHER: SlurmQueueConf, LOCAL_LAUNCHER: LocalQueueConf}.get(target)
+    return {SLURM_LAUNCHER: SlurmQueueConf, PACKED_SLURM_LAUNCHER: SlurmQueueConf, LOCAL_LAUNCHER: LocalQueueConf,
+            PLUGIN_LOCAL_LAUNCHER: LocalQueueConf}.get(target)
 
 
 def accepted_keys(target: str) -> list[str]:
@@ -75,7 +77,7 @@ def check_launcher(launcher: DictConfig, *, test_submission: bool = True) -> Non
     target = str(launcher.get("_target_", ""))
     if _queue_conf(target) is None:
         return
-    kind = "local" if target == LOCAL_LAUNCHER else "slurm"
+    kind = "local" if target in (LOCAL_LAUNCHER, PLUGIN_LOCAL_LAUNCHER) else "slurm"
     _check_keys(launcher, target, kind)
     params = _resolve(launcher, kind)
     if kind != "slurm":

@@ -184,20 +184,26 @@ def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictCon
     from mdl.run.identity import is_bookkeeping
 
     runs: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    others = set()  # the seed and bookkeeping overrides that a job's cost leaves out, checked all the same
     for job in jobs:
         run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
         key = without_keys(run, SEED_KEYS)
         runs.setdefault(key, set()).add(run)
+        others.add(tuple(o for o in job if o not in key))
     groups = {key: len(same) for key, same in runs.items()}
     loader = GlobalHydra.instance().config_loader()
-    configs = []
-    for key, count in groups.items():
-        cfg = loader.load_sweep_config(master, list(key))
+
+    def checked(overrides: tuple[str, ...]) -> DictConfig:
+        cfg = loader.load_sweep_config(master, list(overrides))
         try:
             validate_config(cfg)
         except ValueError as err:
-            raise InvalidJob(f"job {' '.join(key) or '(no overrides)'}: {err}") from err
-        configs.append((cfg, count, key))
+            raise InvalidJob(f"job {' '.join(overrides) or '(no overrides)'}: {err}") from err
+        return cfg
+
+    configs = [(checked(key), count, key) for key, count in groups.items()]
+    for values in sorted(others - {()}):  # each once, with the first job's other keys: seed=abc is refused too
+        checked((*next(iter(groups)), *values))
     return configs
 
 

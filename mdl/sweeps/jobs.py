@@ -4,12 +4,14 @@ over an interrupted sweep names the missing ones instead of silently averaging w
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from mdl.results import RESULTS_FILE
 
+log = logging.getLogger(__name__)
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 SEED_KEYS = ("seed", "data_seed")  # change no job's cost: jobs differing only in these are costed once
 
@@ -31,12 +33,22 @@ class MissingJob:
 
 def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
     """Every job's overrides, in job-number order, as Hydra's basic sweeper expands the sweep's command
-    line; None when the folder is not a multirun or another sweeper made it (it cannot be replayed)."""
-    from omegaconf import OmegaConf
-
+    line; None when the folder is not a multirun, another sweeper made it (it cannot be replayed) or its record is
+    damaged (a warning names it)."""
     path = sweep_dir / "multirun.yaml"
     if not path.is_file():
         return None
+    try:
+        return _expanded(path)
+    except Exception as err:  # noqa: BLE001 - yaml, omegaconf and Hydra's parser raise many types for a damaged file
+        log.warning("%s is damaged (%s: %s): the jobs of this sweep that wrote no results cannot be listed; the "
+                    "results found are reported", path, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        return None
+
+
+def _expanded(path: Path) -> list[list[str]] | None:
+    from omegaconf import OmegaConf
+
     hydra = OmegaConf.load(path).hydra
     if OmegaConf.select(hydra, "sweeper._target_") != BASIC_SWEEPER:
         return None

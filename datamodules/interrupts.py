@@ -1,0 +1,65 @@
+"""Long data work that a signal can stop at once: the source load, eraser fit, diagnostics and cache build.
+
+A run's SIGTERM handler (mdl/engine/preemption.py) raises in the main thread, but only between two Python
+steps: one LAPACK call at CIFAR-10's size (an eigh of a 3072 x 3072 float64 matrix) took 77 s on a busy 2-core
+machine, and Slurm kills 30 s after SIGTERM. ``interruptible`` runs the work in a worker thread while the main
+thread waits in short joins, so the handler's exception ends the wait at once; the work is abandoned (its
+cache writes are renames, so nothing half-written is ever read; a temporary is removed by the next start,
+datamodules/cache.py). The process must then end without waiting for the worker: ``abandoned`` says so
+(mdl/run/exits.py ends it with ``os._exit``). Everything else (results, numbers, warnings, logs) is as if the
+work ran in the main thread: torch's and numpy's random state and thread settings are process-wide.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+JOIN_S = 0.1  # how often the main thread lets a signal handler run while it waits
+
+_abandoned = threading.Event()
+
+
+def interruptible(work: Callable[[], T]) -> T:
+    """``work()``, run so that a signal handler's exception in the main thread ends it at once (see above)."""
+    if threading.current_thread() is not threading.main_thread():
+        return work()
+    outcome: dict[str, Any] = {}
+    device = _cuda_device()
+
+    def run() -> None:
+        try:
+            if device is not None:
+                import torch
+
+                torch.cuda.set_device(device)  # the current device is per thread
+            outcome["value"] = work()
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
+            outcome["error"] = err
+
+    worker = threading.Thread(target=run, name="data-preparation", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(JOIN_S)
+    except BaseException:
+        _abandoned.set()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def abandoned() -> bool:
+    """Whether a signal stopped data work that is still running in a worker thread (the process must not wait)."""
+    return _abandoned.is_set()
+
+
+def _cuda_device() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.current_device()

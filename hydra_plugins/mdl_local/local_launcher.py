@@ -1,0 +1,69 @@
+"""``hydra/launcher=local``: hydra-submitit-launcher's local launcher, whose sweep ends as launch.py ends a run.
+
+A job that stops for a SIGTERM (checkpointed, ``preempted:``, exit 143) or a setting to change (``error:``, exit 2)
+leaves no result for submitit, which the plugin reports as an ``UncompletedJobError`` traceback with exit status 1.
+Here the job's own last line is printed instead and the sweep exits with the job's status (mdl/run/exits.py), so
+Slurm, a shell or a wrapper sees the same as for ``python launch.py``. A SIGTERM to the launching process itself
+is recorded while it waits for its jobs (which get the signal too: Slurm and a process group's kill send it to all).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+ENDINGS = re.compile(r"^(preempted|error): .*$", re.MULTILINE)  # launch.py's last words (mdl/run/exits.py)
+
+
+class LocalLauncher(submitit_launcher.LocalLauncher):
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from submitit.core.utils import UncompletedJobError
+
+        with sigterm_recorded() as requested:
+            try:
+                return super().launch(job_overrides, initial_job_idx)
+            except UncompletedJobError as err:
+                ending = job_ending(str(err), bool(requested))
+                if ending is None:
+                    raise
+        line, code = ending
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(code)
+
+
+def job_ending(message: str, sigterm: bool) -> tuple[str, int] | None:
+    """The line and exit status a job that left no result ended with (from submitit's message, which holds its
+    stderr); None for a job that crashed otherwise (its traceback is submitit's message)."""
+    from mdl.engine.preemption import EXIT_CODE
+    from mdl.run.exits import ERROR_EXIT
+
+    last = list(ENDINGS.finditer(message))[-1:]
+    if last:
+        return last[0].group(0), EXIT_CODE if last[0].group(1) == "preempted" else ERROR_EXIT
+    if sigterm:
+        return ("preempted: SIGTERM received (preemption or time limit): the sweep's jobs stopped. "
+                "Run the same command again to resume.", EXIT_CODE)
+    return None
+
+
+@contextmanager
+def sigterm_recorded() -> Iterator[list[Any]]:
+    """While the launcher waits for its jobs: a SIGTERM is recorded (the list gets an item), not fatal, so the
+    launcher reports how its jobs ended."""
+    requested: list[Any] = []
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def record(signum: int, frame: Any) -> None:
+        requested.append(signum)
+
+    signal.signal(signal.SIGTERM, record)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGTERM, previous)
