@@ -35,7 +35,7 @@ from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environmen
 from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
-from mdl.schedule import block_boundaries
+from mdl.schedule import block_boundaries, protocol_rounding
 from models.precision import check_compile, set_float32_precision
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
     torch.set_num_threads(training_threads(cfg))
     set_float32_precision(cfg.trainer.matmul_precision)
-    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
+    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block, protocol_rounding(cfg))
     logger = make_logger(cfg, run_dir, job.overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
     for key_set_by_device in ("accelerator", "devices", "precision"):

@@ -167,6 +167,8 @@ def config_hash(cfg: DictConfig) -> str:
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     if not data.get("callbacks"):
         data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
+    if (data.get("protocol") or {}).get("name", "sound") == "sound":
+        data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
     for group, keys in OPTIONAL_KEYS.items():
         for key in keys:
             if (data.get(group) or {}).get(key, "absent") is None:
