@@ -111,6 +111,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         self.device = resolve_device(device)
         self.cache = ErasureCache(cache_dir)
         self.prefix: int | None = None
+        self.reshuffle, self.augment_per_batch = True, False  # the training loop's (BatchServing.use_prefix)
         self.steps_per_group = 1  # training batches per Lightning step (use_prefix)
         self.eraser: Eraser | None = None
         self.train_set: ImageSet | None = None

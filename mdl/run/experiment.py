@@ -35,6 +35,7 @@ from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environmen
 from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
+from mdl.engine.protocol import LoopRules
 from mdl.schedule import block_boundaries, protocol_rounding
 from models.precision import check_compile, set_float32_precision
 
@@ -233,7 +234,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
-    engine = engine_name(cfg.mdl)
+    engine = "sequential" if LoopRules.of(cfg.get("protocol")).backtrack else engine_name(cfg.mdl)  # one member per fit
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         job.key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
@@ -261,7 +262,7 @@ def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
         run.dm, run.boundaries, run.recipe, run.trainer_kwargs, cfg.trainer.patience, cfg.seed, run.job.store,
         members_per_fit=members_per_fit(cfg.mdl), on_block=run.on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
         final_curves=run.final_curves, callbacks=run.callbacks, steps_per_group=cfg.mdl.steps_per_group,
-        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch,
+        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch, rules=LoopRules.of(cfg.get("protocol")),
     )
     return run, outcome
 
@@ -280,7 +281,7 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "git_sha": git_sha(),
         "code_version": code_version(),
         "engine": run.engine,
-        "members_per_fit": members_per_fit(cfg.mdl) or "all",
+        "members_per_fit": 1 if run.engine == "sequential" else members_per_fit(cfg.mdl) or "all",
         "device": str(job.device),
         ENVIRONMENT_KEY: job.environment(),
         "eraser_path": run.eraser_path,
