@@ -143,8 +143,9 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         )
 
     def _fits_pool(self) -> bool:
-        """Whether the eraser is fitted once on training + validation (eraser.fit_scope=pool; only for
-        erasers that edit their own fitting data: a map learnt on the training split serves the others)."""
+        """Whether the eraser's own edit of training + validation is the data (eraser.fit_scope=pool, an eraser
+        that edits its own fitting data). A map fitted with fit_scope=pool (LEACE, QLEACE, ALF-QLEACE) sees the
+        validation rows too and then erases every split as a map."""
         return self.fit_scope == "pool" and not eraser_class(self.eraser_cfg["name"]).can_transform_new_data
 
     def data_key(self) -> str:
@@ -227,10 +228,11 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
             train = splits().train
             options = self._fit_options(splits())
             x, y = train.x, train.y
-            if self._fits_pool():  # one edit of training + validation, as the original's erased copy of its pool
+            if self.fit_scope == "pool":  # validation rows in the fit, as every scored block is (a gradient eraser:
+                # one edit of both, as the original's erased copy of its pool)
                 x, y = torch.cat([train.x, splits().val.x]), torch.cat([train.y, splits().val.y])
             log.info("fitting eraser %s on %d examples (%s)", self.eraser_cfg["name"], len(y),
-                     "training and validation splits" if self._fits_pool() else "training split")
+                     "training and validation splits" if self.fit_scope == "pool" else "training split")
             return fit_eraser(
                 self.eraser_cfg["name"], x.to(self.device), y.to(self.device), num_classes=len(splits().classes), **options,
             )
