@@ -133,6 +133,14 @@ def canonical_fit_scope(config: dict[str, Any]) -> None:
         eraser.pop("fit_scope")
 
 
+def canonical_drop_path(config: dict[str, Any]) -> None:
+    """In a plain config dict (changed in place), drop ``model.options.drop_path_rate`` when it is 0 (no stochastic
+    depth): what ConvNeXt and Swin runs made before the option existed did, so they keep their identity."""
+    options = (config.get("model") or {}).get("options")
+    if isinstance(options, dict) and options.get("drop_path_rate") == 0:
+        options.pop("drop_path_rate")
+
+
 # --- a run's identity: the config hash ----------------------------------------------------------
 
 def allocated_cpus() -> int:
@@ -178,7 +186,8 @@ def config_hash(cfg: DictConfig) -> str:
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     if not data.get("callbacks"):
         data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
-    canonical_fit_scope(data)  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
+    canonical_fit_scope(data)
+    canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
     if (data.get("protocol") or {}).get("name", "sound") == "sound":
         data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
     for group, keys in OPTIONAL_KEYS.items():
