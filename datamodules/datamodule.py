@@ -45,7 +45,7 @@ from datamodules.loader import BatchTransform
 from datamodules.serving import BatchServing
 from datamodules.settings import (
     FIT_SCOPES, check_balance, check_data_settings, check_erasure_settings, check_transform,
-    default_options, resolve_device,
+    POOLED_ERASERS, default_options, resolve_device,
 )
 from datamodules.sources import ImageSet, ImageSource, load_source
 from datamodules.splits import Splits, apply_transform, balance_indices, seeded_split, standardised
@@ -287,13 +287,15 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         if source == "random":
             raise ValueError("eraser.options.rank_from=random: the random control cannot take its rank from itself")
         source_options = {**default_options(source), **source_options}
-        cfg = {"name": source, "options": source_options}  # the key a run of that eraser with these options uses
-        train = splits.train
+        # the key and fitting rows a run of that eraser with these options uses (conf/eraser/<source>.yaml fit_scope)
+        cfg = {"name": source, "options": source_options, **({"fit_scope": "pool"} if source in POOLED_ERASERS else {})}
+        x, y = splits.train.x, splits.train.y
+        if source in POOLED_ERASERS:
+            x, y = torch.cat([x, splits.val.x]), torch.cat([y, splits.val.y])
 
         def fit_source() -> Eraser:
-            log.info("fitting eraser %s on %d training examples for the random control's rank", source, len(train))
-            return fit_eraser(source, train.x.to(self.device), train.y.to(self.device),
-                              num_classes=len(splits.classes), **source_options)
+            log.info("fitting eraser %s on %d examples for the random control's rank", source, len(y))
+            return fit_eraser(source, x.to(self.device), y.to(self.device), num_classes=len(splits.classes), **source_options)
 
         describe = {**self._describe(), "eraser": cfg}
         options["rank"] = edit_rank(self.cache.eraser(self.eraser_key(cfg), fit_source, describe=describe))
