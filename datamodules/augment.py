@@ -39,6 +39,10 @@ class CropFlip:
         """The draws of some images (views: no kernel), e.g. one batch's slice of an epoch's draws."""
         return CropFlip(self.dy[index], self.dx[index], self.flip[index])
 
+    def batch(self, index: int, size: int) -> "CropFlip":
+        """Draw ``index`` for every image of a batch of ``size`` (views: no kernel)."""
+        return CropFlip(self.dy[index].expand(size), self.dx[index].expand(size), self.flip[index].expand(size))
+
 
 def crop_flip_params(
     n: int, pad_h: int, pad_w: int, flip: bool, generator: torch.Generator, device: torch.device

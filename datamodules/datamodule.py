@@ -46,7 +46,7 @@ from datamodules.loader import BatchTransform
 from datamodules.serving import BatchServing
 from datamodules.settings import (
     FIT_SCOPES, check_balance, check_data_settings, check_erasure_settings, check_transform,
-    default_options, resolve_device,
+    POOLED_ERASERS, default_options, resolve_device,
 )
 from datamodules.sources import ImageSet, ImageSource, load_source
 from datamodules.splits import Splits, apply_transform, balance_indices, seeded_split, standardised
@@ -112,6 +112,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         self.device = resolve_device(device)
         self.cache = ErasureCache(cache_dir)
         self.prefix: int | None = None
+        self.reshuffle, self.augment_per_batch = True, False  # the training loop's (BatchServing.use_prefix)
         self.steps_per_group = 1  # training batches per Lightning step (use_prefix)
         self.eraser: Eraser | None = None
         self.train_set: ImageSet | None = None
@@ -143,8 +144,9 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         )
 
     def _fits_pool(self) -> bool:
-        """Whether the eraser is fitted once on training + validation (eraser.fit_scope=pool; only for
-        erasers that edit their own fitting data: a map learnt on the training split serves the others)."""
+        """Whether the eraser's own edit of training + validation is the data (eraser.fit_scope=pool, an eraser
+        that edits its own fitting data). A map fitted with fit_scope=pool (LEACE, QLEACE, ALF-QLEACE) sees the
+        validation rows too and then erases every split as a map."""
         return self.fit_scope == "pool" and not eraser_class(self.eraser_cfg["name"]).can_transform_new_data
 
     def data_key(self) -> str:
@@ -227,10 +229,11 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
             train = splits().train
             options = self._fit_options(splits())
             x, y = train.x, train.y
-            if self._fits_pool():  # one edit of training + validation, as the original's erased copy of its pool
+            if self.fit_scope == "pool":  # validation rows in the fit, as every scored block is (a gradient eraser:
+                # one edit of both, as the original's erased copy of its pool)
                 x, y = torch.cat([train.x, splits().val.x]), torch.cat([train.y, splits().val.y])
             log.info("fitting eraser %s on %d examples (%s)", self.eraser_cfg["name"], len(y),
-                     "training and validation splits" if self._fits_pool() else "training split")
+                     "training and validation splits" if self.fit_scope == "pool" else "training split")
             return fit_eraser(
                 self.eraser_cfg["name"], x.to(self.device), y.to(self.device), num_classes=len(splits().classes), **options,
             )
@@ -290,13 +293,15 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         if source == "random":
             raise ValueError("eraser.options.rank_from=random: the random control cannot take its rank from itself")
         source_options = {**default_options(source), **source_options}
-        cfg = {"name": source, "options": source_options}  # the key a run of that eraser with these options uses
-        train = splits.train
+        # the key and fitting rows a run of that eraser with these options uses (conf/eraser/<source>.yaml fit_scope)
+        cfg = {"name": source, "options": source_options, **({"fit_scope": "pool"} if source in POOLED_ERASERS else {})}
+        x, y = splits.train.x, splits.train.y
+        if source in POOLED_ERASERS:
+            x, y = torch.cat([x, splits.val.x]), torch.cat([y, splits.val.y])
 
         def fit_source() -> Eraser:
-            log.info("fitting eraser %s on %d training examples for the random control's rank", source, len(train))
-            return fit_eraser(source, train.x.to(self.device), train.y.to(self.device),
-                              num_classes=len(splits.classes), **source_options)
+            log.info("fitting eraser %s on %d examples for the random control's rank", source, len(y))
+            return fit_eraser(source, x.to(self.device), y.to(self.device), num_classes=len(splits.classes), **source_options)
 
         describe = {**self._describe(), "eraser": cfg}
         options["rank"] = edit_rank(self.cache.eraser(self.eraser_key(cfg), fit_source, describe=describe))

@@ -50,7 +50,8 @@ class DeviceBatches:
     """Iterable of (x, y) batches over tensors already on their device.
 
     ``set_epoch(e)`` (called by the training module each epoch) fixes the shuffle and the
-    augmentation of that epoch. ``transform(x, y)``, if given, runs on every batch after the
+    augmentation of that epoch; ``augment_per_batch``: one crop offset and one flip per batch, as
+    torchvision v2 transforms draw them for a batch tensor (the original code, experiments/cli.py@0cc7065). ``transform(x, y)``, if given, runs on every batch after the
     augmentation (augment-then-erase applies the eraser here). ``class_balance`` (the number of
     classes; shuffled loaders only) replaces the shuffle by class-balanced draws with replacement,
     redrawn every epoch (``data.balance=rwy``): the data itself, and so the blocks a prequential
@@ -71,6 +72,7 @@ class DeviceBatches:
         pad_mode: str = "constant",
         transform: BatchTransform | None = None,
         class_balance: int | None = None,
+        augment_per_batch: bool = False,
     ) -> None:
         if class_balance is not None and not shuffle:
             raise ValueError("class-balanced sampling (data.balance=rwy) applies to shuffled training batches only")
@@ -87,6 +89,7 @@ class DeviceBatches:
         self.x, self.y = x, y
         self.batch_size = batch_size
         self.shuffle, self.augment, self.flip = shuffle, augment, flip
+        self.augment_per_batch = augment_per_batch  # one crop offset and one flip for a whole batch (protocol=original)
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
@@ -112,7 +115,8 @@ class DeviceBatches:
         g = epoch_generator(self.seed, self.epoch, self.x.device) if (self.shuffle or self.augment) else None
         order = epoch_order(n, g, self.x.device, self.sample_weights) if self.shuffle else None
         # the epoch's crops and flips in one draw, after its shuffle; batch b takes rows b*B.. of it
-        crops = crop_flip_params(n, self.pad_h, self.pad_w, self.flip, g, self.x.device) if self.augment else None
+        draws = len(self) if self.augment_per_batch else n
+        crops = crop_flip_params(draws, self.pad_h, self.pad_w, self.flip, g, self.x.device) if self.augment else None
         for b in range(len(self)):
             sl = slice(b * self.batch_size, min((b + 1) * self.batch_size, n))
             if order is None:
@@ -121,7 +125,8 @@ class DeviceBatches:
                 idx = order[sl]
                 xb, yb = self.x[idx], self.y[idx]
             if crops is not None:
-                xb = apply_crop_flip(xb, crops.rows(sl), self.pad_h, self.pad_w, self.pad_mode)
+                rows = crops.batch(b, xb.shape[0]) if self.augment_per_batch else crops.rows(sl)
+                xb = apply_crop_flip(xb, rows, self.pad_h, self.pad_w, self.pad_mode)
             if self.transform is not None:
                 xb = self.transform(xb, yb)
             yield xb, yb

@@ -27,6 +27,8 @@ class BatchServing:
     padding_fraction: float
     pad_mode: str
     balance: str | None
+    reshuffle: bool
+    augment_per_batch: bool
     num_classes: int
     _batch_eraser: BatchTransform | None
 
@@ -35,23 +37,27 @@ class BatchServing:
         assert self.train_set is not None, "call setup() first"
         return len(self.train_set)
 
-    def use_prefix(self, n: int | None, steps_per_group: int = 1) -> None:
+    def use_prefix(self, n: int | None, steps_per_group: int = 1, reshuffle: bool = True,
+                   augment_per_batch: bool = False) -> None:
         """Serve only the first n training examples (the prequential prefix; None = all), in groups
-        of ``steps_per_group`` batches per Lightning step when that is more than 1."""
+        of ``steps_per_group`` batches per Lightning step when that is more than 1. ``reshuffle`` False:
+        the prefix in its order every epoch; ``augment_per_batch``: one crop and flip per batch (both
+        protocol=original, mdl/engine/protocol.py ``LoopRules``)."""
         if n is not None and not 0 < n <= self.num_train:
             raise ValueError(f"prefix {n} outside 1..{self.num_train}")
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.prefix, self.steps_per_group = n, steps_per_group
+        self.reshuffle, self.augment_per_batch = reshuffle, augment_per_batch
 
     def train_dataloader(self) -> DeviceBatches | GroupedBatches:
         assert self.train_set is not None, "call setup() first"
         n = self.prefix or self.num_train
         batches = DeviceBatches(
-            self.train_set.x[:n], self.train_set.y[:n], self.batch_size, shuffle=True,
+            self.train_set.x[:n], self.train_set.y[:n], self.batch_size, shuffle=self.reshuffle,
             augment=self.augment, flip=self.flip, seed=self.seed,
             padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
-            class_balance=self._class_balance(),
+            class_balance=self._class_balance(), augment_per_batch=self.augment_per_batch,
         )
         return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
 

@@ -89,6 +89,10 @@ def check_transform(transform: Any) -> dict[str, Any] | None:
     return cfg
 
 
+# erasers whose conf/eraser/<name>.yaml fits them on the training and validation splits (fit_scope: pool)
+POOLED_ERASERS = ("leace", "qleace", "alf_qleace")
+
+
 def default_options(name: str) -> dict[str, Any]:
     """An eraser's options at their code defaults (conf/eraser/<name>.yaml repeats them), so a
     ``rank_from`` fit shares its cache entry with a run of that eraser at its config defaults."""

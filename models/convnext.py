@@ -63,11 +63,13 @@ def build_convnext(
     kernel_size: int = 7,
     patch_size: int = 1,
     conv_mlp: bool = False,
+    drop_path_rate: float = 0.0,
     **options: Any,
 ) -> ConvNeXt:
     if options:
         raise ValueError(
-            f"unknown convnext options {sorted(options)}; it takes stage_depths, kernel_size, patch_size, conv_mlp"
+            f"unknown convnext options {sorted(options)}; it takes stage_depths, kernel_size, patch_size, conv_mlp, "
+            f"drop_path_rate"
         )
     if len(stage_depths) != NUM_STAGES or min(stage_depths) < 1:
         raise ValueError(f"convnext stage_depths must be {NUM_STAGES} positive integers (timm's ConvNeXt has {NUM_STAGES} stages), got {list(stage_depths)}")
@@ -76,7 +78,8 @@ def build_convnext(
         raise ValueError(f"convnext patch_size {patch_size} must divide the {h}x{w} input; use patch_size 1")
     check_convnext_input((in_channels, h // patch_size, w // patch_size))
     # conv_mlp (1x1 convolutions and channels-first norms) has no stacked form: vmap stacks it
-    architecture = ConvNeXt if conv_mlp else StackableConvNeXt
+    # stochastic depth (drop_path_rate > 0) has no stacked form either
+    architecture = ConvNeXt if conv_mlp or drop_path_rate > 0 else StackableConvNeXt
     with fast_timm_init(timm_convnext):  # timm's init, faster (the muP init replaces it anyway)
         model = architecture(
             in_chans=in_channels,
@@ -88,7 +91,7 @@ def build_convnext(
             use_grn=True,  # ConvNeXt V2
             ls_init_value=None,  # ConvNeXt V2 drops layer scale
             conv_mlp=conv_mlp,
-            drop_path_rate=0.0,
+            drop_path_rate=drop_path_rate,  # stochastic depth, linear in the block index (timm's rule)
         )
     model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
     if architecture is StackableConvNeXt and not convnext_stacked.stackable(model):

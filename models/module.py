@@ -70,6 +70,8 @@ class Classifier(L.LightningModule):
         self.val_accuracy_curve: list[float] = []  # fraction of validation examples the argmax gets right
         self._sums: dict[str, list[Any]] = {}  # key -> [loss sum (tensor on the device), count]
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start (grouped steps)
+        # protocol=original: validate and score the weights as training leaves them, in train mode (mdl/engine/protocol.py)
+        self.evaluate_as_trained = False
 
     def forward(self, x: Tensor) -> Tensor:
         """Float32 logits, the forward pass under the run's precision (models/precision.py)."""
@@ -128,7 +130,7 @@ class Classifier(L.LightningModule):
         }
         opts = self.trainer.optimizers if self._trainer is not None else []
         in_train = [o for o in opts if optimizer_train_mode(o)]
-        if not in_train:
+        if not in_train or self.evaluate_as_trained:  # protocol=original: its weights are y, saved as they are
             return
         for o in in_train:
             set_optimizer_mode(o, train=False)
@@ -214,12 +216,14 @@ class Classifier(L.LightningModule):
         self.log("val_loss", self._record_validation(), prog_bar=False, logger=False)
 
     @torch.no_grad()
-    def validate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> float:
+    def validate(self, batches: Iterable[tuple[Tensor, Tensor]], as_trained: bool = False) -> float:
         """A validation pass outside Lightning's loop (the sequential engine validates in place,
-        mdl/engine/single_fit.py): the same steps, modes and numbers; returns the mean loss (nats)."""
-        self._set_mode(train=False)
+        mdl/engine/single_fit.py): the same steps, modes and numbers; returns the mean loss (nats).
+        ``as_trained``: the weights in the model now, in train mode (schedule-free's y, protocol=original)."""
+        if not as_trained:
+            self._set_mode(train=False)
         was_training = self.training
-        self.eval()
+        self.train(as_trained)
         for i, batch in enumerate(batches):
             self.validation_step(batch, i)
         self.train(was_training)
@@ -263,10 +267,11 @@ def require_same_device(model: nn.Module, batch: Tensor, where: str) -> None:
 
 
 @torch.no_grad()
-def total_bits(model: nn.Module, batches: Any) -> tuple[float, int]:
-    """Sum of -log2 p(y | x) over all batches (float64 accumulation, on the device) and the count."""
+def total_bits(model: nn.Module, batches: Any, train_mode: bool = False) -> tuple[float, int]:
+    """Sum of -log2 p(y | x) over all batches (float64 accumulation, on the device) and the count.
+    ``train_mode``: the model scores in train mode (protocol=original; drop-path stays active)."""
     was_training = model.training
-    model.eval()
+    model.train(train_mode)
     total, count = None, 0
     for x, y in batches:
         require_same_device(model, x, "scoring")

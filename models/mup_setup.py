@@ -37,6 +37,20 @@ def apply_mup(model: nn.Module, base: nn.Module | dict, delta: nn.Module | dict)
     return model
 
 
+def apply_mup_over_builder_init(model: nn.Module, base: nn.Module | dict, delta: nn.Module | dict) -> nn.Module:
+    """muP base shapes over the builder's own initialisation (``model.init=original``): nn.Linear's and nn.Conv's
+    PyTorch defaults (U(+-1/sqrt(fan_in)), non-zero biases), timm's for ConvNeXt/Swin, the readout zero. The
+    original's models were built so (mdl/mlp_probe.py@5e66bb9: nn.Linear layers, MuReadout(readout_zero_init=True),
+    set_base_shapes with its default rescale_params=True, which rescales only the zero readout)."""
+    _require_readout(model)
+    set_base_shapes(model, base, delta=delta)
+    _record_infshapes(model)
+    return model
+
+
+INITS = ("mup", "original")  # model.init: muP's variances (ours) | the builder's own (apply_mup_over_builder_init)
+
+
 def apply_standard(model: nn.Module) -> nn.Module:
     """Standard parametrisation (the control of the coordinate check).
 

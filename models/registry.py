@@ -21,7 +21,7 @@ import torch
 from mup.shape import get_shapes
 from torch import nn
 
-from models.mup_setup import apply_mup, apply_standard
+from models.mup_setup import INITS, apply_mup, apply_mup_over_builder_init, apply_standard
 
 ModelBuilder = Callable[..., nn.Module]
 OptionResolver = Callable[..., dict[str, Any]]
@@ -84,14 +84,18 @@ def create_model(
     num_classes: int,
     input_shape: tuple[int, ...],
     base_width: int | None = 128,
+    init: str = "mup",
     **options: Any,
 ) -> nn.Module:
     """Build model ``name`` at (width, depth).
 
     With ``base_width`` set it is muP (base shapes from models at base_width and 2 * base_width);
     with ``base_width=None`` it is the standard parametrisation with the builder's own init.
-    ``options`` go to the builder.
+    ``init`` (muP only): ``mup`` re-initialises every layer with muP's variances; ``original`` keeps the
+    builder's own initialisation (models/mup_setup.py ``apply_mup_over_builder_init``). ``options`` go to the builder.
     """
+    if init not in INITS:
+        raise ValueError(f"model.init={init!r}: use one of {', '.join(INITS)}")
     build = model_builder(name)
     for key, value in (("width", width), ("depth", depth), ("num_classes", num_classes)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -109,7 +113,7 @@ def create_model(
         apply_standard(model)
     else:
         base, delta = reference_shapes(name, base_width, depth, num_classes, input_shape, _freeze(builder_options))
-        apply_mup(model, base, delta)
+        (apply_mup if init == "mup" else apply_mup_over_builder_init)(model, base, delta)
     return model
 
 

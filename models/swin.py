@@ -133,12 +133,13 @@ def build_swin(
     window_size: int | None = 8,
     patch_size: int = 2,
     mlp_ratio: float = 4.0,
+    drop_path_rate: float = 0.0,
     **options: Any,
 ) -> SwinTransformerV2:
     if options:
         raise ValueError(
             f"unknown swin options {sorted(options)}; it takes stage_depths, head_dim, head_scaling, window_size, "
-            f"patch_size, mlp_ratio"
+            f"patch_size, mlp_ratio, drop_path_rate"
         )
     if head_scaling not in HEAD_SCALINGS:
         raise ValueError(f"swin head_scaling must be one of {list(HEAD_SCALINGS)}, got {head_scaling!r}")
@@ -177,7 +178,7 @@ def build_swin(
             num_heads=tuple(heads),
             window_size=timm_window_size(grids, window_size),
             mlp_ratio=mlp_ratio,
-            drop_path_rate=0.0,
+            drop_path_rate=drop_path_rate,  # stochastic depth, linear in the block index (timm's rule)
         )
     model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
     return model

@@ -76,3 +76,27 @@ def test_probes_see_as_many_dimensions_as_the_classes_support() -> None:
     assert probe_dimensions(y, 3072, None) == 299 > 64  # CIFAR-sized data: not capped at 64 any more
     assert probe_dimensions(y, 40, None) == 40
     assert probe_dimensions(y, 3072, 64) == 64
+
+
+@pytest.mark.parametrize("scope", ["pool", "split"])
+def test_a_map_eraser_fitted_on_the_pool_sees_the_validation_rows(scope: str) -> None:
+    """LEACE with fit_scope=pool (the default) is fitted on training + validation, so validation and the scored blocks
+    are alike in-sample; with split on the training split only. LEACE keeps the fitted mean: the erased rows it was
+    fitted on have the eraser's mean."""
+    dm = datamodule({"name": "leace", "fit_scope": scope})
+    train, val = dm.train_set.x.flatten(1).double(), dm.val_set.x.flatten(1).double()
+    fitted = torch.cat([train, val]) if scope == "pool" else train
+    other = train if scope == "pool" else torch.cat([train, val])
+    mean = dm.eraser.mean.double()
+    assert torch.allclose(fitted.mean(0), mean, atol=1e-6)
+    assert not torch.allclose(other.mean(0), mean, atol=1e-6)
+
+
+def test_map_erasers_default_to_the_pool() -> None:
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        for eraser in ("leace", "qleace", "alf_qleace"):
+            assert compose("config", overrides=[f"eraser={eraser}"]).eraser.fit_scope == "pool"

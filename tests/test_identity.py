@@ -50,10 +50,14 @@ def test_moving_the_lr_defaults_to_the_optimizer_config_keeps_every_run_s_identi
     eraser, composes the same lr and the same config hash as before the move (hashes stored from that code)."""
     import json
 
+    from mdl.run.identity import MAP_ERASERS
+
     stored = json.loads((Path(__file__).parent / "reference" / "hashes_before_lr_moved.json").read_text())["runs"]
     assert len(stored) == 21
     for overrides, before in stored.items():
         cfg = compose_config(overrides.split())
+        if cfg.eraser.name in MAP_ERASERS:  # that code fitted them on the training split (eraser.fit_scope=split now)
+            cfg = compose_config([*overrides.split(), "eraser.fit_scope=split"])
         assert cfg.optimizer.lr == before["lr"], overrides
         assert config_hash(cfg) == before["hash"], overrides
         assert "lr" not in cfg.data
@@ -75,3 +79,12 @@ def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_le
     assert keys("data.options.root=/b", "data.options.download=true") == base  # fetched elsewhere: same data, same run
     moved = keys("data.options.root=/a", "data.options.download=false", "data.options.decode_batch_size=64")
     assert moved[0] != base[0] and moved[1] != base[1]  # an option the identity keeps, the cache key keeps too
+
+
+def test_the_identity_and_the_data_name_the_same_pooled_erasers() -> None:
+    """mdl/run/identity.py keeps the old identity of eraser.fit_scope=split for the erasers whose config fits on the
+    pool by default (datamodules/settings.py); the two lists stay one."""
+    from datamodules.settings import POOLED_ERASERS
+    from mdl.run.identity import MAP_ERASERS
+
+    assert MAP_ERASERS == POOLED_ERASERS

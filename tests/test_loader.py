@@ -55,6 +55,28 @@ def test_augmentation_differs_between_images_of_one_batch() -> None:
     assert len(distinct) > 20
 
 
+def test_protocol_original_draws_one_crop_and_flip_per_batch() -> None:
+    """augment_per_batch (protocol=original, torchvision v2 on a batch tensor): every image of a batch has the
+    batch's one crop offset and flip; batches draw their own, and the default draws per image."""
+    x = images(1, side=16).expand(64, -1, -1, -1).contiguous()
+    y = torch.zeros(64, dtype=torch.long)
+    per_batch = DeviceBatches(x, y, 16, augment=True, seed=3, augment_per_batch=True)
+    batches = [xb for xb, _ in per_batch]
+    assert all(torch.equal(xb[i], xb[0]) for xb in batches for i in range(16))
+    assert len({tuple(xb[0].flatten().tolist()) for xb in batches}) > 1
+    per_image = next(iter(DeviceBatches(x, y, 16, augment=True, seed=3)))
+    assert len({tuple(img.flatten().tolist()) for img in per_image}) > 1
+
+
+def test_protocol_original_keeps_the_prefix_order() -> None:
+    """reshuffle False (protocol=original): the same order every epoch, the prefix's own."""
+    x, y = images(40), torch.arange(40)
+    loader = DeviceBatches(x, y, 16, shuffle=False, augment=True, seed=1, augment_per_batch=True)
+    for epoch in (0, 5):
+        loader.set_epoch(epoch)
+        assert torch.equal(torch.cat([yb for _, yb in loader]), y)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> None:
     x, y = images(100, device=device), torch.arange(100, device=device)

@@ -26,6 +26,26 @@ def test_paper_schedule_for_cifar10() -> None:
     assert paper_mdl(bounds, [math.log2(10)] * 9) == pytest.approx(11.44, abs=0.01)
 
 
+def test_original_schedule_for_cifar10_is_oric() -> None:
+    """protocol=original: the original code's ORIC-rounded chunks (mdl/math.py@72865a4); sound keeps its rounding."""
+    oric = [1024, 2375, 4157, 6507, 9606, 13694, 19086, 26198, 35579, 47952]
+    assert block_boundaries(47952, 10, 1024, rounding="oric") == oric
+    cumulative = block_boundaries(47952, 10, 1024)
+    assert [b - a for a, b in zip(cumulative, oric)] == [0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
+
+
+def test_protocol_group_picks_the_rounding() -> None:
+    from hydra import compose, initialize_config_dir
+    from pathlib import Path
+
+    from mdl.schedule import protocol_rounding
+
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        assert protocol_rounding(compose("config")) == "cumulative"
+        assert protocol_rounding(compose("config", overrides=["protocol=original"])) == "oric"
+
+
 @pytest.mark.parametrize("n,blocks,first", [(1197, 10, 64), (1000, 3, 100), (64, 2, 32)])
 def test_schedule_sums_to_n(n: int, blocks: int, first: int) -> None:
     bounds = block_boundaries(n, blocks, first)

@@ -289,3 +289,19 @@ def test_inputs_too_small():
         build("lenet", (64,))
     with pytest.raises(ValueError, match="width must be a positive integer"):
         build("mlp", width=0)
+
+
+@pytest.mark.parametrize("name,rate", [("convnext", 0.1), ("swin", 0.2)])
+def test_stochastic_depth_option(name: str, rate: float) -> None:
+    """model.options.drop_path_rate (the paper presets: the original's 0.1 ConvNeXt, 0.2 Swin): timm's DropPath, linear
+    in the block index up to the rate; 0 builds none (and ConvNeXt keeps its stacked form)."""
+    from timm.layers import DropPath
+
+    from models import create_model
+
+    shape = (3, 16, 16)
+    model = create_model(name, 16, 1, 10, shape, base_width=16, drop_path_rate=rate)
+    rates = [m.drop_prob for m in model.modules() if isinstance(m, DropPath)]
+    assert rates and max(rates) == pytest.approx(rate)
+    plain = create_model(name, 16, 1, 10, shape, base_width=16)
+    assert not any(isinstance(m, DropPath) for m in plain.modules())

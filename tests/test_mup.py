@@ -108,3 +108,31 @@ def test_convnext_coordinates_stay_put_under_mup_only():
     # base width 64 instead of 16: the hidden fan-ins of the base model are 4x larger, so the same
     # per-coordinate update moves activations 4x more; lr / 4 keeps the regime of the fast test
     check("convnext", [64, 128, 256, 512], lr=2.5e-3, steps=4, depth=1, batch=4)
+
+
+def test_original_init_keeps_the_builders_init_under_mup() -> None:
+    """model.init=original (the paper presets): nn.Linear's PyTorch default init, biases included, under muP's base
+    shapes, the readout zero (mdl/mlp_probe.py@5e66bb9); model.init=mup: muP's variances and zero biases."""
+    import math
+
+    from mup import MuReadout
+    from torch import nn
+
+    from models import create_model
+
+    torch.manual_seed(0)
+    original = create_model("mlp", 256, 2, 10, (1, 8, 8), base_width=128, init="original")
+    torch.manual_seed(0)
+    ours = create_model("mlp", 256, 2, 10, (1, 8, 8), base_width=128)
+    hidden = [m for m in original.modules() if type(m) is nn.Linear]
+    assert len(hidden) == 2
+    for layer in hidden:
+        bound = 1 / math.sqrt(layer.in_features)
+        assert float(layer.weight.abs().max()) <= bound and float(layer.bias.abs().max()) > 0
+        assert float(layer.weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.1)  # U(-b, b)
+    assert all(float(m.bias.abs().max()) == 0 for m in ours.modules() if type(m) is nn.Linear)
+    for model in (original, ours):
+        (readout,) = [m for m in model.modules() if isinstance(m, MuReadout)]
+        assert float(readout.weight.abs().max()) == 0 and readout.width_mult() == 2
+    with pytest.raises(ValueError, match="model.init"):
+        create_model("mlp", 256, 2, 10, (1, 8, 8), base_width=128, init="xavier")

@@ -64,7 +64,11 @@ def check_paper_settings(cfg: DictConfig, source: str) -> None:
     assert cfg.data_seed == cfg.seed
     assert (cfg.mdl.num_blocks, cfg.data.val_size, cfg.data.first_block, cfg.data.batch_size) == (10, 2048, 1024, 128)
     assert cfg.data.augment and cfg.data.eval_labels is True
-    assert cfg.data.augment_order == ("erase_then_augment" if eraser == "gradient" else "augment_then_erase")
+    assert cfg.data.augment_order == "erase_then_augment"  # D2: the original's order, both protocols
+    assert cfg.protocol.name == "original"
+    assert cfg.model.init == "original"  # D7: the builder's init under muP, as the original's models
+    if model in ("convnext", "swin"):  # D5: the original's stochastic depth
+        assert cfg.model.options.drop_path_rate == {"convnext": 0.1, "swin": 0.2}[model]
     assert cfg.optimizer.lr == pytest.approx(expected_lr(model, eraser, source))
     assert list(cfg.optimizer.betas) == [BETA1[model], 0.999]
     assert cfg.optimizer.warmup_steps == WARMUP[model] and cfg.optimizer.weight_decay == 0.0

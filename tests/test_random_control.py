@@ -40,8 +40,10 @@ def datamodule(cache_dir, **options) -> ErasedDataModule:
 def test_rank_from_matches_the_other_erasers_edit_rank_and_is_cached(tmp_path) -> None:
     dm = datamodule(tmp_path, rank_from="alf_qleace")
     dm.setup()
-    train = dm._load_splits().train
-    alf = fit_eraser("alf_qleace", train.x, train.y, num_classes=10)
+    splits = dm._load_splits()
+    train = splits.train
+    # fitted as a run of alf_qleace fits it: on the training and validation splits (its fit_scope: pool)
+    alf = fit_eraser("alf_qleace", torch.cat([train.x, splits.val.x]), torch.cat([train.y, splits.val.y]), num_classes=10)
     assert dm.eraser.rank == alf.edit_rank != 2 * 10 - 1  # 28 on digits, not 19
     assert edit_dimension(train.x.reshape(len(train.x), -1).double(), dm.eraser) == alf.edit_rank
 

@@ -31,7 +31,7 @@ from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, unifo
 from mdl.engine.memory import (halved_after_out_of_memory, measured_step_peak, members_that_fit, out_of_memory_errors,
                                stacked_trial_step)
 from mdl.engine.progress import finished_blocks, write_progress
-from mdl.engine.protocol import MemberOutcome, fits_of, member_seeds
+from mdl.engine.protocol import LoopRules, MemberOutcome, fits_of, member_seeds
 from mdl.engine.single_fit import fit_one_member, fit_prefix
 from mdl.engine.stacked_runs import RunMembers, fit_stack
 from mdl.engine.progress_display import EpochHook, FitProgress
@@ -73,6 +73,7 @@ class FitSettings:
     final_curves: Any = None  # a callback of the final member only (mdl/engine/final_fit_curves.py)
     on_epoch: EpochHook | None = None
     identity: str = ""
+    rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
 
 
 def run_prequential(
@@ -92,6 +93,7 @@ def run_prequential(
     paper_loss: str = "last_block",
     on_epoch: EpochHook | None = None,
     label: str = "",
+    rules: LoopRules = LoopRules(),
 ) -> dict[str, Any]:
     """Train every member (resuming from ``run_dir``) and return the results.json fields; ``label`` names the run in
     its log lines (a run of a packed sweep).
@@ -106,11 +108,11 @@ def run_prequential(
     if auto:
         trial = measured_step_peak(dm.device, lambda m: stacked_trial_step(dm, recipe, seeds, m))
         members_per_fit = members_that_fit(dm.device, len(boundaries), trial)
-    fits = fits_of(len(boundaries), members_per_fit)
+    fits = fits_of(len(boundaries), one_per_fit_if_backtracking(members_per_fit, rules))
     check_trainer_settings(trainer_kwargs, fits, steps_per_group)
     settings = FitSettings(trainer_kwargs, patience, checkpoint_every_s, steps_per_group,
                            check_paper_loss(paper_loss) == "last_block", callbacks, final_curves, on_epoch,
-                           run_identity(run_dir))
+                           run_identity(run_dir), rules)
     progress_path = run_dir / PROGRESS_FILE
     recorded = finished_blocks(progress_path, boundaries)  # a stale attempt (other schedule or code) is discarded here
     if not progress_path.exists():  # from the start, so a later attempt by other code knows not to resume this one
@@ -139,6 +141,15 @@ def run_prequential(
         record_restored(progress_path, boundaries, recorded, outcomes, members)
     blocks = [BlockResult(**recorded[m]) for m in range(final)]
     return prequential_results(boundaries, dm.num_classes, blocks, outcomes[final], paper_loss)
+
+
+def one_per_fit_if_backtracking(members_per_fit: int | None, rules: LoopRules) -> int | None:
+    """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
+    cannot take back alone), else as asked."""
+    if rules.backtrack and members_per_fit != 1:
+        log.info("protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all")
+        return 1
+    return members_per_fit
 
 
 def block_recorder(progress_path: Path, boundaries: Sequence[int], recorded: dict[int, Any],
@@ -228,7 +239,8 @@ def run_single_fit(
     fit = partial(fit_prefix, dm, make_module=recipe.make_module, trainer_kwargs=settings.trainer_kwargs,
                   patience=settings.patience, checkpoint=ckpt, checkpoint_every_s=settings.checkpoint_every_s,
                   extra_callbacks=extra, steps_per_group=settings.steps_per_group,
-                  untrained_candidate=settings.untrained_candidate, identity=settings.identity, member=member)
+                  untrained_candidate=settings.untrained_candidate, identity=settings.identity, member=member,
+                  rules=settings.rules)
     outcome, seconds = fit_one_member(dm, boundaries, member, seed, fit)
     record(outcome, seconds)
     if not is_final:  # the final fit's checkpoint stays until the results are written (experiment.discard_resume_state)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -21,7 +21,41 @@ from mdl.codelength import heldout_block
 from mdl.results import BlockResult
 from models.module import require_finite
 
-__all__ = ["MemberOutcome", "MemberState", "fits_of", "member_seeds", "require_finite", "stopping_score"]
+__all__ = ["LoopRules", "MemberOutcome", "MemberState", "fits_of", "member_seeds", "require_finite", "stopping_score"]
+
+
+@dataclass(frozen=True)
+class LoopRules:
+    """How a member's training loop runs (conf/protocol/): ``sound`` (all False) or ``original``.
+
+    ``backtrack``: after an epoch that does not improve, the best epoch's weights and optimizer state
+    are loaded back and training goes on (original: mdl/probe.py@5e66bb9:124-138). The optimizer
+    state is loaded with ``Optimizer.load_state_dict``, as the original did: its tensors then are the
+    snapshot's own, so training moves the snapshot too until the next improvement, and schedule-free's
+    step count, warm-up and averaging weights go back with it.
+    ``evaluate_as_trained``: validation and scoring use the weights as training leaves them (schedule-free's
+    y), the model in train mode; only the untrained model is validated in eval mode (original: the
+    model and optimizer put in eval mode once, mdl/probe.py@5e66bb9:110-114, and in train mode every
+    epoch, 143-146). ``reshuffle`` False: every epoch takes the prefix in its order (original: no shuffle in the
+    loop, mdl/probe.py@5e66bb9:149). ``augment_per_batch``: one crop offset and one flip per batch (original:
+    torchvision v2 RandomCrop/RandomHorizontalFlip on a batch tensor, experiments/cli.py@0cc7065, applied at
+    mdl/probe.py@5e66bb9:152). A fit of several members cannot backtrack one member (one optimizer step count
+    for the stack), so runs with ``backtrack`` train one member per fit.
+    """
+
+    backtrack: bool = False
+    evaluate_as_trained: bool = False
+    reshuffle: bool = True
+    augment_per_batch: bool = False
+
+    @classmethod
+    def of(cls, protocol: Any) -> "LoopRules":
+        """From a config's ``protocol`` node (None or absent keys: the sound loop)."""
+        protocol = protocol or {}
+        return cls(backtrack=bool(protocol.get("backtrack", False)),
+                   evaluate_as_trained=bool(protocol.get("evaluate_as_trained", False)),
+                   reshuffle=bool(protocol.get("reshuffle", True)),
+                   augment_per_batch=bool(protocol.get("augment_per_batch", False)))
 
 
 def stopping_score(mean: float) -> float:

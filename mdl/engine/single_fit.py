@@ -7,6 +7,7 @@ end (``EpochProtocol``); the kept weights then score the member's block in float
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
-from mdl.engine.protocol import MemberOutcome, MemberState, scoring_ranges
+from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, scoring_ranges
 from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 
@@ -45,10 +46,12 @@ class EpochProtocol(L.Callback):
 
     def __init__(
         self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str,
-        untrained_candidate: bool = False, state: MemberState | None = None,
+        untrained_candidate: bool = False, state: MemberState | None = None, rules: LoopRules = LoopRules(),
     ) -> None:
         self.val_batches, self.patience, self.device = val_batches, patience, torch.device(device)
         self.untrained_candidate = untrained_candidate
+        self.rules = rules
+        self.best_optimizer_state: dict | None = None  # with rules.backtrack: the best epoch's optimizer state
         self.state = state or MemberState(member=0, n_train=0)
         self.best_state: dict[str, torch.Tensor] | None = None
         self.after_validation: list[Callable[..., None]] = []
@@ -70,11 +73,11 @@ class EpochProtocol(L.Callback):
             pl_module.val_accuracy_curve.pop()
             self.state.initial_val_loss = mean
             self.state.judge(mean, epoch=-1)
-            self._snapshot(pl_module)
+            self._snapshot(pl_module, trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.zero_grad(set_to_none=True)  # as Lightning before validating: no gradients held meanwhile
-        mean = pl_module.validate(self.val_batches())
+        mean = pl_module.validate(self.val_batches(), as_trained=self.rules.evaluate_as_trained)
         if self.after_validation:  # as Lightning calls them: the model in eval mode, no autograd
             with torch.no_grad():
                 pl_module.eval()
@@ -82,12 +85,27 @@ class EpochProtocol(L.Callback):
                     hook(trainer, pl_module)
                 pl_module.train()
         if self.state.judge(mean, epoch=len(pl_module.val_loss_curve) - 1):
-            self._snapshot(pl_module)
+            self._snapshot(pl_module, trainer)
         elif self.state.out_of_patience(self.patience):
             trainer.should_stop = True
+        elif self.rules.backtrack:
+            self._backtrack(pl_module, trainer)
 
-    def _snapshot(self, pl_module: L.LightningModule) -> None:
+    def _snapshot(self, pl_module: L.LightningModule, trainer: L.Trainer) -> None:
         self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}
+        if self.rules.backtrack:
+            self.best_optimizer_state = copy.deepcopy(trainer.optimizers[0].state_dict())
+
+    def _backtrack(self, pl_module: L.LightningModule, trainer: L.Trainer) -> None:
+        """The best epoch's weights and optimizer state back in place, training goes on from there. The
+        optimizer's tensors become the snapshot's own (``load_state_dict`` does not copy tensors that are
+        already of the parameter's dtype and device), as in the original code."""
+        if self.best_state is None or self.best_optimizer_state is None:
+            raise RuntimeError("backtracking needs a snapshot: validate the untrained model (mdl.paper_loss=last_block)")
+        trainer.optimizers[0].load_state_dict(self.best_optimizer_state)
+        with torch.no_grad():
+            for name, tensor in named_tensors(pl_module):
+                tensor.copy_(self.best_state[name])
 
     def restore(self, pl_module: L.LightningModule) -> None:
         """Put ``pl_module`` on the training device holding the best epoch's weights."""
@@ -101,8 +119,11 @@ class EpochProtocol(L.Callback):
 
     def state_dict(self) -> dict:
         s = self.state
-        return {"best_score": s.best_score, "best_epoch": s.best_epoch, "wait": s.wait, "best_val_loss": s.best_val_loss,
-                "initial_val_loss": s.initial_val_loss, "best_state": self.best_state}
+        saved = {"best_score": s.best_score, "best_epoch": s.best_epoch, "wait": s.wait, "best_val_loss": s.best_val_loss,
+                 "initial_val_loss": s.initial_val_loss, "best_state": self.best_state}
+        if self.rules.backtrack:
+            saved["best_optimizer_state"] = self.best_optimizer_state
+        return saved
 
     def load_state_dict(self, state_dict: dict) -> None:
         s = self.state
@@ -110,6 +131,7 @@ class EpochProtocol(L.Callback):
         s.best_val_loss, s.initial_val_loss = state_dict["best_val_loss"], state_dict["initial_val_loss"]
         best = state_dict["best_state"]
         self.best_state = None if best is None else {k: v.to(self.device) for k, v in best.items()}
+        self.best_optimizer_state = state_dict.get("best_optimizer_state")
 
 
 def named_tensors(module: torch.nn.Module):
@@ -140,6 +162,7 @@ def fit_prefix(
     untrained_candidate: bool = False,
     identity: str = "",
     member: int = 0,
+    rules: LoopRules = LoopRules(),
 ) -> FitOutcome:
     """Train a fresh model on the first n_train examples (None = all) with early stopping.
 
@@ -159,11 +182,12 @@ def fit_prefix(
     refuse_for_sequential(trainer_kwargs)
     device = dm.device
     steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
-    dm.use_prefix(n_train, steps)
+    dm.use_prefix(n_train, steps, rules.reshuffle, rules.augment_per_batch)
     module = make_module()
     module.automatic_optimization = steps == 1
+    module.evaluate_as_trained = rules.evaluate_as_trained
     best = EpochProtocol(dm.val_dataloader, patience, device, untrained_candidate,
-                         MemberState(member, dm.num_train if n_train is None else n_train))
+                         MemberState(member, dm.num_train if n_train is None else n_train), rules)
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
@@ -187,8 +211,9 @@ def fit_one_member(
     result = fit(None if member == num_blocks else boundaries[member])
     scored, held = scoring_ranges(boundaries, member)
     batches = dm.test_dataloader() if scored is None else dm.eval_loader(*scored)
-    bits, count = total_bits(result.module, batches)
-    held_bits, held_count = (bits, count) if held is None else total_bits(result.module, dm.eval_loader(*held))
+    as_trained = result.module.evaluate_as_trained  # protocol=original: the kept weights in train mode
+    bits, count = total_bits(result.module, batches, as_trained)
+    held_bits, held_count = (bits, count) if held is None else total_bits(result.module, dm.eval_loader(*held), as_trained)
     outcome = MemberOutcome(
         member=member, n_train=dm.num_train if scored is None else boundaries[member], epochs=result.epochs,
         best_val_loss=result.best_val_loss, best_epoch=result.best_epoch, scored_bits=bits, scored_count=count,

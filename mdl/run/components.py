@@ -48,7 +48,8 @@ def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int
     m = cfg.model
     options = OmegaConf.to_container(m.options, resolve=True) or {}
     name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width
-    return lambda: create_model(name, width, depth, num_classes, input_shape, base_width=base_width, **options)
+    init = m.get("init", "mup")  # absent: muP's (the paper presets: original, models/mup_setup.py)
+    return lambda: create_model(name, width, depth, num_classes, input_shape, base_width=base_width, init=init, **options)
 
 
 def run_lr(cfg: DictConfig) -> float:

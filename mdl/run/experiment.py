@@ -38,7 +38,8 @@ from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, tr
 from mdl.run.job_logs import LogFile
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
-from mdl.schedule import block_boundaries
+from mdl.engine.protocol import LoopRules
+from mdl.schedule import block_boundaries, protocol_rounding
 from models.precision import check_compile, set_float32_precision
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
     torch.set_num_threads(training_threads(cfg))
     set_float32_precision(cfg.trainer.matmul_precision)
-    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block)
+    boundaries = block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block, protocol_rounding(cfg))
     logger = make_logger(cfg, run_dir, job.overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
     for key_set_by_device in ("accelerator", "devices", "precision"):
@@ -266,7 +267,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
-    engine = engine_name(cfg.mdl)
+    engine = "sequential" if LoopRules.of(cfg.get("protocol")).backtrack else engine_name(cfg.mdl)  # one member per fit
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         job.key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
@@ -295,6 +296,7 @@ def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
         members_per_fit=members_per_fit(cfg.mdl), on_block=run.on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
         final_curves=run.final_curves, callbacks=run.callbacks, steps_per_group=cfg.mdl.steps_per_group,
         paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch, label=run.job.label,
+        rules=LoopRules.of(cfg.get("protocol")),
     )
     return run, outcome
 
@@ -313,7 +315,7 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "git_sha": git_sha(),
         "code_version": code_version(),
         "engine": run.engine,
-        "members_per_fit": members_per_fit(cfg.mdl) or "all",
+        "members_per_fit": 1 if run.engine == "sequential" else members_per_fit(cfg.mdl) or "all",
         "device": str(job.device),
         ENVIRONMENT_KEY: job.environment(),
         "eraser_path": run.eraser_path,

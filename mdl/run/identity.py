@@ -122,6 +122,25 @@ def canonical_lr_source(config: dict[str, Any]) -> None:
         data["lr"] = by_data[data["source"]]
 
 
+MAP_ERASERS = ("leace", "qleace", "alf_qleace")  # fitted on the training split alone before eraser.fit_scope applied to them
+
+
+def canonical_fit_scope(config: dict[str, Any]) -> None:
+    """In a plain config dict (changed in place), drop ``eraser.fit_scope=split`` of an eraser in ``MAP_ERASERS``: that
+    fit (the training split alone) is what runs made before the key existed did, so they keep their identity."""
+    eraser = config.get("eraser")
+    if isinstance(eraser, dict) and eraser.get("name") in MAP_ERASERS and eraser.get("fit_scope") == "split":
+        eraser.pop("fit_scope")
+
+
+def canonical_drop_path(config: dict[str, Any]) -> None:
+    """In a plain config dict (changed in place), drop ``model.options.drop_path_rate`` when it is 0 (no stochastic
+    depth): what ConvNeXt and Swin runs made before the option existed did, so they keep their identity."""
+    options = (config.get("model") or {}).get("options")
+    if isinstance(options, dict) and options.get("drop_path_rate") == 0:
+        options.pop("drop_path_rate")
+
+
 # --- a run's identity: the config hash ----------------------------------------------------------
 
 def allocated_cpus() -> int:
@@ -167,6 +186,10 @@ def config_hash(cfg: DictConfig) -> str:
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     if not data.get("callbacks"):
         data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
+    canonical_fit_scope(data)
+    canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
+    if (data.get("protocol") or {}).get("name", "sound") == "sound":
+        data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
     for group, keys in OPTIONAL_KEYS.items():
         for key in keys:
             if (data.get(group) or {}).get(key, "absent") is None:

@@ -33,6 +33,7 @@ from mdl.engine.memory import data_modules_at_once, memory_bytes
 from mdl.engine.pack import PackedRun, train_pack
 from mdl.engine.preemption import sigterm_guard
 from mdl.codelength import check_paper_loss
+from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
 from mdl.run.experiment import (
     Job, PreparedRun, checkpoint_bytes, finish_run, job_data, prepare_run, summary, train_alone,
@@ -51,8 +52,9 @@ PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
 
 def pack_key(cfg: DictConfig) -> str | None:
     """Runs with equal keys can be trained in one fit; None: this run trains alone. With
-    ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ."""
-    if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler"):
+    ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ. A protocol
+    that backtracks trains one member per fit (mdl/engine/protocol.py ``LoopRules``): alone."""
+    if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler") or LoopRules.of(cfg.get("protocol")).backtrack:
         return None
     if cfg.optimizer.get("precondition") is not None:
         return data_key(cfg)

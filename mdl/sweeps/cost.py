@@ -130,10 +130,10 @@ class CostTable:
                 + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0))
 
     def _boundaries(self, cfg: DictConfig) -> list[int]:
-        from mdl.schedule import block_boundaries
+        from mdl.schedule import block_boundaries, protocol_rounding
 
         n = self.data_dims(cfg.data)[0]
-        return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block)
+        return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block, protocol_rounding(cfg))
 
     def fit_sizes(self, cfg: DictConfig, runs: int = 1) -> list[int]:
         """Members of each fit as the engine splits them: a run alone (mdl/engine/protocol.py fits_of) or a pack of

@@ -1,0 +1,176 @@
+"""protocol=original: the original code's training loop, checked against a transcription of it.
+
+``original_loop`` transcribes the epoch loop of EleutherAI/mdl mdl/probe.py@5e66bb9:101-155 (Probe.fit) line by
+line, with this project's validation sum in place of ``Probe.evaluate`` (the same numbers in nats, summed per
+batch) and no augmentation or eraser (identities there). The project's single fit under ``LoopRules`` of
+protocol=original must leave the same weights, optimizer state and schedule-free step count.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from schedulefree import AdamWScheduleFree
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from mdl.engine.protocol import LoopRules
+from mdl.engine.single_fit import EpochProtocol
+from models.module import Classifier
+
+ORIGINAL = LoopRules(backtrack=True, evaluate_as_trained=True)
+LR, BATCH, PATIENCE, MAX_EPOCHS = 0.3, 16, 3, 200
+make_optimizer = partial(AdamWScheduleFree, betas=(0.95, 0.999), warmup_steps=5)
+
+
+def toy_data(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Noisy labels and a large learning rate: validation goes up and down, so the loop backtracks."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(96, 6, generator=g)
+    y = (x[:, 0] + 0.8 * torch.randn(96, generator=g) > 0).long() + (x[:, 1] > 0.5).long()
+    return x[:64], y[:64], x[64:], y[64:]
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def val_mean(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The project's validation number (models/module.py ``validate``): float32 sums per batch, added in float64."""
+    total = None
+    with torch.no_grad():
+        for xb, yb in zip(x.split(BATCH), y.split(BATCH)):
+            s = F.cross_entropy(model(xb), yb, reduction="sum").double()
+            total = s if total is None else total + s
+    return float(total) / len(x)
+
+
+def original_loop(model: nn.Module, x, y, x_val, y_val) -> tuple[list[float], torch.optim.Optimizer, dict]:
+    """mdl/probe.py@5e66bb9 Probe.fit's loop, transcribed (its line numbers in the comments)."""
+    opt = make_optimizer([{"params": list(model.parameters()), "lr": LR}])  # 101
+    best_loss = torch.inf  # 105
+    best_opt_state = opt.state_dict()  # 106
+    best_state = model.state_dict()  # 107
+    num_plateaus = 0  # 108
+    model.eval()  # 110
+    opt.eval()  # 113-114
+    curve = []
+    for i in range(MAX_EPOCHS):  # 120
+        val_loss = val_mean(model, x_val, y_val)  # 121
+        curve.append(val_loss)
+        if val_loss < best_loss:  # 124
+            best_loss = val_loss
+            best_opt_state = deepcopy(opt.state_dict())
+            best_state = deepcopy(model.state_dict())
+            num_plateaus = 0
+        else:  # 129
+            num_plateaus += 1
+            if num_plateaus >= PATIENCE:  # 133
+                break
+            opt.load_state_dict(best_opt_state)  # 137
+            model.load_state_dict(best_state)  # 138
+        model.train()  # 144
+        opt.train()  # 145-146
+        for x_batch, y_batch in zip(x.split(BATCH), y.split(BATCH)):  # 149
+            opt.zero_grad()  # 150
+            loss = F.cross_entropy(model(x_batch), y_batch)  # 152-153 (no augment, identity transform)
+            loss.backward()  # 155
+            opt.step()
+    stopped = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(best_state)  # after the loop: the lowest validation loss
+    return curve, opt, stopped
+
+
+def project_fit(rules: LoopRules, x, y, x_val, y_val) -> tuple[list[float], torch.optim.Optimizer, dict, Classifier]:
+    """The single-fit engine's protocol (mdl/engine/single_fit.py ``EpochProtocol``) on the same model and batches."""
+    module = Classifier(tiny_model(), make_optimizer, LR, mup=False)
+    module.evaluate_as_trained = rules.evaluate_as_trained
+    val = list(zip(x_val.split(BATCH), y_val.split(BATCH)))
+    protocol = EpochProtocol(lambda: val, PATIENCE, "cpu", untrained_candidate=True, rules=rules)
+    stopped: dict = {}
+
+    class KeepStopped(L.Callback):  # the weights where training stopped, before the best ones are restored
+        def on_train_end(self, trainer, pl_module):
+            stopped.update({k: v.detach().clone() for k, v in pl_module.model.state_dict().items()})
+
+    trainer = L.Trainer(max_epochs=MAX_EPOCHS, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=[protocol, KeepStopped()])
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False))
+    protocol.restore(module)
+    curve = [protocol.state.initial_val_loss, *module.val_loss_curve]
+    return curve, trainer.optimizers[0], stopped, module
+
+
+def test_backtracking_matches_the_original_loop() -> None:
+    """Same validation curve, same weights where it stopped and after restoring the best, same optimizer state
+    (schedule-free's z and second moments, drifted as the original's aliased snapshot drifted) and step count."""
+    x, y, x_val, y_val = toy_data()
+    original = tiny_model()
+    curve, opt, stopped = original_loop(original, x, y, x_val, y_val)
+    ours, our_opt, our_stopped, module = project_fit(ORIGINAL, x, y, x_val, y_val)
+    assert len(curve) < MAX_EPOCHS  # stopped by patience
+    best = [min(curve[: i + 1]) for i in range(len(curve))]
+    assert sum(c > b for c, b in zip(curve[1:], best)) >= PATIENCE  # it backtracked, twice in a row at least
+    assert ours == curve
+    for name, tensor in stopped.items():
+        assert torch.equal(our_stopped[name], tensor), name
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(module.model.state_dict()[name], tensor), name
+    assert our_opt.param_groups[0]["k"] == opt.param_groups[0]["k"]
+    assert our_opt.param_groups[0]["weight_sum"] == opt.param_groups[0]["weight_sum"]
+    for p, q in zip(module.model.parameters(), [p for g in opt.param_groups for p in g["params"]]):
+        for key in ("z", "exp_avg_sq"):
+            assert torch.equal(our_opt.state[p][key], opt.state[q][key]), key
+
+
+def test_sound_loop_does_not_backtrack() -> None:
+    """The default loop runs on from where it is: its curve leaves the original's at the first backtrack."""
+    x, y, x_val, y_val = toy_data()
+    curve, _, _ = original_loop(tiny_model(), x, y, x_val, y_val)
+    ours, *_ = project_fit(LoopRules(), x, y, x_val, y_val)
+    assert ours != curve
+
+
+def test_scoring_in_train_mode() -> None:
+    """protocol=original scores in train mode (dropout, drop-path active), the model's mode left as it was."""
+    from models.module import total_bits
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5)).eval()
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    eval_bits, _ = total_bits(model, [(x, y)])
+    train_bits, _ = total_bits(model, [(x, y)], train_mode=True)
+    assert train_bits != eval_bits and not model.training
+    assert total_bits(model, [(x, y)])[0] == eval_bits
+
+
+def test_protocol_groups_name_their_loops() -> None:
+    """conf/protocol: sound is every default of ``LoopRules``; original switches on every rule of the original's loop."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        assert LoopRules.of(compose("config").protocol) == LoopRules()
+        original = compose("config", overrides=["protocol=original"])
+        assert LoopRules.of(original.protocol) == LoopRules(
+            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True)
+        from mdl.run.pack import pack_key
+
+        assert pack_key(original) is None  # a packed sweep trains it alone (one member per fit)
+        assert pack_key(compose("config")) is not None
+
+
+def test_backtracking_runs_train_one_member_per_fit() -> None:
+    """A stack shares one schedule-free step count, so a backtracking protocol fits its members one at a time."""
+    from mdl.engine.driver import one_per_fit_if_backtracking
+
+    assert one_per_fit_if_backtracking(None, ORIGINAL) == 1 and one_per_fit_if_backtracking(4, ORIGINAL) == 1
+    assert one_per_fit_if_backtracking(None, LoopRules()) is None and one_per_fit_if_backtracking(4, LoopRules()) == 4
