@@ -4,7 +4,6 @@ lightning and the data are loaded; the light checks' tables stay equal to the co
 from __future__ import annotations
 
 import inspect
-import time
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,10 @@ from mdl.run.config_checks import CHOICES, MODEL_OPTION_VALUES, NAMED_BY_GROUP, 
     ("data.eval_labels=maybe", "data.eval_labels='maybe'"),
 ])
 def test_a_wrong_value_fails_before_torch_is_imported(tmp_path: Path, override: str, named: str) -> None:
-    start = time.perf_counter()
     proc = run_launch([override, f"paths.output_root={tmp_path}"], cwd=tmp_path)
-    elapsed = time.perf_counter() - start
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
+    # launch.py says "loading torch and lightning" just before the heavy imports: the check came before them
     assert "loading torch" not in proc.stdout and not list(tmp_path.glob("store/*/config.json"))
-    assert elapsed < 6, f"{elapsed:.1f} s: the check waited for a heavy import"  # torch and lightning alone take longer
 
 
 def test_a_logger_whose_extra_is_missing_fails_before_the_imports(monkeypatch) -> None:

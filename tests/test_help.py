@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 from conftest import CONF, REPO, python_path
 from mdl.run.help import GROUPS, INTERNAL_GROUPS
@@ -18,9 +17,7 @@ def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 def test_help_lists_the_groups_a_line_each_and_the_presets_without_torch() -> None:
-    start = time.perf_counter()
     proc = launch("-X", "importtime", "launch.py", "--help")
-    elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout
     for group in GROUPS:
@@ -31,8 +28,7 @@ def test_help_lists_the_groups_a_line_each_and_the_presets_without_torch() -> No
     for internal in ("_base", "common", "paths:", "cost:", "epoch_times", "== Config =="):
         assert internal not in text, internal
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")}
-    assert not imported & {"torch", "lightning", "erasure", "models", "datamodules"}
-    assert elapsed < 6, f"{elapsed:.1f} s"  # 1.5 s on 2 loaded cores; torch's import alone takes longer
+    assert not imported & {"torch", "lightning", "erasure", "models", "datamodules"}  # what made it take 9 s
 
 
 def test_every_config_group_is_described_or_internal() -> None:

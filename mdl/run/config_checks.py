@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.codelength import check_paper_loss
-from mdl.engine.device import training_device
-from mdl.engine.memory import check_pack_data_fraction
 from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
@@ -162,6 +160,8 @@ def check_config(cfg: DictConfig) -> None:
     lease = cfg.mdl.get("lock_lease_s")
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
         raise ValueError(f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300")
+    from mdl.engine.memory import check_pack_data_fraction  # imports torch: after the early checks
+
     check_pack_data_fraction(cfg.mdl.get("pack_data_fraction"))  # used only by packs, refused in any run: one rule
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping

@@ -18,6 +18,7 @@ GROUPS = {  # the groups a user chooses from, in the order a run is described; t
     "loss": "the training objective (code lengths are always cross-entropy)",
     "trainer": "default (fp32) or gpu (bf16, channels-last, compile); trainer.patience, trainer.kwargs.*",
     "mdl": "the prequential blocks (num_blocks, first_block), paper_loss, members_per_fit",
+    "protocol": "the training loop: sound (ours) or original (the paper's code; docs/differences-from-original.md)",
     "probes": "max-ent probes at every epoch of the final fit",
     "logger": "csv (built in), wandb, tensorboard (pip install -e '.[tensorboard]'), [csv,wandb], null",
     "callbacks": "Lightning callbacks in every fit",
