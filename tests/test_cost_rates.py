@@ -95,8 +95,12 @@ def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
     cost_main(["+experiment=paper/mlp_width", "+optimizer.precondition={p:-1,eps:1.0e-3}", "seed=0,1,2", "width=128",
                "eraser=none", "hydra/launcher=packed"])
     assert "9 jobs in 9 packs" in capsys.readouterr().out
-    cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed"])
+    cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed",
+               "protocol=sound"])
     assert "18 jobs in 3 packs" in capsys.readouterr().out
+    # the presets' own protocol=original backtracks, which trains every run alone (mdl/run/pack.py): no packing
+    cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed"])
+    assert "18 jobs in 18 packs" in capsys.readouterr().out
 
 
 def test_bench_epoch_times_prints_rows_the_cost_table_reads() -> None:

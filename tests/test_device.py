@@ -79,7 +79,7 @@ def test_data_device_and_accelerator_must_agree(monkeypatch) -> None:
     "override, message",
     [
         ("+trainer.kwargs.precision=bf16-mixed", "one switch, trainer.precision=bf16"),
-        ("trainer.precision=fp16", "trainer.precision must be one of"),
+        ("trainer.precision=fp16", "trainer.precision='fp16': choose one of fp32, bf16"),
         ("trainer.compile=3", "trainer.compile must be"),
         ("device=tpu", "device='tpu' is not a device|only cpu and cuda"),
         ("+trainer.kwargs.devices=2", "one device"),
