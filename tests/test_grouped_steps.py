@@ -219,7 +219,7 @@ def test_in_place_early_stopping_follows_lightnings_rule() -> None:
             super().__init__()
             self.weight, self.losses, self.val_loss_curve = torch.nn.Parameter(torch.zeros(1)), iter(losses), []
 
-        def validate(self, batches) -> float:
+        def validate(self, batches, as_trained: bool = False) -> float:
             self.val_loss_curve.append(next(self.losses))
             self.weight.data.fill_(len(self.val_loss_curve) - 1)  # the weights "of" each epoch
             return self.val_loss_curve[-1]

@@ -117,8 +117,7 @@ def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
     """What the runs have in common and when: the preset, or a sweep's swept keys (``eraser x seed``), then the
     sweep's date and time (a single run: ``runs`` and the day); ``debug`` first for a debug run, so it never
     shares a group with real ones."""
-    from mdl.sweeps.cost import sweep_dimensions
-    from mdl.sweeps.jobs import planned_jobs
+    from mdl.sweeps.jobs import planned_jobs, sweep_dimensions
 
     folder = run_dir.parent
     jobs = planned_jobs(folder)  # None: a single run (runs/<date>/<time>), or a sweeper that cannot be replayed

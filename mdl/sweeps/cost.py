@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.sweeps.checks import PACKING_LAUNCHERS
-from mdl.sweeps.jobs import SEED_KEYS, without_keys
+from mdl.sweeps.jobs import SEED_KEYS, sweep_dimensions, without_keys
 from mdl.sweeps.rates import CPU_SETTING, MeasuredRates, Rate, anchored_gpu_rate, gpu_setting
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -45,18 +45,6 @@ def sweep_jobs(params: dict[str, str], overrides: Sequence[str]) -> list[list[st
 
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(overrides))
     return BasicSweeper.split_arguments(parsed, None)[0]
-
-
-def sweep_dimensions(jobs: list[list[str]]) -> list[tuple[str, int]]:
-    """(key, number of values) of every swept key, in Hydra's order."""
-    if not jobs:
-        return []
-    dims = []
-    for i, entry in enumerate(jobs[0]):
-        values = {job[i] for job in jobs}
-        if len(values) > 1:
-            dims.append((entry.split("=", 1)[0], len(values)))
-    return dims
 
 
 @lru_cache(maxsize=256)

@@ -80,3 +80,15 @@ def missing_jobs(dirs: Iterable[str | Path]) -> list[MissingJob]:
             if folder is None or not (folder / RESULTS_FILE).is_file():  # the job's own values: what the sweep varies
                 missing.append(MissingJob(sweep_dir, num, tuple(o for o in overrides if o not in shared)))
     return missing
+
+
+def sweep_dimensions(jobs: list[list[str]]) -> list[tuple[str, int]]:
+    """(key, number of values) of every swept key, in Hydra's order."""
+    if not jobs:
+        return []
+    dims = []
+    for i, entry in enumerate(jobs[0]):
+        values = {job[i] for job in jobs}
+        if len(values) > 1:
+            dims.append((entry.split("=", 1)[0], len(values)))
+    return dims
