@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, python_path
 
 sys.path.insert(0, str(REPO / "scripts"))
-from gpu_check import pytest_tally, trained_examples  # noqa: E402
+from gpu_check import STEPS, pytest_tally, trained_examples  # noqa: E402
 
 
 def test_pytest_tally_counts_each_outcome_even_when_cut_short() -> None:
@@ -39,7 +39,7 @@ def test_the_dry_run_runs_every_step_and_writes_its_records(tmp_path: Path) -> N
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     record = json.loads((out / "gpu_check.json").read_text())
     steps = {s["name"]: s for s in record["steps"]}
-    assert list(steps) == ["versions", "pytest", "default", "mlp1024", "convnext", "epochs", "pack"], done.stdout[-3000:]
+    assert tuple(steps) == STEPS == ("versions", "default", "mlp1024", "pack", "convnext", "epochs", "pytest"), done.stdout[-3000:]
     failed = {name: (s["error"], s["tail"][-800:]) for name, s in steps.items() if not s["ok"]}
     assert not failed and done.returncode == 0, failed
     assert steps["pytest"]["metrics"]["skipped"] > 0 and not steps["pytest"]["metrics"]["not_passed"]  # no CUDA: skipped
