@@ -247,7 +247,7 @@ def test_a_failing_wandb_run_leaves_the_csv_complete(tmp_path: Path) -> None:
     from mdl.run.loggers import LoggerGroup, log_epoch, log_results
 
     class FailingWandb:
-        def log_metrics(self, metrics: dict[str, Any]) -> None:
+        def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
             pass
 
         def finalize(self, status: str) -> None:

@@ -84,7 +84,7 @@ def test_untrained_candidate_is_kept_and_restored_when_no_epoch_beats_it() -> No
             self.val_loss_curve: list[float] = []
             self.val_accuracy_curve: list[float] = []
 
-        def validate(self, batches) -> float:
+        def validate(self, batches, as_trained: bool = False) -> float:
             self.val_loss_curve.append(next(losses))
             self.val_accuracy_curve.append(0.5)
             return self.val_loss_curve[-1]
