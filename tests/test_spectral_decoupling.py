@@ -302,12 +302,12 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
     if engine == "sequential":
         original_bits = mdl.engine.single_fit.total_bits
 
-        def remember(model, batches):  # a block's model scores its next block and the held-out last block
+        def remember(model, batches, *args, **kwargs):  # a block's model scores its next block and the last block
             weights = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
             last = scored.get(len(scored) - 1)
             if last is None or any(not torch.equal(last[k], v) for k, v in weights.items()):
                 scored[len(scored)] = weights
-            return original_bits(model, batches)
+            return original_bits(model, batches, *args, **kwargs)
 
         monkeypatch.setattr(mdl.engine.single_fit, "total_bits", remember)
     else:
