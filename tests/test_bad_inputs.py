@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -386,23 +388,30 @@ def test_stale_temporaries_are_removed_on_next_access(tmp_path: Path) -> None:
     assert not stale.exists() and not old_style.exists() and fresh.exists()
 
 
+@contextmanager
+def lock_held_elsewhere(lock: Path) -> Iterator[None]:
+    """Another process holds ``lock`` (a cache writer at work) while the block runs."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
+         "l.acquire(); print('held', flush=True); time.sleep(60)", str(lock)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_locked_temporaries_are_kept(tmp_path: Path) -> None:
     key = cache_key(what="locked")
     temp = tmp_path / f".{key}.data.safetensors.999.zz.tmp"
     temp.write_bytes(b"partial")
     age(temp, 2 * 3600)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
-         "l.acquire(); print('held', flush=True); time.sleep(60)", str(tmp_path / f"{key}.data.safetensors.lock")],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(tmp_path / f"{key}.data.safetensors.lock"):
         assert remove_stale_temporaries(tmp_path) == []
         assert temp.exists()
-    finally:
-        holder.kill()
-        holder.wait()
     assert remove_stale_temporaries(tmp_path) == [temp]
 
 
@@ -413,17 +422,8 @@ def test_safetensors_own_temporaries_of_a_killed_writer_are_removed(tmp_path: Pa
     key = cache_key(what="killed")
     left = tmp_path / ".tmpPEccnQ"
     left.write_bytes(b"\0" * 4096)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
-         "l.acquire(); print('held', flush=True); time.sleep(60)", str(tmp_path / f"{key}.data.safetensors.lock")],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(tmp_path / f"{key}.data.safetensors.lock"):
         assert remove_stale_temporaries(tmp_path) == [] and left.exists()
-    finally:
-        holder.kill()
-        holder.wait()
     with pytest.warns(RuntimeWarning, match="removed 1 temporary file"):
         ErasureCache(tmp_path).tensors(key, make_data([]))
     assert not left.exists()
