@@ -84,11 +84,6 @@ def cache_writes(folder: Path) -> Iterator[None]:
         ) from err
 
 
-def _unlink_quietly(path: str | os.PathLike) -> None:
-    with suppress(OSError):
-        os.unlink(path)
-
-
 def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S) -> list[Path]:
     """Delete temporaries older than ``stale_after_s`` whose key no writer holds locked (their
     writer was killed); return what was removed. Errors are ignored: this is housekeeping."""

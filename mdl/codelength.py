@@ -1,4 +1,4 @@
-"""Code lengths from per-block losses: pure functions, both MDL definitions of DESIGN.md."""
+"""Code lengths from per-block losses: pure functions, both MDL definitions (docs/mdl.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What the LightningModules need of a batch that is more than one (x, y) pair.
 
 The data side (datamodules/loader.py ``BatchGroup``, datamodules/stacked_batches.py ``StackedBatch``)
-builds them; models only say what they read, so models import nothing from datamodules (DESIGN.md's
+builds them; models only say what they read, so models import nothing from datamodules (docs/architecture.md's
 layers: mdl -> (models, datamodules) -> erasure).
 """
 

@@ -1,6 +1,6 @@
 """muP bookkeeping through the mup library: base shapes, re-initialisation, optimizer groups.
 
-Pitfalls handled here (DESIGN.md):
+Pitfalls handled here (the mup library's known ones):
 
 - ``set_base_shapes`` right after construction, against base and delta models built at the base
   width and twice it (``models.registry.create_model`` builds them on the meta device, once per

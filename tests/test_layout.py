@@ -1,4 +1,4 @@
-"""The layout DESIGN.md promises, checked on the source: layers import downwards only
+"""The layout docs/architecture.md describes, checked on the source: layers import downwards only
 (launch -> mdl -> (models, datamodules) -> erasure), no import cycle among our modules (imports inside
 functions included), and no module so long that a newcomer cannot read it in one sitting."""
 
@@ -39,7 +39,7 @@ def _imports() -> dict[str, set[str]]:
 
 def test_layers_import_downwards_only() -> None:
     wrong = [(m, d) for m, deps in _imports().items() for d in deps if d.split(".")[0] not in ALLOWED[m.split(".")[0]]]
-    assert not wrong, f"imports against the layers (DESIGN.md): {wrong}"
+    assert not wrong, f"imports against the layers (docs/architecture.md): {wrong}"
 
 
 def test_no_import_cycles() -> None:

@@ -36,7 +36,7 @@ from mdl.engine.single_fit import fit_one_member, fit_prefix
 from mdl.engine.stacked_runs import RunMembers, fit_stack
 from mdl.engine.progress_display import EpochHook, FitProgress
 from mdl.results import PROGRESS_FILE, BlockResult
-from mdl.run.identity import AUTO
+from mdl.engine.members import AUTO
 from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
 from models.losses import SpectralDecoupling
 from models.module import Classifier, OptimizerFactory

@@ -32,7 +32,7 @@ from mdl.engine.memory import (halved_after_out_of_memory, measured_step_peak, m
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.progress_display import EpochHook
 from mdl.engine.protocol import fits_of, member_seeds
-from mdl.run.identity import AUTO
+from mdl.engine.members import AUTO
 from mdl.engine.stacked_runs import RunMembers, fit_stack
 from mdl.results import PROGRESS_FILE, BlockResult
 

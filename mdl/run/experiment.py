@@ -34,7 +34,8 @@ from mdl.run.components import (
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
 from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
-from mdl.run.identity import AUTO, config_hash, engine_name, members_per_fit, training_threads
+from mdl.engine.members import AUTO
+from mdl.run.identity import config_hash, engine_name, members_per_fit, training_threads
 from mdl.run.job_logs import LogFile
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock

@@ -21,6 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mdl.engine.members import AUTO
+
 BOOKKEEPING_KEYS = (
     # where things go and how they are recorded
     "paths", "logger", "tags", "hydra", "skip_if_done", "print_config", "data.cache_dir",
@@ -57,8 +59,6 @@ def without_bookkeeping(config: dict[str, Any]) -> dict[str, Any]:
 
 ENGINES = {"stacked": None, "sequential": 1}  # mdl.engine: a name for mdl.members_per_fit (None = all)
 
-
-AUTO = "auto"  # mdl.members_per_fit=auto: as many as fit in the device's memory (mdl/engine/memory.py)
 
 
 def members_per_fit(mdl: Any) -> int | str | None:

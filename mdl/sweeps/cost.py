@@ -128,7 +128,8 @@ class CostTable:
         ``runs`` (mdl/engine/pack.py pack_fits); ``auto``: all in one fit, assumed to fit in memory."""
         from mdl.engine.pack import pack_fits
         from mdl.engine.protocol import fits_of
-        from mdl.run.identity import AUTO, members_per_fit
+        from mdl.engine.members import AUTO
+        from mdl.run.identity import members_per_fit
 
         k = members_per_fit(cfg.mdl)
         k, size = (None if k == AUTO else k), len(self._boundaries(cfg))
