@@ -171,4 +171,4 @@ class OriginalClassLoss:
             t = self.terms(leaf)
             loss = self.mean_weight * t["mean_term"] + self.cov_weight * t["cov_term"] + self.distance_weight * t["distance_term"]
             grad = torch.autograd.grad(loss, leaf)[0] if need_grad else None
-        return float(loss), grad, {k: float(v) for k, v in t.items()}
+        return float(loss.detach()), grad, {k: float(v.detach()) for k, v in t.items()}
