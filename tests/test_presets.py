@@ -37,7 +37,7 @@ LR = {"mlp": 5e-4, "lenet": 5e-4, "swin": 1e-3}
 CONVNEXT_LR = {"none": 5e-5, "leace": 1e-4, "qleace": 1e-3, "alf_qleace": 1e-3, "gradient": 5e-5}
 BETA1 = {"mlp": 0.95, "lenet": 0.95, "convnext": 0.9, "swin": 0.9}
 WARMUP = {"mlp": 1000, "lenet": 0, "convnext": 0, "swin": 0}
-BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 32}
+BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 40}  # swin: atto, vision_probe.py@5e66bb9:205
 
 
 def compose_preset(overrides: list[str]) -> DictConfig:
