@@ -26,7 +26,8 @@ grid; where it covers the whole grid there is no shift). With window_size 8, 8x8
 first stage. A window must tile its grid exactly, because timm pads a ragged grid with tokens
 that take part in attention unmasked; when it does not (e.g. 24x24 inputs: grid 12 with windows
 of 8) the builder stops and names the window sizes that would work. ``window_size: null`` makes
-every stage attend over its whole grid. (timm pads odd grids before patch merging, so grids may
+every stage attend over its whole grid. (``variant: original``, the paper presets' torchvision Swin, pads
+instead, as the original code did: models/swin_original.py.) (timm pads odd grids before patch merging, so grids may
 reach 1x1.)
 
 Tiny inputs: 8x8 digits give token grids 4, 2, 1, 1, so the last two stages attend over a single
