@@ -46,10 +46,10 @@ from datamodules.loader import BatchTransform
 from datamodules.serving import BatchServing
 from datamodules.settings import (
     FIT_SCOPES, check_balance, check_data_settings, check_erasure_settings, check_transform,
-    POOLED_ERASERS, default_options, resolve_device,
+    POOLED_ERASERS, ZSCORE_AFTER, default_options, resolve_device,
 )
 from datamodules.sources import ImageSet, ImageSource, load_source
-from datamodules.splits import Splits, apply_transform, balance_indices, seeded_split, standardised
+from datamodules.splits import Splits, apply_transform, balance_indices, seeded_split, standardised, zscore_map
 from erasure import CovariancePower, Eraser, fit_covariance_power, fit_eraser
 from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
 from erasure.base import eraser_class
@@ -129,7 +129,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         split = {"data_seed": self.data_seed, "val_size": self.val_size, "test_size": self.test_size}
         if self.balance is not None:  # keys of runs without balancing stay as they were
             split["balance"] = self.balance
-        if self.zscore:
+        if self.zscore is True:  # z-scored before the eraser: part of what it is fitted on
             split["zscore"] = True
         return split
 
@@ -153,7 +153,9 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         evaluation = {"eval_labels": self.eval_labels}
         if self.eval_labels == "predicted":
             evaluation["qda_regularization"] = self.qda_regularization
-        parts = {"transform": self.transform_cfg} if self.transform_cfg is not None else {}
+        parts: dict[str, Any] = {"transform": self.transform_cfg} if self.transform_cfg is not None else {}
+        if self.zscore == ZSCORE_AFTER:  # the erased splits standardised (keys of other runs stay as they were)
+            parts["zscore"] = ZSCORE_AFTER
         return cache_key(
             kind="erased", eraser=self.eraser_key(), evaluation=evaluation, augment_order=self.augment_order, **parts
         )
@@ -188,7 +190,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         splits = Splits(
             ImageSet(x[train_idx], y[train_idx]), ImageSet(x[val_idx], y[val_idx]), test, src.classes, balance
         )
-        return standardised(splits) if self.zscore else splits
+        return standardised(splits) if self.zscore is True else splits
 
     def _fit_transform(self, x: Tensor) -> CovariancePower:
         cfg = self.transform_cfg
@@ -374,6 +376,10 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
             log.info("transform %s: condition number %.4g -> %.4g, effective rank %.4g -> %.4g (of %d)",
                      self.transform_cfg["name"], self._transform.condition_before, self._transform.condition_after,
                      self._transform.effective_rank_before, self._transform.effective_rank_after, self._transform.dim)
+        if self.zscore == ZSCORE_AFTER:  # last: the erased (and transformed) splits, the erased training split's statistics
+            z, info["zscore"] = zscore_map(tensors["train_x"], ZSCORE_AFTER)
+            for key in ("train_x", "val_x", "test_x"):
+                tensors[key] = z(tensors[key].to(on))
         return tensors, info
 
     def _make_batch_eraser(self, eraser: Eraser) -> BatchTransform:

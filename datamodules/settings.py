@@ -140,6 +140,9 @@ def check_data_settings(
         raise ValueError(f"data.padding_fraction={padding_fraction!r}: must lie in [0, 1) (crop padding / image side), e.g. 0.125")
 
 
+ZSCORE_AFTER = "after_eraser"  # data.zscore: standardise the erased splits (the original's --normalize of an erased copy)
+
+
 def check_erasure_settings(augment_order: str, eval_labels: bool | str, zscore: Any, transform_cfg: dict[str, Any] | None,
                            fit_scope: str, pooled: bool) -> None:
     """Settings of how the data is erased and evaluated, and the combinations that cannot work. ``pooled``: the
@@ -151,9 +154,14 @@ def check_erasure_settings(augment_order: str, eval_labels: bool | str, zscore: 
             f"data.eval_labels must be true (erase val/test with their true labels, as the paper did) "
             f"or predicted (labels from a QDA fitted on the training split), got {eval_labels!r}"
         )
-    if not isinstance(zscore, bool):
+    if not (isinstance(zscore, bool) or zscore == ZSCORE_AFTER):
         raise ValueError(f"data.zscore={zscore!r}: use true (standardise every pixel and channel with the training "
-                         f"split's mean and std before erasure, as Figure 16) or false")
+                         f"split's mean and std before erasure, as Figure 16), {ZSCORE_AFTER} (the same, fitted on the "
+                         f"erased training split, after erasure) or false")
+    if zscore == ZSCORE_AFTER and augment_order == "augment_then_erase":
+        raise ValueError("data.zscore=after_eraser standardises the stored erased splits, but "
+                         "data.augment_order=augment_then_erase erases each augmented batch later; use "
+                         "data.augment_order=erase_then_augment, or data.zscore=true")
     if transform_cfg is not None and augment_order == "augment_then_erase":
         raise ValueError(
             "data.transform is applied to the stored splits, but data.augment_order=augment_then_erase keeps "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -87,16 +87,29 @@ def standardised(splits: Splits) -> Splits:
     applied to the images before erasure and augmentation, so crops pad with the mean. Ours: the
     statistics come from the training split only (the original's came from its pool minus a 1024-image
     validation set, which held the sweep's own validation and test chunks)."""
-    x = splits.train.x.double().flatten(1)
+    z, info = zscore_map(splits.train.x)
+
+    def mapped(images: ImageSet) -> ImageSet:
+        return ImageSet(z(images.x), images.y)
+
+    return dataclasses.replace(splits, train=mapped(splits.train), val=mapped(splits.val), test=mapped(splits.test), zscore=info)
+
+
+def zscore_map(train_x: Tensor, when: str = "before_eraser") -> tuple[Callable[[Tensor], Tensor], dict[str, Any]]:
+    """The per-(pixel, channel) standardisation fitted on ``train_x`` (float64 mean and std + float32 eps) as a
+    function of any split's images, and what it was fitted on. ``when``: before_eraser (``data.zscore=true``) or
+    after_eraser (``data.zscore=after_eraser``: ``train_x`` is the erased training split)."""
+    x = train_x.double().flatten(1)
     mean, std = x.mean(0), x.std(0) + torch.finfo(torch.float32).eps
 
-    def z(images: ImageSet) -> ImageSet:
-        shape = images.x.shape
-        out = ((images.x.double().flatten(1) - mean.to(images.x.device)) / std.to(images.x.device)).float()
-        return ImageSet(out.view(shape), images.y)
+    def z(images: Tensor) -> Tensor:
+        shape = images.shape
+        return ((images.double().flatten(1) - mean.to(images.device)) / std.to(images.device)).float().view(shape)
 
-    info = {"statistics": "training split", "examples": int(x.shape[0]),
-            "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum())}
-    log.info("data.zscore: every split standardised with the training split's mean and std (%d constant features)",
-             info["constant_features"])
-    return dataclasses.replace(splits, train=z(splits.train), val=z(splits.val), test=z(splits.test), zscore=info)
+    info = {"statistics": "training split" if when == "before_eraser" else "erased training split",
+            "examples": int(x.shape[0]), "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum())}
+    if when != "before_eraser":
+        info["when"] = when
+    log.info("data.zscore: every split standardised with the %s's mean and std (%d constant features)",
+             info["statistics"], info["constant_features"])
+    return z, info

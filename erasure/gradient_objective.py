@@ -128,3 +128,47 @@ class TargetLoss:
         grad += (2 * u**2 * self.distance_weight / (r * d)) * step
         sig = torch.sigmoid(z)
         return loss, grad * (self.span * sig * (1 - sig)), terms
+
+
+@dataclass(frozen=True)
+class OriginalClassLoss:
+    """One class's loss in the recipe ``original`` (the original code's, EleutherAI/mdl
+    experiments/iterative_erasure.py@2a41748), with its gradient by autograd:
+
+        mean_weight * ||m - mu||_2 + cov_weight * ||C - S||_F + distance_weight * mean_ij (x'_ij - t_ij)^2
+
+    with unsquared norms (original: iterative_erasure.py@2a41748:98-102), x' = sigmoid(z) in [0, 1]
+    (:97), m the mean and C the unbiased (n - 1) covariance of the class's rows (:98-99, ``x.T.cov()``),
+    t the starting rows (:90, :100). Units: the data's own, [0, 1] (pixels / 255, :122).
+    """
+
+    start: Tensor  # (r, d) the class's starting rows t, in [0, 1]
+    target_mean: Tensor  # (d,) mu
+    target_cov: Tensor  # (d, d) S
+    mean_weight: float
+    cov_weight: float
+    distance_weight: float
+
+    @staticmethod
+    def data(z: Tensor) -> Tensor:
+        return torch.sigmoid(z)
+
+    def terms(self, z: Tensor) -> dict[str, Tensor]:
+        x = torch.sigmoid(z)
+        return {
+            "mean_term": torch.linalg.vector_norm(x.mean(0) - self.target_mean),
+            "cov_term": torch.linalg.matrix_norm(torch.cov(x.T) - self.target_cov),
+            "distance_term": ((x - self.start) ** 2).mean(),
+        }
+
+    def loss(self, z: Tensor) -> Tensor:
+        t = self.terms(z)
+        return self.mean_weight * t["mean_term"] + self.cov_weight * t["cov_term"] + self.distance_weight * t["distance_term"]
+
+    def __call__(self, z: Tensor, need_grad: bool = True) -> tuple[float, Tensor | None, dict[str, float]]:
+        with torch.enable_grad():
+            leaf = z.detach().requires_grad_(need_grad)
+            t = self.terms(leaf)
+            loss = self.mean_weight * t["mean_term"] + self.cov_weight * t["cov_term"] + self.distance_weight * t["distance_term"]
+            grad = torch.autograd.grad(loss, leaf)[0] if need_grad else None
+        return float(loss.detach()), grad, {k: float(v.detach()) for k, v in t.items()}

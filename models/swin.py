@@ -26,7 +26,8 @@ grid; where it covers the whole grid there is no shift). With window_size 8, 8x8
 first stage. A window must tile its grid exactly, because timm pads a ragged grid with tokens
 that take part in attention unmasked; when it does not (e.g. 24x24 inputs: grid 12 with windows
 of 8) the builder stops and names the window sizes that would work. ``window_size: null`` makes
-every stage attend over its whole grid. (timm pads odd grids before patch merging, so grids may
+every stage attend over its whole grid. (``variant: original``, the paper presets' torchvision Swin, pads
+instead, as the original code did: models/swin_original.py.) (timm pads odd grids before patch merging, so grids may
 reach 1x1.)
 
 Tiny inputs: 8x8 digits give token grids 4, 2, 1, 1, so the last two stages attend over a single
@@ -58,8 +59,15 @@ import timm.models.swin_transformer_v2 as timm_swin_transformer_v2
 from mup import MuReadout
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 
+from torch import nn
+
 from models.mup_setup import fast_timm_init
 from models.registry import check_image_shape, register_model
+from models.swin_original import build_original_swin
+
+# model.options.variant: timm (ours, the default; this module) | original (torchvision's, as the original code:
+# models/swin_original.py, the paper presets)
+VARIANTS = ("timm", "original")
 
 
 def stage_grids(grid: tuple[int, int], num_stages: int) -> list[tuple[int, int]]:
@@ -134,13 +142,26 @@ def build_swin(
     patch_size: int = 2,
     mlp_ratio: float = 4.0,
     drop_path_rate: float = 0.0,
+    variant: str = "timm",
+    heads: Sequence[int] | None = None,
     **options: Any,
-) -> SwinTransformerV2:
+) -> nn.Module:
     if options:
         raise ValueError(
-            f"unknown swin options {sorted(options)}; it takes stage_depths, head_dim, head_scaling, window_size, "
-            f"patch_size, mlp_ratio, drop_path_rate"
+            f"unknown swin options {sorted(options)}; it takes variant, stage_depths, head_dim, head_scaling, heads, "
+            f"window_size, patch_size, mlp_ratio, drop_path_rate"
         )
+    if variant not in VARIANTS:
+        raise ValueError(f"swin variant must be one of {list(VARIANTS)}, got {variant!r}")
+    if variant == "original":  # torchvision's Swin V2 as the original code built it (models/swin_original.py)
+        if head_scaling != "width":
+            raise ValueError("swin variant=original has the original's fixed heads (model.options.heads), not "
+                             f"head_scaling={head_scaling!r}; leave head_scaling at width")
+        return build_original_swin(width, depth, num_classes, input_shape, stage_depths, heads, window_size,
+                                   patch_size, mlp_ratio, drop_path_rate)
+    if heads is not None:
+        raise ValueError("swin model.options.heads is for variant=original; the default variant sets the heads "
+                         "by head_scaling and head_dim")
     if head_scaling not in HEAD_SCALINGS:
         raise ValueError(f"swin head_scaling must be one of {list(HEAD_SCALINGS)}, got {head_scaling!r}")
     if stage_depths is None:

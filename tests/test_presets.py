@@ -37,7 +37,7 @@ LR = {"mlp": 5e-4, "lenet": 5e-4, "swin": 1e-3}
 CONVNEXT_LR = {"none": 5e-5, "leace": 1e-4, "qleace": 1e-3, "alf_qleace": 1e-3, "gradient": 5e-5}
 BETA1 = {"mlp": 0.95, "lenet": 0.95, "convnext": 0.9, "swin": 0.9}
 WARMUP = {"mlp": 1000, "lenet": 0, "convnext": 0, "swin": 0}
-BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 32}
+BASE_WIDTH = {"mlp": 128, "lenet": 128, "convnext": 40, "swin": 40}  # swin: atto, vision_probe.py@5e66bb9:205
 
 
 def compose_preset(overrides: list[str]) -> DictConfig:
@@ -97,8 +97,33 @@ def test_preset_composes_to_its_documented_values(name: str) -> None:
             assert cfg[fixed[0]] == fixed[1]
         if name in ("appendix_c", "table16"):  # base sizes
             assert (cfg.width, cfg.depth) == (cfg.model.base_width, 2)
-        # z-scored data (paper Fig. 16) only in table16, at the data level as the original (not inside the eraser)
-        assert cfg.data.zscore is (name == "table16") and not cfg.eraser.options.get("zscore", False)
+        # z-scored data (paper Fig. 16) only in table16, at the data level as the original (not inside the eraser):
+        # before erasure, but the gradient job's after it (its recipe, the original's, needs data in [0, 1])
+        zscore = (name == "table16") and ("after_eraser" if cfg.eraser.name == "gradient" else True)
+        assert cfg.data.zscore == zscore and not cfg.eraser.options.get("zscore", False)
+        if cfg.eraser.name == "gradient":  # D3: the recipe of experiments/iterative_erasure.py@2a41748
+            assert (cfg.eraser.options.recipe, cfg.eraser.options.history_size) == ("original", 100)
+
+
+def test_every_table16_job_composes_and_the_gradient_job_is_the_originals() -> None:
+    """All 100 jobs compose (the interpolations per model and eraser resolve); the gradient jobs z-score after erasure
+    with the original's recipe, the others before."""
+    jobs = preset_jobs("table16")
+    assert len(jobs) == 100
+    seen = set()
+    for job in jobs:
+        if "seed=0" not in job:  # the seed changes nothing that is looked up
+            continue
+        cfg = compose_preset(["+experiment=paper/table16", *job])
+        for key in ("data", "eraser", "model", "optimizer", "trainer", "mdl", "protocol"):
+            OmegaConf.to_container(cfg[key], resolve=True)
+        check_paper_settings(cfg, "cifar10")
+        gradient = cfg.eraser.name == "gradient"
+        assert cfg.data.zscore == ("after_eraser" if gradient else True)
+        if gradient:
+            assert cfg.eraser.options.recipe == "original" and cfg.eraser.fit_scope == "pool"
+        seen.add((cfg.model.name, cfg.eraser.name))
+    assert len(seen) == 20
 
 
 def test_convnext_lr_follows_the_eraser_inside_one_multirun() -> None:

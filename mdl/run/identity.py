@@ -141,6 +141,17 @@ def canonical_drop_path(config: dict[str, Any]) -> None:
         options.pop("drop_path_rate")
 
 
+def canonical_swin_variant(config: dict[str, Any]) -> None:
+    """In a plain config dict (changed in place), drop Swin's ``model.options.variant=timm`` and ``heads=null``: the
+    model runs made before the keys existed built, so they keep their identity."""
+    model = config.get("model") or {}
+    options = model.get("options")
+    if model.get("name") == "swin" and isinstance(options, dict) and options.get("variant") == "timm":
+        options.pop("variant")
+        if options.get("heads", "absent") is None:
+            options.pop("heads")
+
+
 # --- a run's identity: the config hash ----------------------------------------------------------
 
 def allocated_cpus() -> int:
@@ -187,6 +198,7 @@ def config_hash(cfg: DictConfig) -> str:
     if not data.get("callbacks"):
         data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
     canonical_fit_scope(data)
+    canonical_swin_variant(data)  # the default Swin (timm): the runs made before model.options.variant existed
     canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
     if (data.get("protocol") or {}).get("name", "sound") == "sound":
         data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
