@@ -81,7 +81,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         diagnostics: bool = True,
         balance: str | None = None,
         transform: dict[str, Any] | None = None,
-        zscore: bool = False,
+        zscore: bool | str = False,
         options_not_data: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
@@ -236,9 +236,8 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
                 x, y = torch.cat([train.x, splits().val.x]), torch.cat([train.y, splits().val.y])
             log.info("fitting eraser %s on %d examples (%s)", self.eraser_cfg["name"], len(y),
                      "training and validation splits" if self.fit_scope == "pool" else "training split")
-            return fit_eraser(
-                self.eraser_cfg["name"], x.to(self.device), y.to(self.device), num_classes=len(splits().classes), **options,
-            )
+            return fit_eraser(self.eraser_cfg["name"], x.to(self.device), y.to(self.device),
+                              num_classes=len(splits().classes), **options)
 
         # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
         eraser = _Memo(lambda: eraser_on(self.cache.eraser(self.eraser_key(), fit, describe=self._describe()), self.device))

@@ -10,7 +10,7 @@ import torch
 from conftest import pixel_classes
 from datamodules.datamodule import ErasedDataModule
 from erasure import fit_eraser
-from erasure.gradient import original_targets, quantize_uint8
+from erasure.gradient_original import original_targets, quantize_uint8
 from erasure.gradient_objective import OriginalClassLoss
 from erasure.preprocess import optimal_linear_shrinkage
 
