@@ -115,13 +115,13 @@ def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> l
         found = compare(cells, table, any_dataset)
         if not found:
             continue
-        body = [[x.cell.arch, *map(str, x.cell.row), x.cell.eraser, fmt(x.mean, x.sd, x.n),
-                 f"{x.paper.printed} (n={x.paper.n_seeds})", _f(x.delta), _f(x.z, 1),
-                 "**yes**" if x.flagged else "no"] for x in found]
+        body = [[x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}", x.cell.arch, *map(str, x.cell.row),
+                 x.cell.eraser, fmt(x.mean, x.sd, x.n), f"{x.paper.printed} (n={x.paper.n_seeds})", _f(x.delta),
+                 _f(x.z, 1), "**yes**" if x.flagged else "no"] for x in found]
         md += [f"**Against the paper's table {table.title()}** (Δ = ours − paper; σ and the flag as in \"Comparison with "
                "the paper\" below):\n",
-               markdown_table(["architecture", *sweep.row_names(), "eraser", "ours", "paper", "Δ", "Δ / σ",
-                               f"beyond {FLAG_SIGMAS:g}σ"], body), ""]
+               markdown_table(["data (ours → paper)", "architecture", *sweep.row_names(), "eraser", "ours", "paper", "Δ",
+                               "Δ / σ", f"beyond {FLAG_SIGMAS:g}σ"], body), ""]
     return md
 
 
