@@ -89,6 +89,16 @@ def test_two_protocols_get_a_table_each_beside_the_paper_and_their_untrained_blo
     assert len(read_csv(out / "paper_comparison.csv")) == 4
 
 
+def test_a_loop_rule_swept_within_one_protocol_stays_a_row_key(tmp_path: Path):
+    """protocol=original protocol.backtrack=true,false: the rule is what the sweep varied, so it keys the rows."""
+    for job, backtrack in enumerate((True, False)):
+        path = protocol_run(tmp_path, job, "original", "leace", 0, 10.0, [0, 1])
+        results = json.loads(path.read_text())
+        results["config"]["protocol"]["backtrack"] = backtrack
+        path.write_text(json.dumps(results))
+    assert load_sweep([tmp_path]).row_keys == ["protocol.backtrack"]
+
+
 def test_one_protocol_gets_no_protocol_section(tmp_path: Path):
     sweep = tmp_path / "multirun"
     for seed in (0, 1):
