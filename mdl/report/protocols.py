@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from mdl.report.paper import FLAG_SIGMAS, _f, compare, tables_to_compare
+from mdl.report.paper import FLAG_SIGMAS, compare, signed, tables_to_compare
 from mdl.report.runs import PROTOCOL_KEY, Run, Sweep, sortable
-from mdl.report.stats import Cell, erasers_of
+from mdl.report.stats import Cell, erasers_of, rows_of
 from mdl.report.tables import fmt, markdown_table, pivot
 
 
@@ -116,8 +116,8 @@ def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> l
         if not found:
             continue
         body = [[x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}", x.cell.arch, *map(str, x.cell.row),
-                 x.cell.eraser, fmt(x.mean, x.sd, x.n), f"{x.paper.printed} (n={x.paper.n_seeds})", _f(x.delta),
-                 _f(x.z, 1), "**yes**" if x.flagged else "no"] for x in found]
+                 x.cell.eraser, fmt(x.mean, x.sd, x.n), f"{x.paper.printed} (n={x.paper.n_seeds})", signed(x.delta),
+                 signed(x.z, 1), "**yes**" if x.flagged else "no"] for x in found]
         md += [f"**Against the paper's table {table.title()}** (Δ = ours − paper; σ and the flag as in \"Comparison with "
                "the paper\" below):\n",
                markdown_table(["data (ours → paper)", "architecture", *sweep.row_names(), "eraser", "ours", "paper", "Δ",
@@ -129,11 +129,8 @@ def _untrained_pivot(sweep: Sweep, cells: list[Cell]) -> str:
     """Architecture (and row keys) down, erasers across: blocks at the untrained model per cell."""
     by_key = {(c.arch, c.row, c.eraser): c for c in cells}
     erasers = erasers_of(cells)
-    seen: dict[tuple, None] = {}
-    for c in cells:
-        seen.setdefault((c.arch, c.row), None)
     body = [[arch, *map(str, row), *(untrained_text(by_key[(arch, row, e)]) if (arch, row, e) in by_key else "missing"
-                                     for e in erasers)] for arch, row in seen]
+                                     for e in erasers)] for arch, row in rows_of(cells)]
     return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
 
 
