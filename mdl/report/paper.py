@@ -206,6 +206,7 @@ def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tup
 # --- the report section ------------------------------------------------------------------------
 
 def signed(x: float, digits: int = 2) -> str:
+    """A difference with its sign (+0.05, −∞, n/a): the comparison tables' Δ columns."""
     if math.isnan(x):
         return "n/a"
     if math.isinf(x):
