@@ -89,6 +89,20 @@ def test_two_protocols_get_a_table_each_beside_the_paper_and_their_untrained_blo
     assert len(read_csv(out / "paper_comparison.csv")) == 4
 
 
+def test_protocols_of_two_code_versions_line_up_side_by_side(tmp_path: Path):
+    """protocol=sound runs reused from an earlier sweep (another code version) beside protocol=original runs made
+    now: cells stay split by version, but the side-by-side table pairs them, each with its version."""
+    for job, (protocol, version, mdl) in enumerate((("original", "bbbbbbbbbbbb", 10.0), ("sound", "aaaaaaaaaaaa", 8.0))):
+        path = protocol_run(tmp_path, job, protocol, "leace", 0, mdl, [0, 1])
+        results = json.loads(path.read_text())
+        results["code_version"] = version
+        path.write_text(json.dumps(results))
+    text = build_report([tmp_path], tmp_path / "report", image_loader=None).read_text()
+    assert ("| mlp | leace | 10.00 ± n/a (n=1) [bbbbbbbbbbbb] | 1 of 2 | 8.00 ± n/a (n=1) [aaaaaaaaaaaa] | 1 of 2 | — |"
+            in text)
+    assert "| architecture | code_version | leace |" in text.split("### protocol=sound", 1)[1]  # the cells keep it
+
+
 def test_a_loop_rule_swept_within_one_protocol_stays_a_row_key(tmp_path: Path):
     """protocol=original protocol.backtrack=true,false: the rule is what the sweep varied, so it keys the rows."""
     for job, backtrack in enumerate((True, False)):

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from mdl.report.paper import FLAG_SIGMAS, compare, signed, tables_to_compare
-from mdl.report.runs import PROTOCOL_KEY, Run, Sweep, sortable
+from mdl.report.runs import CODE_VERSION_KEY, PROTOCOL_KEY, Run, Sweep, sortable
 from mdl.report.stats import Cell, erasers_of, rows_of
 from mdl.report.tables import fmt, markdown_table, pivot
 
@@ -74,18 +74,19 @@ def protocol_section(sweep: Sweep, cells: Sequence[Cell], max_seeds: int, compar
     if not parts:
         return []
     names = [name for name, _, _ in parts]
-    base = parts[0][1]
-    by_key = {(name, c.arch, c.row, c.eraser): c for name, _, mine in parts for c in mine}
+    base, version_at = _aligned_on_versions(parts)
+    by_key = {(name, c.arch, _drop(c.row, version_at), c.eraser): c for name, _, mine in parts for c in mine}
     every = [c for _, _, mine in parts for c in mine]
     order = {e: i for i, e in enumerate(erasers_of(every))}
-    rows = sorted({(c.arch, c.row, c.eraser) for c in every}, key=lambda k: (k[0], sortable(k[1]), order[k[2]]))
+    rows = sorted({(a, r, e) for _, a, r, e in by_key}, key=lambda k: (k[0], sortable(k[1]), order[k[2]]))
     paper = paper_values(every, compare_to)
     body = []
     for arch, row, eraser in rows:
         line: list[Any] = [arch, *map(str, row), eraser]
         for name in names:
             cell = by_key.get((name, arch, row, eraser))
-            line += ["missing", ""] if cell is None else [fmt(*cell.mean_std("paper_mdl")), untrained_text(cell)]
+            version = "" if cell is None or version_at is None else f" [{cell.row[version_at]}]"
+            line += ["missing", ""] if cell is None else [fmt(*cell.mean_std("paper_mdl")) + version, untrained_text(cell)]
         line.append(paper.get((arch, eraser), "—"))
         body.append(line)
     header = ["architecture", *base.row_names(), "eraser"]
@@ -98,7 +99,9 @@ def protocol_section(sweep: Sweep, cells: Sequence[Cell], max_seeds: int, compar
           "training behind them (results.json `blocks[i].best_after_epochs` = 0; per seed in brackets): such a fit "
           "scores as a uniform predictor, at chance. Paper: the printed value of the paper's table for the same "
           "architecture and eraser" + (" (data set as named)" if paper else "; none matches these runs' data set "
-                                       "(`--compare-to NAME` compares anyway)") + ".\n",
+                                       "(`--compare-to NAME` compares anyway)") + "."
+          + (" Each protocol's runs come from one code version, shown in brackets: the rows line up across versions "
+             "(the cells below keep them apart)." if version_at is not None else "") + "\n",
           markdown_table([*header, "paper"], body), ""]
     for name, sub, mine in parts:
         md += [f"### protocol={name}\n", "**Paper-compatible prequential MDL, bits per sample:**\n",
@@ -106,6 +109,24 @@ def protocol_section(sweep: Sweep, cells: Sequence[Cell], max_seeds: int, compar
                "**Blocks at the untrained model** (of the cell's prefix fits; per seed in brackets):\n",
                _untrained_pivot(sub, mine), "", *_against_paper(sub, mine, compare_to)]
     return md
+
+
+def _aligned_on_versions(parts: list[tuple[str, Sweep, list[Cell]]]) -> tuple[Sweep, int | None]:
+    """The side-by-side table's rows: without the ``code_version`` row key when each protocol's cell of a row has
+    one version (runs of one protocol made now beside the other's made earlier and reused), so the protocols line
+    up; returns the row keys' sweep and the version's index in a cell's row (None: rows keep it)."""
+    base = parts[0][1]
+    if CODE_VERSION_KEY not in base.row_keys:
+        return base, None
+    at = base.row_keys.index(CODE_VERSION_KEY)
+    keys = [(name, c.arch, _drop(c.row, at), c.eraser) for name, _, mine in parts for c in mine]
+    if len(set(keys)) < len(keys):  # a protocol's row holds cells of several versions: keep them apart
+        return base, None
+    return replace(base, row_keys=[k for k in base.row_keys if k != CODE_VERSION_KEY]), at
+
+
+def _drop(row: tuple[Any, ...], at: int | None) -> tuple[Any, ...]:
+    return row if at is None else row[:at] + row[at + 1:]
 
 
 def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> list[str]:
