@@ -39,7 +39,7 @@ from torch import Tensor
 from datamodules.cache import ErasureCache, cache_key
 from datamodules.erasure_checks import (
     _report_gaps, criterion_check, diagnose, diagnostics_summary, edit_rank, erase, eraser_on, label_predictor,
-    needs_eval_labels, not_erased, probe_rows, quadratic_leftover,
+    needs_eval_labels, not_erased, quadratic_leftover,
 )
 from datamodules.interrupts import interruptible
 from datamodules.loader import BatchTransform
@@ -149,11 +149,6 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         validation rows too and then erases every split as a map."""
         return self.fit_scope == "pool" and not eraser_class(self.eraser_cfg["name"]).can_transform_new_data
 
-    def _edits_per_split(self, eraser: Eraser) -> bool:
-        """Whether the eraser edits only its own fitting data and was fitted per split (its probes then hold out
-        training rows, ``diagnose``)."""
-        return not getattr(eraser, "can_transform_new_data", True) and not self._fits_pool()
-
     def data_key(self) -> str:
         evaluation = {"eval_labels": self.eval_labels}
         if self.eval_labels == "predicted":
@@ -259,8 +254,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         record, missed_criterion = criterion_check(eraser(), report, self.eraser_checks)
         if record is not None:
             self.diagnostics["erasure_criterion"] = record
-        leftover = quadratic_leftover(eraser(), report, self.eraser_checks.get("qda_warning_points"),
-                                      probe_rows(self.fit_scope, self._edits_per_split(eraser())))
+        leftover = quadratic_leftover(eraser(), report, self.eraser_checks.get("qda_warning_points"), self.fit_scope)
         for message in [*info.get("not_erased", []), *missed_criterion, *leftover]:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         on = self.device
@@ -359,7 +353,8 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
             skipped: dict[str, str] = {}
             info["erasure"] = diagnose(eraser, splits, train_x, erased["val"], skipped, self.device,
                                        raw_train=self.augment_order == "augment_then_erase",
-                                       own_edit_per_split=self._edits_per_split(eraser), data_seed=self.data_seed)
+                                       own_edit_per_split=not getattr(eraser, "can_transform_new_data", True)
+                                       and not self._fits_pool(), data_seed=self.data_seed)
             if skipped:
                 info["erasure_skipped"] = skipped
             log.info(diagnostics_summary(info["erasure"]))

@@ -81,7 +81,8 @@ def test_two_protocols_get_a_table_each_beside_the_paper_and_their_untrained_blo
         assert "| architecture | none | leace |" in section and row in section
     original = text.split("### protocol=original\n", 1)[1].split("### protocol=sound", 1)[0]
     assert "| mlp | 0 of 6 (0, 0) | 5 of 6 (3, 2) |" in original
-    assert "| digits → cifar10+zscore | mlp | leace | 10.85 ± 0.07 (n=2) | 8.49 ± 0.10 (n=5) | +2.36 |" in original  # beside the paper's value
+    # beside the paper's value
+    assert "| digits → cifar10+zscore | mlp | leace | 10.85 ± 0.07 (n=2) | 8.49 ± 0.10 (n=5) | +2.36 |" in original
     by_run = {(r["protocol.name"], r["eraser"], r["seed"]): r["blocks_at_untrained"] for r in read_csv(out / "runs.csv")}
     assert by_run[("original", "leace", "data_seed=0,seed=0")] == "3"
     assert by_run[("sound", "leace", "data_seed=1,seed=1")] == "0"
