@@ -43,6 +43,7 @@ CONTROL = "none"
 AXIS_ORDER = ("width", "depth")
 COMPARED_METRICS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve")
 ERASER_ORDER = ("none", "leace", "alf_qleace", "gradient", "qleace", "random")
+PROTOCOL_KEY = "protocol.name"  # the training loop (conf/protocol/): original or sound
 CODE_VERSION_KEY = "code_version"  # the pseudo row key holding the code version when cells are split
 UNKNOWN_VERSION = "unknown"
 
@@ -326,16 +327,10 @@ def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
     return chosen
 
 
-PROTOCOL_KEY = "protocol.name"  # the training loop (conf/protocol/): original or sound
-
-
 def set_by_protocol(runs: list[Run]) -> set[str]:
-    """The ``protocol.*`` keys that ``protocol.name`` decides in these runs (each takes one value per protocol):
-    a sweep over ``protocol=original,sound`` gets one row key, ``protocol.name``, not one per loop rule."""
-    keys = _varying_within(runs, lambda r: r.flat.get(PROTOCOL_KEY),
-                           lambda r: {k for k in r.flat if k.startswith("protocol.") and k != PROTOCOL_KEY})
-    every = {k for r in runs for k in r.flat if k.startswith("protocol.") and k != PROTOCOL_KEY}
-    return every - set().union(*keys.values()) if keys else set()
+    """The protocol.* keys that protocol.name decides: a sweep over protocol=original,sound gets one row key."""
+    rules = {k for r in runs for k in r.flat if k.startswith("protocol.") and k != PROTOCOL_KEY}
+    return rules - set().union(*_varying_within(runs, lambda r: r.flat.get(PROTOCOL_KEY), lambda r: rules).values())
 
 
 def resolve_key(name: str, known: Sequence[str]) -> str:
