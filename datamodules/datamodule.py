@@ -255,7 +255,7 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         record, missed_criterion = criterion_check(eraser(), report, self.eraser_checks)
         if record is not None:
             self.diagnostics["erasure_criterion"] = record
-        leftover = quadratic_leftover(eraser(), report, self.eraser_checks.get("qda_warning_points"))
+        leftover = quadratic_leftover(eraser(), report, self.eraser_checks.get("qda_warning_points"), self.fit_scope)
         for message in [*info.get("not_erased", []), *missed_criterion, *leftover]:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         on = self.device

@@ -102,20 +102,36 @@ def criterion_check(
     ] + distance
 
 
-def quadratic_leftover(eraser: Eraser, report: dict[str, float], points: float | None) -> list[str]:
-    """A warning when an eraser that targets class covariances (``erases_quadratic``) leaves a held-out
-    quadratic probe more than ``points`` above chance: the data still carries quadratically available
-    class information, whatever the eraser's name says (QLEACE on digits: QDA 96% against chance 10%)."""
+def quadratic_leftover(eraser: Eraser, report: dict[str, float], points: float | None,
+                       fit_scope: str = "split") -> list[str]:
+    """A warning when an eraser that targets class covariances (``erases_quadratic``) leaves a quadratic probe
+    more than ``points`` above chance: the data still carries quadratically available class information, whatever
+    the eraser's name says (QLEACE on digits: singular class covariances). It says which rows the probe was scored
+    on and whether the eraser was fitted on them (``probe_rows``; ``fit_scope``: eraser.fit_scope): inside the fit
+    the number is information the eraser left in its own rows, outside it may be the fit not generalising."""
     if not getattr(eraser, "erases_quadratic", False) or points is None:
         return []
     if "qda_acc_after" not in report or "chance" not in report or report["qda_acc_after"] <= report["chance"] + points:
         return []
     return [
-        f"after the {eraser.name!r} eraser a held-out quadratic probe (QDA) still reads {report['qda_acc_after']:.3f} "
-        f"against chance {report['chance']:.3f} (more than eraser.checks.qda_warning_points={points} above): class "
-        f"information is still quadratically available (e.g. in singular class covariances, or from a fit that "
-        f"stopped early), so this run does not measure learning without it"
+        f"after the {eraser.name!r} eraser a quadratic probe (QDA) trained on erased training rows still reads "
+        f"{report['qda_acc_after']:.3f} of {probe_rows(eraser, fit_scope)}, against chance {report['chance']:.3f} "
+        f"(more than eraser.checks.qda_warning_points={points} above): the erased classes still differ in their "
+        f"covariances (e.g. singular class covariances, which the maps match only on their span, or a fit that stopped "
+        f"early), "
+        f"so this run measures learning from data that still carries quadratically available class information, "
+        f"not learning without it"
     ]
+
+
+def probe_rows(eraser: Eraser, fit_scope: str) -> str:
+    """Which rows the probes of ``diagnose`` are scored on, and whether the eraser was fitted on them: an eraser that
+    edits only its own fitting data, fitted per split, is probed on held-out training rows (``own_edit_per_split``)."""
+    if not getattr(eraser, "can_transform_new_data", True) and fit_scope != "pool":
+        return "a held-out part of the training split, which the eraser was fitted on"
+    if fit_scope == "pool":
+        return "the validation split, which the eraser was fitted on too (eraser.fit_scope=pool)"
+    return "the validation split, outside the eraser's fit (eraser.fit_scope=split)"
 
 
 def diagnostics_summary(report: dict[str, float]) -> str:

@@ -14,6 +14,7 @@ dimensions are finite for muP instead of being mistaken for width dimensions.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from typing import Any, Callable, Sequence
 
@@ -27,6 +28,9 @@ ModelBuilder = Callable[..., nn.Module]
 OptionResolver = Callable[..., dict[str, Any]]
 _MODELS: dict[str, ModelBuilder] = {}
 _RESOLVERS: dict[str, OptionResolver] = {}
+# Models whose module registers them when first asked for: theirs import timm (about 0.7 s, and W&B through it), which
+# an MLP or LeNet run, debug=overfit on the default, and --help need not pay for.
+_ON_DEMAND = {"convnext": "models.convnext", "swin": "models.swin"}
 
 
 def register_model(name: str, resolve: OptionResolver | None = None) -> Callable[[ModelBuilder], ModelBuilder]:
@@ -58,10 +62,17 @@ def check_image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int,
 
 
 def available_models() -> list[str]:
-    return sorted(_MODELS)
+    return sorted({*_MODELS, *_ON_DEMAND})
+
+
+def _register_on_demand(name: str) -> None:
+    """Import the module of a model registered on demand (``_ON_DEMAND``), which registers it."""
+    if name not in _MODELS and name in _ON_DEMAND:
+        importlib.import_module(_ON_DEMAND[name])
 
 
 def model_builder(name: str) -> ModelBuilder:
+    _register_on_demand(name)
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {available_models()} (e.g. `model=mlp`)")
     return _MODELS[name]
@@ -71,6 +82,7 @@ def resolve_options(
     name: str, width: int, depth: int, num_classes: int, input_shape: tuple[int, ...], **options: Any
 ) -> dict[str, Any]:
     """The builder options with width-dependent choices made explicit at ``width``."""
+    _register_on_demand(name)
     resolve = _RESOLVERS.get(name)
     if resolve is None:
         return dict(options)

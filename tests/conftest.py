@@ -51,11 +51,12 @@ def python_path() -> str:
     return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
-def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run launch.py in a subprocess exactly as a user would."""
+def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
+               python_flags: list[str] = ()) -> subprocess.CompletedProcess:
+    """Run launch.py in a subprocess exactly as a user would (``python_flags``: the interpreter's, e.g. -X importtime)."""
     full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run(
-        [sys.executable, str(REPO / "launch.py"), *args], cwd=cwd, env=full_env,
+        [sys.executable, *python_flags, str(REPO / "launch.py"), *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=timeout,
     )
 

@@ -137,6 +137,16 @@ def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("results.json"))  # a check, not a run
 
 
+def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(tmp_path: Path) -> None:
+    """debug=overfit on the default (an MLP) is import time more than training (7 s, 0.5 s of it the check): it no
+    longer imports timm (ConvNeXt and Swin, about 0.7 s, and W&B through it), which registers when a run asks for it."""
+    proc = run_launch(["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path,
+                      python_flags=["-X", "importtime"])
+    assert proc.returncode == 0 and "the model fits it" in proc.stdout, proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert "torch" in imported and not imported & {"timm", "wandb"}
+
+
 def test_debug_profile_runs_even_when_the_config_is_done(tmp_path: Path) -> None:
     """The profiler is not part of a run's identity: debug=profile re-runs a finished config to profile it."""
     first = run_launch(["debug=fast", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)

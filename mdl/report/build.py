@@ -9,13 +9,15 @@ resolved config minus seeds and paths, see ``mdl.report.runs``) and writes into 
     table.csv          one line per cell (architecture x row keys x eraser), n = 0 for missing ones
     paper_comparison.csv  ours vs the paper per matched cell: difference, in paper sds, flag
     mdl_increase.csv   Figure 3's data: each erased cell's MDL minus its row's control
-    runs.csv           one line per run (the numbers the table averages)
+    runs.csv           one line per run (the numbers the table averages; blocks at the untrained model)
     loss_curves.csv    per-epoch mean / std / min / max of the final fit's validation loss
     backfiring.csv     flagged (architecture, row, eraser) with early / late gaps and crossing epoch
 
 Runs of several designs (runs that do not share their config keys: a paper preset beside a plain sweep, say)
 get a report each, in a folder ``design<i>_<name>`` of ``--out``, and report.md puts their tables one after the
-other. Row keys are the keys the sweeps varied, or those named by ``--rows``.
+other. Row keys are the keys the sweeps varied, or those named by ``--rows``. A sweep over ``protocol`` (the
+training loop) also gets the protocols side by side, each with the paper's values and its blocks left at the
+untrained model (``mdl.report.protocols``).
 
 Spread is the sample standard deviation over seeds (ddof = 1). Cells with fewer seeds than the
 fullest cell are marked and listed, never silently averaged with the others. Runs of different code
@@ -38,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
 from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
+from mdl.report.protocols import protocol_section, untrained_count
 from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
 from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
 from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
@@ -66,12 +69,12 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
     paths.append(write_latex_table(out / "table.tex", sweep, cells))
 
     run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
-    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs", "git_sha",
-                                              "code_version_full", "path"],
+    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs",
+                                              "blocks_at_untrained", "git_sha", "code_version_full", "path"],
                            ([r.arch, *r.row, r.eraser, sweep.replicate_label(r.replicate),
                              *(_num(r.results.get(m)) for m in run_metrics),
-                             len(r.results.get("val_loss_curve") or []), r.results.get("git_sha") or "", r.code_version,
-                             str(r.path)]
+                             len(r.results.get("val_loss_curve") or []), _num(untrained_count(r)),
+                             r.results.get("git_sha") or "", r.code_version, str(r.path)]
                             for r in sweep.runs)))
     width = [] if "width" in keys else ["width"]  # a column of its own when it is not a row key
     paths.append(write_csv(out / "mdl_increase.csv", ["architecture", *keys, "eraser", *width, "increase_bits_per_sample",
@@ -180,7 +183,8 @@ def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
     text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
-                  [*paper_md, *lr_section(sweep, cells, out), *_missing(list(missing))])
+                  [*protocol_section(sweep, cells, cov.max_seeds, compare_to), *paper_md, *lr_section(sweep, cells, out),
+                   *_missing(list(missing))])
     path = out / "report.md"
     path.write_text(text)
     return path

@@ -205,7 +205,8 @@ def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tup
 
 # --- the report section ------------------------------------------------------------------------
 
-def _f(x: float, digits: int = 2) -> str:
+def signed(x: float, digits: int = 2) -> str:
+    """A difference with its sign (+0.05, −∞, n/a): the comparison tables' Δ columns."""
     if math.isnan(x):
         return "n/a"
     if math.isinf(x):
@@ -266,7 +267,7 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
         ours_text = f"{x.mean:.2f} ± {'n/a' if math.isnan(x.sd) else f'{x.sd:.2f}'} (n={x.n})"
         data = x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}"
         body.append([data, x.cell.arch, *map(str, x.cell.row), x.cell.eraser, ours_text,
-                     f"{x.paper.printed} (n={x.paper.n_seeds})", _f(x.delta), _f(x.z_paper, 1), _f(x.z, 1),
+                     f"{x.paper.printed} (n={x.paper.n_seeds})", signed(x.delta), signed(x.z_paper, 1), signed(x.z, 1),
                      "**yes**" if x.flagged else "no"])
 
     md += [markdown_table(header, body), ""]

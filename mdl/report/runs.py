@@ -43,6 +43,7 @@ CONTROL = "none"
 AXIS_ORDER = ("width", "depth")
 COMPARED_METRICS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve")
 ERASER_ORDER = ("none", "leace", "alf_qleace", "gradient", "qleace", "random")
+PROTOCOL_KEY = "protocol.name"  # the training loop (conf/protocol/): original or sound
 CODE_VERSION_KEY = "code_version"  # the pseudo row key holding the code version when cells are split
 UNKNOWN_VERSION = "unknown"
 
@@ -204,12 +205,12 @@ def _short(key: str) -> str:
 
 def display_names(keys: Iterable[str]) -> dict[str, str]:
     """The shortest dotted suffix naming each key unambiguously: width -> width, but
-    optimizer.lr and data.lr stay apart."""
+    optimizer.lr and data.lr stay apart; a group's ``name`` keeps its group (protocol.name, not name)."""
     keys = list(keys)
     names = {}
     for key in keys:
         parts = key.split(".")
-        for n in range(1, len(parts) + 1):
+        for n in range(2 if parts[-1] == "name" and len(parts) > 1 else 1, len(parts) + 1):
             name = ".".join(parts[-n:])
             if sum(other == name or other.endswith("." + name) for other in keys) == 1:
                 break
@@ -314,7 +315,7 @@ def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
     within a pair and is neither a row nor ignored is an error: its runs would be averaged together."""
     varying = _varying_within(runs, lambda r: (r.arch, r.eraser),
                               lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
-    swept = set().union(*varying.values()) if varying else set()
+    swept = (set().union(*varying.values()) if varying else set()) - set_by_protocol(runs)
     if rows is None:
         return sorted(swept, key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
     known = sorted(set().union(*(r.flat for r in runs)) if runs else set())
@@ -324,6 +325,12 @@ def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
         raise ValueError(f"runs of one architecture and eraser also differ in {', '.join(left)}: add "
                          f"{'them' if len(left) > 1 else 'it'} to --rows, or --ignore {left[0]} to average over it")
     return chosen
+
+
+def set_by_protocol(runs: list[Run]) -> set[str]:
+    """The protocol.* keys that protocol.name decides: a sweep over protocol=original,sound gets one row key."""
+    rules = {k for r in runs for k in r.flat if k.startswith("protocol.") and k != PROTOCOL_KEY}
+    return rules - set().union(*_varying_within(runs, lambda r: r.flat.get(PROTOCOL_KEY), lambda r: rules).values())
 
 
 def resolve_key(name: str, known: Sequence[str]) -> str:

@@ -9,6 +9,8 @@ never train the same blocks at once or write the same checkpoint.
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import errno
 import hashlib
@@ -259,6 +261,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("mdl_help", _help_text)
 
 
+@functools.cache  # Hydra resolves the hydra node at every compose (twice per run, once more per sweep job)
 def _help_text() -> str:
     from mdl.run.help import help_text
 
