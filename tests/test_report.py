@@ -948,3 +948,22 @@ def test_a_damaged_multirun_record_is_named_and_the_report_still_made(tmp_path: 
     (tmp_path / "multirun.yaml").write_text(damage)
     assert missing_jobs([tmp_path]) == []
     assert f"{tmp_path / 'multirun.yaml'} is damaged" in caplog.text
+
+
+def test_saving_a_pdf_figure_logs_nothing_at_info(tmp_path: Path, caplog):
+    """Embedding Type 42 fonts runs fontTools' subsetter, which logs every table it prunes at INFO: under Hydra's
+    logging about 60 lines at the end of every sweep. The report's style keeps them out."""
+    import logging
+
+    import matplotlib.pyplot as plt
+
+    import mdl.report.style  # noqa: F401 - the style the report draws with
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0], label="LEACE")
+    ax.set_title("a title")
+    ax.legend()
+    with caplog.at_level(logging.INFO):
+        fig.savefig(tmp_path / "f.pdf")
+    plt.close(fig)
+    assert not [r for r in caplog.records if r.name.startswith("fontTools")], caplog.text[:500]

@@ -8,6 +8,7 @@ the report draws to files only.
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from typing import Iterable
 
@@ -31,6 +32,9 @@ RC_PARAMS = {
     "ytick.labelsize": SMALL_FONT_SIZE,
 }
 matplotlib.rcParams.update(RC_PARAMS)
+# Type 42 PDFs embed a subset of each font, and fontTools logs every table it prunes at INFO (about 60 lines
+# per report under Hydra's logging): not news to the reader.
+logging.getLogger("fontTools").setLevel(logging.WARNING)
 
 # config names -> the names of the paper's Appendix C table (legends, panel titles, the LaTeX table);
 # Markdown tables and CSVs keep the config names, which are what a user types.
