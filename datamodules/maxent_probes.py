@@ -110,13 +110,13 @@ def maxent_probe_set(dm: Any, n_per_class: int | None = None, seed: int | None =
                          f"(null: the validation split's class counts); e.g. probes.n_per_class=200")
     k = dm.num_classes
     x, y = dm.train_set.x, dm.train_set.y
-    if getattr(dm, "augment_order", "erase_then_augment") == "augment_then_erase" and dm.eraser is not None:
+    if dm.options.augment_order == "augment_then_erase" and dm.eraser is not None:
         x = erase(dm.eraser, x, y if dm.eraser.requires_labels else None)  # stored raw; its loaders erase batches
     if n_per_class is None:
         counts = torch.bincount(dm.val_set.y.cpu(), minlength=k).tolist()
     else:
         counts = [n_per_class] * k
-    seed = dm.data_seed if seed is None else seed
+    seed = dm.options.data_seed if seed is None else seed
     px, py, info = sample_class_gaussians(x, y, k, counts, seed)
     info = {"n_per_class": counts, "seed": seed, "max_ridge": max(info["ridges"]), "n": len(py)}
     log.info("max-ent probes: %d examples (per class %s) from class Gaussians of the erased training split",

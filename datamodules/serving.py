@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from datamodules.options import DataOptions
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.sources import ImageSet
 from datamodules.stacked_batches import StackedBatches, TrainSource
@@ -14,19 +15,13 @@ from datamodules.stacked_batches import StackedBatches, TrainSource
 class BatchServing:
     """Loaders over ``train_set`` / ``val_set`` / ``test_set`` (tensors on the training device)."""
 
+    options: DataOptions
     train_set: ImageSet | None
     val_set: Any
     test_set: Any
     prefix: int | None
     steps_per_group: int
-    batch_size: int
-    eval_batch_size: int
     seed: int
-    augment: bool
-    flip: bool
-    padding_fraction: float
-    pad_mode: str
-    balance: str | None
     reshuffle: bool
     augment_per_batch: bool
     num_classes: int
@@ -52,18 +47,18 @@ class BatchServing:
 
     def train_dataloader(self) -> DeviceBatches | GroupedBatches:
         assert self.train_set is not None, "call setup() first"
-        n = self.prefix or self.num_train
+        n, o = self.prefix or self.num_train, self.options
         batches = DeviceBatches(
-            self.train_set.x[:n], self.train_set.y[:n], self.batch_size, shuffle=self.reshuffle,
-            augment=self.augment, flip=self.flip, seed=self.seed,
-            padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
+            self.train_set.x[:n], self.train_set.y[:n], o.batch_size, shuffle=self.reshuffle,
+            augment=o.augment, flip=o.flip, seed=self.seed,
+            padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
             class_balance=self._class_balance(), augment_per_batch=self.augment_per_batch,
         )
         return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
 
     def _class_balance(self) -> int | None:
         """The class count the training batches are balanced over (data.balance=rwy), else None."""
-        return self.num_classes if self.balance == "rwy" else None
+        return self.num_classes if self.options.balance == "rwy" else None
 
     def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1,
                              member_ids: list[int] | None = None, seeds: list[int] | None = None,
@@ -73,24 +68,25 @@ class BatchServing:
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
         packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
         assert self.train_set is not None, "call setup() first"
-        sources = [TrainSource(o.train_set.x, o.train_set.y, o._batch_eraser) for o in others]
+        sources = [TrainSource(other.train_set.x, other.train_set.y, other._batch_eraser) for other in others]
+        o = self.options
         return StackedBatches(
-            self.train_set.x, self.train_set.y, prefixes, self.batch_size, seed=self.seed, augment=self.augment,
-            flip=self.flip, padding_fraction=self.padding_fraction, pad_mode=self.pad_mode, transform=self._batch_eraser,
+            self.train_set.x, self.train_set.y, prefixes, o.batch_size, seed=self.seed, augment=o.augment,
+            flip=o.flip, padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
             steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
             other_sources=sources, source_of=source_of,
         )
 
     def val_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.val_set.x, self.val_set.y, self.eval_batch_size)
+        return DeviceBatches(self.val_set.x, self.val_set.y, self.options.eval_batch_size)
 
     def test_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.test_set.x, self.test_set.y, self.eval_batch_size)
+        return DeviceBatches(self.test_set.x, self.test_set.y, self.options.eval_batch_size)
 
     def eval_loader(self, start: int, stop: int) -> DeviceBatches:
         """Unaugmented batches of training examples [start, stop): the next prequential block."""
         assert self.train_set is not None, "call setup() first"
         return DeviceBatches(
-            self.train_set.x[start:stop], self.train_set.y[start:stop], self.eval_batch_size,
+            self.train_set.x[start:stop], self.train_set.y[start:stop], self.options.eval_batch_size,
             transform=self._batch_eraser,
         )

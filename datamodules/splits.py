@@ -1,17 +1,21 @@
-"""Splits of a data set: seeded splitting, class balancing, standardisation and the covariance transform."""
+"""Splits of a data set: loading them (seeded split, class balancing, standardisation), and the covariance
+transform fitted on the training split."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import Tensor
 
-from datamodules.sources import ImageSet
-from erasure import CovariancePower
 from datamodules.settings import ERASE_CHUNK, check_balance
+from datamodules.sources import ImageSet, ImageSource, load_source
+from erasure import CovariancePower, fit_covariance_power
+
+if TYPE_CHECKING:
+    from datamodules.options import DataOptions
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class Splits:
     classes: list[str]
     balance: dict[str, Any] | None = None  # class counts of the training split before / after balancing
     zscore: dict[str, Any] | None = None  # data.zscore: what the standardisation was fitted on
+    transform: dict[str, Any] | None = None  # data.transform before the eraser: its setting and spectrum
 
 
 def standardised(splits: Splits) -> Splits:
@@ -113,3 +118,61 @@ def zscore_map(train_x: Tensor, when: str = "before_eraser") -> tuple[Callable[[
     log.info("data.zscore: every split standardised with the %s's mean and std (%d constant features)",
              info["statistics"], info["constant_features"])
     return z, info
+
+
+def load_splits(options: DataOptions) -> Splits:
+    """The source's training, validation and test splits: split by ``data_seed`` (the training split in its seeded
+    order, the prequential order), balanced (``data.balance``) and standardised (``data.zscore=true``) as asked."""
+    src: ImageSource = load_source(options.source, **options.options)
+    x, y = src.train.x, src.train.y
+    held = options.val_size + (options.test_size if src.test is None else 0)
+    if held >= len(y):
+        sizes = "data.val_size" + (" + data.test_size" if src.test is None else "")
+        raise ValueError(
+            f"{sizes} = {held} leaves no training examples out of the {len(y)} of data source "
+            f"{options.source!r}; lower {sizes.replace(' + ', ' and ')} (at most {len(y) - 1} in all)"
+        )
+    if src.test is None:
+        val_idx, test_idx, train_idx = seeded_split(len(y), [options.val_size, options.test_size], options.data_seed)
+        test = ImageSet(x[test_idx], y[test_idx])
+    else:
+        val_idx, train_idx = seeded_split(len(y), [options.val_size], options.data_seed)
+        test = src.test
+    balance = None
+    if options.balance is not None:
+        before = torch.bincount(y[train_idx], minlength=len(src.classes))
+        train_idx = train_idx[balance_indices(y[train_idx], options.balance, options.data_seed)]
+        after = torch.bincount(y[train_idx], minlength=len(src.classes))
+        balance = {"method": options.balance, "class_counts_before": before.tolist(), "class_counts_after": after.tolist()}
+        if options.balance == "rwy":  # the stored split is unchanged; each epoch's draws are balanced
+            balance["sampling"] = "each epoch: n draws with replacement, probability 1 / class count in the prefix"
+        log.info("data.balance=%s: training class counts %s -> %s", options.balance, before.tolist(), after.tolist())
+    splits = Splits(ImageSet(x[train_idx], y[train_idx]), ImageSet(x[val_idx], y[val_idx]), test, src.classes, balance)
+    return standardised(splits) if options.zscore is True else splits
+
+
+def fit_transform(x: Tensor, setting: dict[str, Any], device: torch.device) -> CovariancePower:
+    """The ``data.transform`` fitted on the training images ``x``; errors name the setting."""
+    log.info("fitting the %s transform (p=%g, eps=%g, %s) on %d training examples",
+             setting["name"], setting["p"], setting["eps"], setting["order"], x.shape[0])
+    try:
+        t = fit_covariance_power(x.to(device), p=setting["p"], eps=setting["eps"])
+    except ValueError as err:  # the math layer knows only p and eps
+        raise ValueError(f"data.transform: {err}") from err
+    log.info("transform %s: condition number %.4g -> %.4g, effective rank %.4g -> %.4g (of %d)", setting["name"],
+             t.condition_before, t.condition_after, t.effective_rank_before, t.effective_rank_after, t.dim)
+    return t
+
+
+def transformed_before(splits: Splits, setting: dict[str, Any] | None, device: torch.device) -> Splits:
+    """The splits the eraser sees: mapped by the transform fitted on the training split when
+    ``data.transform.order=before_eraser``, else ``splits`` as they are."""
+    if setting is None or setting["order"] != "before_eraser":
+        return splits
+    t = fit_transform(splits.train.x, setting, device)
+
+    def mapped(images: ImageSet) -> ImageSet:
+        return ImageSet(apply_transform(t, images.x.to(device)), images.y)
+
+    return dataclasses.replace(splits, train=mapped(splits.train), val=mapped(splits.val), test=mapped(splits.test),
+                               transform={**setting, **t.summary()})

@@ -24,6 +24,7 @@ from datamodules import load_source
 from datamodules.cache import CacheWriteError, ErasureCache, cache_key, remove_stale_temporaries
 from datamodules.data_root import BadDataError, UnreadableDataError
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from datamodules.sources import ImageSet, ImageSource, check_labels
 from erasure import erasure_report, fit_eraser
 from erasure.diagnostics import erasure_shortfall
@@ -37,9 +38,8 @@ def synthetic_module(tmp_path: Path | None = None, eraser: dict | None = None, *
     options = {"num_classes": 3, "shape": [1, 4, 4], "n_train": 400, "n_test": 100, "mean_shift": 2.0}
     options |= overrides.pop("options", {})
     settings = {"val_size": 100, "test_size": 0, "device": "cpu", "cache_dir": str(tmp_path) if tmp_path else None}
-    return ErasedDataModule(
-        source="synthetic", options=options, eraser=eraser or {"name": "leace", "options": {}}, **(settings | overrides)
-    )
+    data = {"source": "synthetic", "options": options, **(settings | overrides)}
+    return ErasedDataModule(DataOptions.from_config(data, eraser or {"name": "leace", "options": {}}))
 
 
 # --- sizes and names, refused before anything is loaded ---------------------------------------
@@ -160,10 +160,9 @@ def test_checksum_mismatch_is_a_value_error_for_launch(cifar_folder: Path) -> No
 def test_bad_label_stops_the_data_module_at_load_time(cifar_folder: Path) -> None:
     """A label 10 in a training batch could land in the validation split, where no eraser checks it."""
     bad_label(cifar_folder / "data_batch_5", label=-1)
-    dm = ErasedDataModule(
-        source="cifar10", options={"root": str(cifar_folder.parent), "verify_checksums": False},
-        eraser={"name": "none", "options": {}}, val_size=3, test_size=0, device="cpu",
-    )
+    data = {"source": "cifar10", "options": {"root": str(cifar_folder.parent), "verify_checksums": False},
+            "val_size": 3, "test_size": 0, "device": "cpu"}
+    dm = ErasedDataModule(DataOptions.from_config(data, {"name": "none", "options": {}}))
     with pytest.raises(BadDataError, match="data_batch_5.*outside 0..9.*#0: -1"):
         dm.setup()
 
@@ -327,8 +326,9 @@ def test_teacher_student_without_a_test_split(source: str) -> None:
 
 def test_covariance_power_that_overflows_names_the_setting(tmp_path: Path) -> None:
     """digits' covariance spans 2e-6..0.7: its 25th inverse power overflows float64."""
-    dm = ErasedDataModule(source="digits", eraser={"name": "leace", "options": {}}, val_size=100, test_size=100, device="cpu",
-                          transform={"name": "covariance_power", "p": -50, "eps": 1e-6, "order": "before_eraser"})
+    data = {"source": "digits", "val_size": 100, "test_size": 100, "device": "cpu",
+            "transform": {"name": "covariance_power", "p": -50, "eps": 1e-6, "order": "before_eraser"}}
+    dm = ErasedDataModule(DataOptions.from_config(data, {"name": "leace", "options": {}}))
     with pytest.raises(ValueError, match=r"data\.transform.*p=-50.*closer to 0"):
         dm.setup()
 

@@ -11,6 +11,7 @@ import torch
 
 from conftest import FAST, run_launch
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from datamodules.splits import balance_indices
 from datamodules.loader import DeviceBatches
 
@@ -77,14 +78,12 @@ def test_rwy_draws_the_same_batches_in_both_engines() -> None:
 
 def test_unknown_method_is_named() -> None:
     with pytest.raises(ValueError, match="data.balance='bogus'"):
-        ErasedDataModule("synthetic", {"name": "none"}, balance="bogus", device="cpu", cache_dir=None)
+        DataOptions.from_config(dict(source="synthetic", balance="bogus", device="cpu"), {"name": "none"})
 
 
 def datamodule(balance: str | None, data_seed: int = 0) -> ErasedDataModule:
-    dm = ErasedDataModule(
-        "digits", {"name": "none", "options": {}}, data_seed=data_seed, balance=balance, device="cpu",
-        cache_dir=None, diagnostics=False,
-    )
+    data = dict(source="digits", balance=balance, device="cpu", cache_dir=None, diagnostics=False)
+    dm = ErasedDataModule(DataOptions.from_config(data, {"name": "none", "options": {}}, data_seed=data_seed))
     dm.setup()
     return dm
 
@@ -121,7 +120,8 @@ def test_launch_runs_balancing_on_digits(tmp_path: Path, method: str) -> None:
 
 
 def test_cache_keys_include_the_balancing() -> None:
-    keys = {b: ErasedDataModule("digits", {"name": "none"}, balance=b, device="cpu").data_key() for b in (None, "suby", "rwy")}
+    keys = {b: DataOptions.from_config(dict(source="digits", balance=b, device="cpu"), {"name": "none"}).data_key()
+            for b in (None, "suby", "rwy")}
     assert len(set(keys.values())) == 3
 
 

@@ -160,12 +160,13 @@ def test_no_directory_means_no_cache(tmp_path: Path) -> None:
 
 def sweep_job(cache_dir: Path, seed: int = 0, data_seed: int = 0, eraser_options: dict | None = None, **overrides):
     from datamodules.datamodule import ErasedDataModule
+    from datamodules.options import DataOptions
 
     options = {"num_classes": 3, "shape": [1, 4, 4], "n_train": 400, "n_test": 100, "mean_shift": 2.0}
-    dm = ErasedDataModule(
-        source="synthetic", options=options, eraser={"name": "leace", "options": eraser_options or {}},
-        data_seed=data_seed, seed=seed, val_size=100, test_size=0, device="cpu", cache_dir=str(cache_dir), **overrides,
-    )
+    data = {"source": "synthetic", "options": options, "val_size": 100, "test_size": 0, "device": "cpu",
+            "cache_dir": str(cache_dir), **overrides}
+    eraser = {"name": "leace", "options": eraser_options or {}}
+    dm = ErasedDataModule(DataOptions.from_config(data, eraser, data_seed=data_seed), seed=seed)
     dm.setup()
     return dm
 
@@ -182,11 +183,12 @@ class Spy:
 
 
 def test_sweep_jobs_share_fitted_erasers_and_erased_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import datamodules.datamodule as dm_module
+    import datamodules.erasing as erasing
+    import datamodules.splits as splits
 
-    fits, loads = Spy(dm_module.fit_eraser), Spy(dm_module.load_source)
-    monkeypatch.setattr(dm_module, "fit_eraser", fits)
-    monkeypatch.setattr(dm_module, "load_source", loads)
+    fits, loads = Spy(erasing.fit_eraser), Spy(splits.load_source)
+    monkeypatch.setattr(erasing, "fit_eraser", fits)
+    monkeypatch.setattr(splits, "load_source", loads)
 
     first = sweep_job(tmp_path, seed=0)
     assert (fits.calls, loads.calls) == (1, 1)
@@ -207,12 +209,12 @@ def test_data_made_by_other_eraser_code_is_not_served(tmp_path: Path, monkeypatc
     """Keys carry the digest of erasure/ and datamodules/: after an edit to an eraser the cache
     fits again instead of serving what the old code made (it served it before)."""
     import datamodules.cache as cache_module
-    import datamodules.datamodule as dm_module
+    import datamodules.erasing as erasing
     from erasure.files import source_digest
 
     assert len(source_digest(cache_module.ERASURE_CODE_PACKAGES)) == 64
-    fits = Spy(dm_module.fit_eraser)
-    monkeypatch.setattr(dm_module, "fit_eraser", fits)
+    fits = Spy(erasing.fit_eraser)
+    monkeypatch.setattr(erasing, "fit_eraser", fits)
     monkeypatch.setattr(cache_module, "source_digest", lambda packages: "old eraser code")
     sweep_job(tmp_path, seed=0)
     sweep_job(tmp_path, seed=1)

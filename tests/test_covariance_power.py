@@ -152,21 +152,24 @@ def test_launch_runs_the_transform_on_digits(tmp_path: Path, order: str, eraser:
 
 
 def test_a_transform_with_augment_then_erase_is_refused() -> None:
-    from datamodules.datamodule import ErasedDataModule
+    from datamodules.options import DataOptions
 
     transform = {"name": "covariance_power", "p": -1.0, "eps": 1e-6, "order": "before_eraser"}
     with pytest.raises(ValueError, match="augment_order=erase_then_augment"):
-        ErasedDataModule("digits", {"name": "none"}, transform=transform, augment_order="augment_then_erase", device="cpu")
+        DataOptions.from_config(dict(source="digits", transform=transform, augment_order="augment_then_erase",
+                                     device="cpu"), {"name": "none"})
     with pytest.raises(ValueError, match="missing keys"):
-        ErasedDataModule("digits", {"name": "none"}, transform={"name": "covariance_power", "p": -1.0}, device="cpu")
+        DataOptions.from_config(dict(source="digits", transform={"name": "covariance_power", "p": -1.0}, device="cpu"),
+                                {"name": "none"})
 
 
 def test_cache_keys_include_the_transform_and_its_order() -> None:
-    from datamodules.datamodule import ErasedDataModule
+    from datamodules.options import DataOptions
 
     def keys(transform):
-        dm = ErasedDataModule("digits", {"name": "leace", "options": {}}, transform=transform, device="cpu")
-        return dm.eraser_key(), dm.data_key()
+        options = DataOptions.from_config(dict(source="digits", transform=transform, device="cpu"),
+                                          {"name": "leace", "options": {}})
+        return options.eraser_key(), options.data_key()
 
     plain = keys(None)
     before = keys({"name": "covariance_power", "p": -1.0, "eps": 1e-6, "order": "before_eraser"})

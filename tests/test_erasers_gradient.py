@@ -149,12 +149,11 @@ def test_unknown_recipe_is_refused():
 
 def _digits_setup(options: dict):
     from datamodules.datamodule import ErasedDataModule
+    from datamodules.options import DataOptions
 
-    dm = ErasedDataModule(
-        source="digits", eraser={"name": "gradient", "options": {"device": "cpu", "log_every": 0, **options},
-                                 "checks": {"max_relative_rms_change": 1.0}},  # as conf/eraser/gradient.yaml
-        device="cpu", cache_dir=None,
-    )
+    eraser = {"name": "gradient", "options": {"device": "cpu", "log_every": 0, **options},
+              "checks": {"max_relative_rms_change": 1.0}}  # as conf/eraser/gradient.yaml
+    dm = ErasedDataModule(DataOptions.from_config({"source": "digits", "device": "cpu", "cache_dir": None}, eraser))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 120 x 64 classes: one thread is 5-50x faster than two on a busy machine
     try:

@@ -8,13 +8,19 @@ import pytest
 import torch
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from erasure.diagnostics import chance_accuracy, probe_dimensions
 
 
 def datamodule(eraser: dict, **kw) -> ErasedDataModule:
-    dm = ErasedDataModule("digits", eraser, device="cpu", cache_dir=None, **kw)
+    dm = ErasedDataModule(options(eraser, cache_dir=None, **kw))
     dm.setup()
     return dm
+
+
+def options(eraser: dict, **data) -> DataOptions:
+    """Digits on the CPU with ``eraser`` (a plain eraser node) and the data settings ``data``."""
+    return DataOptions.from_config({"source": "digits", "device": "cpu", **data}, eraser)
 
 
 GRADIENT_ONE_STEP = {"name": "gradient", "options": {"steps": 1, "log_every": 0},
@@ -41,17 +47,16 @@ def test_gradient_fitted_on_the_pool_edits_train_and_validation_in_one_fit() -> 
     assert dm.eraser.edited.shape[0] == n + len(dm.val_set)
     assert torch.equal(dm.train_set.x.flatten(1), dm.eraser.edited[:n].float())
     assert torch.equal(dm.val_set.x.flatten(1), dm.eraser.edited[n:].float())
-    split = ErasedDataModule("digits", GRADIENT_ONE_STEP, device="cpu")
-    assert split.eraser_key() != ErasedDataModule("digits", pooled, device="cpu").eraser_key()
+    assert options(GRADIENT_ONE_STEP).eraser_key() != options(pooled).eraser_key()
     with pytest.raises(ValueError, match=r"fit_scope=pool edits .*eval_labels=predicted"):
-        ErasedDataModule("digits", pooled, device="cpu", eval_labels="predicted")
+        options(pooled, eval_labels="predicted")
     with pytest.raises(ValueError, match="eraser.fit_scope='everything'"):
-        ErasedDataModule("digits", {**pooled, "fit_scope": "everything"}, device="cpu")
+        options({**pooled, "fit_scope": "everything"})
 
 
 def test_checks_are_not_part_of_the_cache_key_and_the_rms_bound_warns() -> None:
     strict = {**GRADIENT_ONE_STEP, "checks": {**GRADIENT_ONE_STEP["checks"], "max_relative_rms_change": 1e-6}}
-    assert ErasedDataModule("digits", strict, device="cpu").eraser_key() == ErasedDataModule("digits", GRADIENT_ONE_STEP, device="cpu").eraser_key()
+    assert options(strict).eraser_key() == options(GRADIENT_ONE_STEP).eraser_key()
     with pytest.warns(RuntimeWarning, match="too far to count as close to the originals"):
         dm = datamodule(strict)
     assert dm.diagnostics["erasure_criterion"]["met"] is False

@@ -9,6 +9,7 @@ import torch
 
 from conftest import pixel_classes
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from erasure import fit_eraser
 from erasure.gradient_original import original_targets, quantize_uint8
 from erasure.gradient_objective import OriginalClassLoss
@@ -83,16 +84,17 @@ def test_bad_input_is_refused_with_the_fix() -> None:
 
 
 def test_zscore_after_the_eraser_standardises_the_erased_splits_and_keys_only_the_data() -> None:
-    after = ErasedDataModule("digits", {"name": "none", "options": {}}, zscore="after_eraser", device="cpu",
-                             cache_dir=None, diagnostics=False)
+    data = dict(source="digits", zscore="after_eraser", device="cpu", cache_dir=None, diagnostics=False)
+    after = ErasedDataModule(DataOptions.from_config(data, {"name": "none", "options": {}}))
     after.setup()
     x = after.train_set.x.double().flatten(1)
     assert torch.allclose(x.mean(0), torch.zeros_like(x.mean(0)), atol=1e-5)
     assert after.diagnostics["zscore"]["statistics"] == "erased training split"
-    raw = ErasedDataModule("digits", {"name": "leace"}, device="cpu")
-    later = ErasedDataModule("digits", {"name": "leace"}, device="cpu", zscore="after_eraser")
-    before = ErasedDataModule("digits", {"name": "leace"}, device="cpu", zscore=True)
+    def leace(**data) -> DataOptions:
+        return DataOptions.from_config({"source": "digits", "device": "cpu", **data}, {"name": "leace"})
+
+    raw, later, before = leace(), leace(zscore="after_eraser"), leace(zscore=True)
     assert raw.eraser_key() == later.eraser_key() != before.eraser_key()  # the eraser sees the raw data
     assert len({raw.data_key(), later.data_key(), before.data_key()}) == 3
     with pytest.raises(ValueError, match="augment_then_erase"):
-        ErasedDataModule("digits", {"name": "leace"}, device="cpu", zscore="after_eraser", augment_order="augment_then_erase")
+        leace(zscore="after_eraser", augment_order="augment_then_erase")

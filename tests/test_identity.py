@@ -73,7 +73,7 @@ def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_le
     def keys(*overrides: str) -> tuple[str, str]:
         cfg = compose_config(["data=cifarnet", "device=cpu", *overrides], tmp_path)
         dm = components.make_datamodule(cfg)
-        return dm.eraser_key(), config_hash(cfg)
+        return dm.options.eraser_key(), config_hash(cfg)
 
     base = keys("data.options.root=/a", "data.options.download=false")
     assert keys("data.options.root=/b", "data.options.download=true") == base  # fetched elsewhere: same data, same run

@@ -14,6 +14,7 @@ from torch import Tensor
 from conftest import RecordOps, cuda_only, host_reads
 from datamodules.augment import apply_crop_flip, crop_flip_params, crop_padding, random_crop_flip
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from datamodules.loader import DeviceBatches
 from erasure import Eraser, available_erasers, register_eraser
 
@@ -170,9 +171,9 @@ SYNTHETIC = {"num_classes": 3, "shape": [1, 6, 6], "n_train": 600, "n_test": 300
 
 
 def data_module(eraser: str, **overrides: Any) -> ErasedDataModule:
-    options = {"source": "synthetic", "options": SYNTHETIC, "val_size": 200, "test_size": 0, "batch_size": 50,
-               "device": "cpu", "cache_dir": None, **overrides}
-    dm = ErasedDataModule(eraser={"name": eraser, "options": {}}, data_seed=0, seed=0, **options)
+    data = {"source": "synthetic", "options": SYNTHETIC, "val_size": 200, "test_size": 0, "batch_size": 50,
+            "device": "cpu", "cache_dir": None, **overrides}
+    dm = ErasedDataModule(DataOptions.from_config(data, {"name": eraser, "options": {}}), seed=0)
     dm.setup()
     return dm
 

@@ -10,6 +10,8 @@ from omegaconf import OmegaConf
 
 from conftest import compose_config, pixel_classes
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions, EraserOptions
+from datamodules.splits import load_splits
 from mdl.run.components import DATA_KEYS_READ_ELSEWHERE
 from erasure import fit_eraser
 
@@ -34,13 +36,13 @@ def datamodule(cache_dir, **options) -> ErasedDataModule:
     data = OmegaConf.to_container(cfg.data, resolve=True)
     for key in DATA_KEYS_READ_ELSEWHERE:  # the optimizer's and the block schedule's (mdl/run/experiment.py make_datamodule)
         data.pop(key)
-    return ErasedDataModule(eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=0, seed=0, **data)
+    return ErasedDataModule(DataOptions.from_config(data, OmegaConf.to_container(cfg.eraser, resolve=True)), seed=0)
 
 
 def test_rank_from_matches_the_other_erasers_edit_rank_and_is_cached(tmp_path) -> None:
     dm = datamodule(tmp_path, rank_from="alf_qleace")
     dm.setup()
-    splits = dm._load_splits()
+    splits = load_splits(dm.options)
     train = splits.train
     # fitted as a run of alf_qleace fits it: on the training and validation splits (its fit_scope: pool)
     alf = fit_eraser("alf_qleace", torch.cat([train.x, splits.val.x]), torch.cat([train.y, splits.val.y]), num_classes=10)
@@ -54,7 +56,7 @@ def test_rank_from_matches_the_other_erasers_edit_rank_and_is_cached(tmp_path) -
     assert again.eraser.rank == alf.edit_rank
     # ... as does a run of alf_qleace itself with its config defaults (same cache key)
     cfg = compose_config(["eraser=alf_qleace"])
-    assert dm.eraser_key(OmegaConf.to_container(cfg.eraser, resolve=True)) in {
+    assert dm.options.eraser_key(EraserOptions.from_config(OmegaConf.to_container(cfg.eraser, resolve=True))) in {
         p.name.split(".")[0] for p in tmp_path.glob("*.eraser.safetensors")
     }
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 
 
 def datamodule(zscore: bool, eraser: str = "none") -> ErasedDataModule:
-    dm = ErasedDataModule("digits", {"name": eraser, "options": {}}, zscore=zscore, device="cpu", cache_dir=None,
-                          diagnostics=False)
+    data = dict(source="digits", zscore=zscore, device="cpu", cache_dir=None, diagnostics=False)
+    dm = ErasedDataModule(DataOptions.from_config(data, {"name": eraser, "options": {}}))
     dm.setup()
     return dm
 
@@ -37,8 +38,8 @@ def test_the_eraser_is_fitted_on_the_z_scored_data_and_the_cache_keys_differ() -
     x, y = z.train_set.x.double().flatten(1), z.train_set.y
     means = torch.stack([x[y == c].mean(0) for c in range(10)])
     assert torch.allclose(means, means.mean(0, keepdim=True).expand_as(means), atol=1e-4)
-    plain = ErasedDataModule("digits", {"name": "leace"}, device="cpu")
-    scored = ErasedDataModule("digits", {"name": "leace"}, device="cpu", zscore=True)
+    plain = DataOptions.from_config(dict(source="digits", device="cpu"), {"name": "leace"})
+    scored = DataOptions.from_config(dict(source="digits", device="cpu", zscore=True), {"name": "leace"})
     assert plain.eraser_key() != scored.eraser_key() and plain.data_key() != scored.data_key()
 
 
@@ -46,4 +47,4 @@ def test_zscore_must_be_a_boolean() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="data.zscore='yes'"):
-        ErasedDataModule("digits", {"name": "none"}, device="cpu", zscore="yes")
+        DataOptions.from_config(dict(source="digits", device="cpu", zscore="yes"), {"name": "none"})

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.options import DataOptions
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
 from mdl.run.config_checks import PROFILERS, probes_enabled
@@ -116,16 +117,14 @@ def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[in
 def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> ErasedDataModule:
     """The run's data module, set up (split, eraser fitted or read from the cache, splits erased),
     its splits on ``device`` (None: where ``data.device`` says)."""
-    data_options = OmegaConf.to_container(cfg.data, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
     for key in DATA_KEYS_READ_ELSEWHERE:  # a data set's defaults for the optimizer and the block schedule
-        data_options.pop(key, None)
+        data.pop(key, None)
     if device is not None:
-        data_options["device"] = str(device)
-    not_data = tuple(k for k in data_options.get("options") or {} if is_bookkeeping(f"data.options.{k}"))
-    dm = ErasedDataModule(
-        eraser=OmegaConf.to_container(cfg.eraser, resolve=True), data_seed=cfg.data_seed, seed=cfg.seed,
-        options_not_data=not_data, **data_options,
-    )
+        data["device"] = str(device)
+    not_data = tuple(k for k in data.get("options") or {} if is_bookkeeping(f"data.options.{k}"))
+    eraser = OmegaConf.to_container(cfg.eraser, resolve=True)
+    dm = ErasedDataModule(DataOptions.from_config(data, eraser, cfg.data_seed, not_data), seed=cfg.seed)
     dm.setup()
     return dm
 
