@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import lightning as L
 import torch
@@ -31,17 +31,17 @@ from datamodules.cache import ErasureCache
 from datamodules.erasing import erase_splits, fit_on_scope, fit_options
 from datamodules.erasure_checks import criterion_check, eraser_on, quadratic_leftover
 from datamodules.interrupts import interruptible
-from datamodules.loader import BatchTransform
+from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.options import DataOptions, EraserOptions
-from datamodules.serving import BatchServing
 from datamodules.sources import ImageSet
 from datamodules.splits import load_splits, transformed_before
+from datamodules.stacked_batches import StackedBatches, TrainSource
 from erasure import Eraser
 
 log = logging.getLogger(__name__)
 
 
-class ErasedDataModule(BatchServing, L.LightningDataModule):
+class ErasedDataModule(L.LightningDataModule):
     """The erased splits of ``options`` on its device, and their batches; ``seed`` orders and augments the training
     batches (a pack of runs sets it per run)."""
 
@@ -51,12 +51,14 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         self.seed = seed
         self.cache = ErasureCache(options.cache_dir)
         self.prefix: int | None = None
-        self.reshuffle, self.augment_per_batch = True, False  # the training loop's (BatchServing.use_prefix)
+        self.reshuffle, self.augment_per_batch = True, False  # the training loop's (use_prefix)
         self.steps_per_group = 1  # training batches per Lightning step (use_prefix)
         self.eraser: Eraser | None = None
         self.train_set: ImageSet | None = None
         self.diagnostics: dict[str, Any] = {}
         self._batch_eraser: BatchTransform | None = None
+
+    # --- the erased splits ----------------------------------------------------------------------
 
     @property
     def device(self) -> torch.device:
@@ -126,3 +128,69 @@ class ErasedDataModule(BatchServing, L.LightningDataModule):
         """Bytes its splits hold on its device (a pack holds several data modules at once: mdl/run/pack.py); the
         eraser and batch buffers, small beside them, are not counted."""
         return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
+
+    # --- batches ----------------------------------------------------------------------------
+
+    @property
+    def num_train(self) -> int:
+        assert self.train_set is not None, "call setup() first"
+        return len(self.train_set)
+
+    def use_prefix(self, n: int | None, steps_per_group: int = 1, reshuffle: bool = True,
+                   augment_per_batch: bool = False) -> None:
+        """Serve only the first n training examples (the prequential prefix; None = all), in groups
+        of ``steps_per_group`` batches per Lightning step when that is more than 1. ``reshuffle`` False:
+        the prefix in its order every epoch; ``augment_per_batch``: one crop and flip per batch (both
+        protocol=original, mdl/engine/protocol.py ``LoopRules``)."""
+        if n is not None and not 0 < n <= self.num_train:
+            raise ValueError(f"prefix {n} outside 1..{self.num_train}")
+        if steps_per_group < 1:
+            raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
+        self.prefix, self.steps_per_group = n, steps_per_group
+        self.reshuffle, self.augment_per_batch = reshuffle, augment_per_batch
+
+    def train_dataloader(self) -> DeviceBatches | GroupedBatches:
+        assert self.train_set is not None, "call setup() first"
+        n, o = self.prefix or self.num_train, self.options
+        batches = DeviceBatches(
+            self.train_set.x[:n], self.train_set.y[:n], o.batch_size, shuffle=self.reshuffle,
+            augment=o.augment, flip=o.flip, seed=self.seed,
+            padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
+            class_balance=self._class_balance(), augment_per_batch=self.augment_per_batch,
+        )
+        return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
+
+    def _class_balance(self) -> int | None:
+        """The class count the training batches are balanced over (data.balance=rwy), else None."""
+        return self.num_classes if self.options.balance == "rwy" else None
+
+    def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1,
+                             member_ids: list[int] | None = None, seeds: list[int] | None = None,
+                             others: Sequence["ErasedDataModule"] = (), source_of: list[int] | None = None) -> StackedBatches:
+        """Batches for a stack of models, member m training on the first prefixes[m] examples, in
+        groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
+        ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
+        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
+        assert self.train_set is not None, "call setup() first"
+        sources = [TrainSource(other.train_set.x, other.train_set.y, other._batch_eraser) for other in others]
+        o = self.options
+        return StackedBatches(
+            self.train_set.x, self.train_set.y, prefixes, o.batch_size, seed=self.seed, augment=o.augment,
+            flip=o.flip, padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
+            steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
+            other_sources=sources, source_of=source_of,
+        )
+
+    def val_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.val_set.x, self.val_set.y, self.options.eval_batch_size)
+
+    def test_dataloader(self) -> DeviceBatches:
+        return DeviceBatches(self.test_set.x, self.test_set.y, self.options.eval_batch_size)
+
+    def eval_loader(self, start: int, stop: int) -> DeviceBatches:
+        """Unaugmented batches of training examples [start, stop): the next prequential block."""
+        assert self.train_set is not None, "call setup() first"
+        return DeviceBatches(
+            self.train_set.x[start:stop], self.train_set.y[start:stop], self.options.eval_batch_size,
+            transform=self._batch_eraser,
+        )
