@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from datamodules.augment import crop_padding  # noqa: E402
+from datamodules.augment import Augmentation, crop_padding  # noqa: E402
 from datamodules.loader import DeviceBatches  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def main() -> None:
     for name in devices:
         device = torch.device(name)
         x, y = x_host.to(device), y_host.to(device)
-        ours = rate(DeviceBatches(x, y, args.batch_size, shuffle=True, augment=True, seed=0), device, args.epochs)
+        ours = rate(DeviceBatches(x, y, args.batch_size, shuffle=True, augment=Augmentation(), seed=0), device, args.epochs)
         print(f"[{name}] device path (DeviceBatches): {ours:10.1f} batches/s")
         for workers in args.workers:
             loader = DataLoader(

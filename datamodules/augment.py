@@ -28,6 +28,27 @@ def crop_padding(side: int, fraction: float) -> int:
 
 
 @dataclass(frozen=True)
+class Augmentation:
+    """How training batches are augmented (``data.augment``): a random crop of the image padded by
+    round(padding_fraction * side) on each side (filled as ``pad_mode`` says) and, with ``flip``, a random
+    horizontal flip."""
+
+    flip: bool = True
+    padding_fraction: float = 0.125
+    pad_mode: str = "constant"
+
+    def __post_init__(self) -> None:
+        if self.pad_mode not in PAD_MODES:
+            raise ValueError(f"data.pad_mode must be one of {PAD_MODES}, got {self.pad_mode!r}")
+
+    def pads(self, x: Tensor) -> tuple[int, int]:
+        """The crop padding (rows, columns) of images ``x`` (n, c, h, w); (0, 0) for other shapes."""
+        if x.ndim != 4:
+            return 0, 0
+        return crop_padding(x.shape[2], self.padding_fraction), crop_padding(x.shape[3], self.padding_fraction)
+
+
+@dataclass(frozen=True)
 class CropFlip:
     """Per-image crop offsets in the padded image (dy, dx in [0, 2 * pad]) and flip flags."""
 

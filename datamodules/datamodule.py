@@ -151,11 +151,10 @@ class ErasedDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DeviceBatches | GroupedBatches:
         assert self.train_set is not None, "call setup() first"
-        n, o = self.prefix or self.num_train, self.options
+        n = self.prefix or self.num_train
         batches = DeviceBatches(
-            self.train_set.x[:n], self.train_set.y[:n], o.batch_size, shuffle=self.reshuffle,
-            augment=o.augment, flip=o.flip, seed=self.seed,
-            padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
+            self.train_set.x[:n], self.train_set.y[:n], self.options.batch_size, shuffle=self.reshuffle,
+            augment=self.options.augmentation(), seed=self.seed, transform=self._batch_eraser,
             class_balance=self._class_balance(), augment_per_batch=self.augment_per_batch,
         )
         return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
@@ -172,13 +171,11 @@ class ErasedDataModule(L.LightningDataModule):
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
         packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
         assert self.train_set is not None, "call setup() first"
-        sources = [TrainSource(other.train_set.x, other.train_set.y, other._batch_eraser) for other in others]
-        o = self.options
+        sources = [TrainSource(d.train_set.x, d.train_set.y, d._batch_eraser) for d in (self, *others)]
         return StackedBatches(
-            self.train_set.x, self.train_set.y, prefixes, o.batch_size, seed=self.seed, augment=o.augment,
-            flip=o.flip, padding_fraction=o.padding_fraction, pad_mode=o.pad_mode, transform=self._batch_eraser,
+            sources, prefixes, self.options.batch_size, seed=self.seed, augment=self.options.augmentation(),
             steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
-            other_sources=sources, source_of=source_of,
+            source_of=source_of,
         )
 
     def val_dataloader(self) -> DeviceBatches:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from datamodules.augment import PAD_MODES, apply_crop_flip, crop_flip_params, crop_padding
+from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params
 
 BatchTransform = Callable[[Tensor, Tensor], Tensor]
 
@@ -50,9 +50,10 @@ class DeviceBatches:
     """Iterable of (x, y) batches over tensors already on their device.
 
     ``set_epoch(e)`` (called by the training module each epoch) fixes the shuffle and the
-    augmentation of that epoch; ``augment_per_batch``: one crop offset and one flip per batch, as
-    torchvision v2 transforms draw them for a batch tensor (the original code, experiments/cli.py@0cc7065). ``transform(x, y)``, if given, runs on every batch after the
-    augmentation (augment-then-erase applies the eraser here). ``class_balance`` (the number of
+    augmentation of that epoch. ``augment``: the crop and flip of every batch (None: none);
+    ``augment_per_batch``: one crop offset and one flip per batch, as torchvision v2 transforms draw
+    them for a batch tensor (the original code, experiments/cli.py@0cc7065). ``transform(x, y)``, if
+    given, runs on every batch after the augmentation (augment-then-erase applies the eraser here). ``class_balance`` (the number of
     classes; shuffled loaders only) replaces the shuffle by class-balanced draws with replacement,
     redrawn every epoch (``data.balance=rwy``): the data itself, and so the blocks a prequential
     run scores, hold no copies.
@@ -64,12 +65,9 @@ class DeviceBatches:
         y: Tensor,
         batch_size: int,
         shuffle: bool = False,
-        augment: bool = False,
-        flip: bool = True,
+        augment: Augmentation | None = None,
         seed: int = 0,
         drop_last: bool = False,
-        padding_fraction: float = 0.125,
-        pad_mode: str = "constant",
         transform: BatchTransform | None = None,
         class_balance: int | None = None,
         augment_per_batch: bool = False,
@@ -82,21 +80,17 @@ class DeviceBatches:
             raise ValueError(f"x and y must live on one device, got {x.device} and {y.device}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if augment and x.ndim != 4:
+        if augment is not None and x.ndim != 4:
             raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
-        if pad_mode not in PAD_MODES:
-            raise ValueError(f"data.pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
         self.x, self.y = x, y
         self.batch_size = batch_size
-        self.shuffle, self.augment, self.flip = shuffle, augment, flip
+        self.shuffle, self.augment = shuffle, augment
         self.augment_per_batch = augment_per_batch  # one crop offset and one flip for a whole batch (protocol=original)
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
-        self.pad_mode = pad_mode
         self.transform = transform
-        self.pad_h = crop_padding(x.shape[2], padding_fraction) if x.ndim == 4 else 0
-        self.pad_w = crop_padding(x.shape[3], padding_fraction) if x.ndim == 4 else 0
+        self.pad_h, self.pad_w = augment.pads(x) if augment is not None else (0, 0)
         self.sample_weights = class_balanced_weights(y, class_balance) if class_balance is not None else None
 
     @property
@@ -112,11 +106,12 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n = self.x.shape[0]
-        g = epoch_generator(self.seed, self.epoch, self.x.device) if (self.shuffle or self.augment) else None
+        augment = self.augment
+        g = epoch_generator(self.seed, self.epoch, self.x.device) if (self.shuffle or augment is not None) else None
         order = epoch_order(n, g, self.x.device, self.sample_weights) if self.shuffle else None
         # the epoch's crops and flips in one draw, after its shuffle; batch b takes rows b*B.. of it
         draws = len(self) if self.augment_per_batch else n
-        crops = crop_flip_params(draws, self.pad_h, self.pad_w, self.flip, g, self.x.device) if self.augment else None
+        crops = crop_flip_params(draws, self.pad_h, self.pad_w, augment.flip, g, self.x.device) if augment is not None else None
         for b in range(len(self)):
             sl = slice(b * self.batch_size, min((b + 1) * self.batch_size, n))
             if order is None:
@@ -126,7 +121,7 @@ class DeviceBatches:
                 xb, yb = self.x[idx], self.y[idx]
             if crops is not None:
                 rows = crops.batch(b, xb.shape[0]) if self.augment_per_batch else crops.rows(sl)
-                xb = apply_crop_flip(xb, rows, self.pad_h, self.pad_w, self.pad_mode)
+                xb = apply_crop_flip(xb, rows, self.pad_h, self.pad_w, augment.pad_mode)
             if self.transform is not None:
                 xb = self.transform(xb, yb)
             yield xb, yb

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
+from datamodules.augment import Augmentation
 from datamodules.cache import cache_key
 from datamodules.settings import (
     FIT_SCOPES, ZSCORE_AFTER, check_balance, check_data_settings, check_erasure_settings, check_transform,
@@ -126,8 +127,13 @@ class DataOptions:
                 f"the {self.eraser.name!r} eraser edits only the data it was fitted on, so it cannot erase augmented "
                 f"batches; use data.augment_order=erase_then_augment"
             )
+        Augmentation(self.flip, self.padding_fraction, self.pad_mode)  # its checks, whether data.augment is on or off
         object.__setattr__(self, "options", dict(self.options or {}))
         object.__setattr__(self, "device", resolve_device(str(self.device)))
+
+    def augmentation(self) -> Augmentation | None:
+        """The training batches' crop and flip (None without ``data.augment``)."""
+        return Augmentation(self.flip, self.padding_fraction, self.pad_mode) if self.augment else None
 
     # --- cache keys --------------------------------------------------------------------------
 

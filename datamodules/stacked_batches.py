@@ -22,12 +22,12 @@ and erased per source, so a member's batches are what they are with its source a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from datamodules.augment import CropFlip, apply_crop_flip, crop_flip_params, crop_padding
+from datamodules.augment import Augmentation, CropFlip, apply_crop_flip, crop_flip_params
 from datamodules.loader import BatchTransform, class_balanced_weights, epoch_generator, epoch_order
 
 
@@ -115,28 +115,23 @@ class StackedBatches:
 
     def __init__(
         self,
-        x: Tensor,
-        y: Tensor,
+        sources: Sequence[TrainSource],
         prefixes: list[int],
         batch_size: int,
         seed: int = 0,
-        augment: bool = False,
-        flip: bool = True,
-        padding_fraction: float = 0.125,
-        pad_mode: str = "constant",
-        transform: BatchTransform | None = None,
+        augment: Augmentation | None = None,
         steps_per_group: int = 1,
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
         seeds: list[int] | None = None,
-        other_sources: list[TrainSource] = (),
         source_of: list[int] | None = None,
     ) -> None:
-        """``member_ids``: each prefix's member id (default 0, 1, ...), e.g. a run's block indices; ``seeds``: each
-        prefix's batch-order seed (default ``seed`` for all: the members of one run; packed runs each have theirs).
-        ``other_sources`` and ``source_of``: further training sets (of ``x``'s shape) and each prefix's source
-        (0 = ``x``, ``y``, ``transform``; i = ``other_sources[i - 1]``); default: every member draws from ``x``."""
-        self.sources = [TrainSource(x, y, transform), *other_sources]
+        """``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
+        into ``sources``; default: every member from the first); ``member_ids``: each prefix's member id (default
+        0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (default ``seed`` for all:
+        the members of one run; packed runs each have theirs); ``augment``: the crop and flip (None: none)."""
+        self.sources = list(sources)
+        x, y = self.sources[0].x, self.sources[0].y
         source_of = [0] * len(prefixes) if source_of is None else list(source_of)
         if len(source_of) != len(prefixes) or any(not 0 <= s < len(self.sources) for s in source_of):
             raise ValueError(f"source_of {source_of}: one source in 0..{len(self.sources) - 1} for each of the {len(prefixes)} prefixes")
@@ -144,14 +139,15 @@ class StackedBatches:
             raise ValueError(f"training sets of shapes {[tuple(s.x.shape) for s in self.sources]} cannot share a stack")
         if any(not 0 < n <= self.sources[s].x.shape[0] for n, s in zip(prefixes, source_of)):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
-        if augment and x.ndim != 4:
+        if augment is not None and x.ndim != 4:
             raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, steps_per_group
-        self.pad_mode = pad_mode
-        pads = (crop_padding(x.shape[2], padding_fraction), crop_padding(x.shape[3], padding_fraction)) if x.ndim == 4 else (0, 0)
-        self.pads = pads
+        self.pad_mode = augment.pad_mode if augment is not None else "constant"
+        self.pads = pads = augment.pads(x) if augment is not None else (0, 0)
+        flip = augment is not None and augment.flip
+
         def weights(n: int, source: int) -> Tensor | None:  # each member balances the classes of its own prefix
             return class_balanced_weights(self.sources[source].y[:n], class_balance) if class_balance is not None else None
 
@@ -161,7 +157,7 @@ class StackedBatches:
         seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
-        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment, pads, flip, weights(n, source))
+        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment is not None, pads, flip, weights(n, source))
                         for m, n, s, source in zip(ids, prefixes, seeds, source_of)}
         self.source_of = dict(zip(ids, source_of))
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())

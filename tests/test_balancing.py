@@ -61,13 +61,13 @@ def test_rwy_epochs_are_class_balanced_in_expectation_and_redrawn_each_epoch() -
 
 def test_rwy_draws_the_same_batches_in_both_engines() -> None:
     """A stacked member draws exactly the sequential engine's class-balanced batches of its prefix."""
-    from datamodules.stacked_batches import StackedBatches
+    from datamodules.stacked_batches import StackedBatches, TrainSource
 
     y = imbalanced_labels()
     x = torch.arange(len(y), dtype=torch.float32)[:, None]
     prefix, batch = 700, 128
     single = DeviceBatches(x[:prefix], y[:prefix], batch, shuffle=True, seed=3, class_balance=4)
-    stacked = StackedBatches(x, y, [prefix, len(y)], batch, seed=3, class_balance=4)
+    stacked = StackedBatches([TrainSource(x, y)], [prefix, len(y)], batch, seed=3, class_balance=4)
     for epoch in range(2):
         single.set_epoch(epoch)
         for xb, _ in single:

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.strategies.strategy import Strategy
 
 from conftest import FAST, RecordOps, compose_config, host_reads
+from datamodules.augment import Augmentation
 from datamodules.loader import DeviceBatches
 from mdl.engine.checkpoints import DamagedCheckpoint, RunCheckpointIO, is_intact
 from mdl.engine.device import training_device
@@ -196,7 +197,7 @@ def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
     single = Classifier(make_model().to(meta), optimizer, lr=1e-2)
     opt = single.configure_optimizers()
     opt.train()
-    batches = list(DeviceBatches(x, y, 16, shuffle=True, augment=True))
+    batches = list(DeviceBatches(x, y, 16, shuffle=True, augment=Augmentation()))
     single.train_group(BatchGroup(batches), opt)
     assert single._sums["train"][0].device == meta
 
@@ -204,7 +205,8 @@ def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
     stack.train_sums = stack.train_sums.to(meta)  # as on_train_start does
     opt = stack.configure_optimizers()
     opt.train()
-    groups = stacked_batches.StackedBatches(x, y, [20, 40, 64], 16, augment=True, steps_per_group=2)
+    groups = stacked_batches.StackedBatches([stacked_batches.TrainSource(x, y)], [20, 40, 64], 16, augment=Augmentation(),
+                                            steps_per_group=2)
     for _ in range(2):
         stack.train_group(groups.next(2), opt)
     drawn_before = groups.next(1)
@@ -241,8 +243,8 @@ def test_members_with_their_own_training_sets_are_served_where_the_data_are(monk
     x, y = torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta)
     other = TrainSource(torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta),
                         lambda xb, yb: xb * 2)
-    batches = StackedBatches(x, y, [32, 64, 64], 16, augment=True, steps_per_group=2, seeds=[0, 0, 1],
-                             other_sources=[other], source_of=[0, 1, 1])
+    batches = StackedBatches([TrainSource(x, y), other], [32, 64, 64], 16, augment=Augmentation(), steps_per_group=2,
+                             seeds=[0, 0, 1], source_of=[0, 1, 1])
     group = batches.next(2)
     assert all(t.device == meta for t in (group.x, group.y, group.weight)) and group.x.shape == (2, 3, 16, 3, 8, 8)
 

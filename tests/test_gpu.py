@@ -60,7 +60,8 @@ def test_stacked_run_killed_and_resumed_on_cuda_is_bit_identical(tmp_path: Path,
 
 
 def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
-    from datamodules.stacked_batches import StackedBatches
+    from datamodules.augment import Augmentation
+    from datamodules.stacked_batches import StackedBatches, TrainSource
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
@@ -71,7 +72,7 @@ def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
     optimizer = module.configure_optimizers()
     optimizer.train()
     x, y = torch.rand(200, 3, 16, 16, device="cuda"), torch.randint(0, 10, (200,), device="cuda")
-    loader = StackedBatches(x, y, [50, 120, 200], 32, augment=True, steps_per_group=4)
+    loader = StackedBatches([TrainSource(x, y)], [50, 120, 200], 32, augment=Augmentation(), steps_per_group=4)
     module.train_group(loader.next(2), optimizer)  # warm-up: first kernels, optimizer state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -13,6 +13,7 @@ import torch
 
 import mdl.run.experiment
 from conftest import FAST, RecordOps, compose_config, host_reads
+from datamodules.augment import Augmentation
 from datamodules.loader import BatchGroup, DeviceBatches, GroupedBatches
 from mdl.run.experiment import run_experiment
 from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
@@ -24,8 +25,8 @@ SEQUENTIAL = [*FAST, "mdl.engine=sequential", "mdl.checkpoint_every_s=0", "skip_
 
 def test_groups_hold_the_loaders_batches_in_order() -> None:
     x, y = torch.rand(150, 3, 8, 8), torch.arange(150)
-    inner = DeviceBatches(x, y, 16, shuffle=True, augment=True, seed=3)  # 10 batches, the last one short
-    grouped = GroupedBatches(DeviceBatches(x, y, 16, shuffle=True, augment=True, seed=3), steps_per_group=4)
+    inner = DeviceBatches(x, y, 16, shuffle=True, augment=Augmentation(), seed=3)  # 10 batches, the last one short
+    grouped = GroupedBatches(DeviceBatches(x, y, 16, shuffle=True, augment=Augmentation(), seed=3), steps_per_group=4)
     for epoch in (0, 1):
         inner.set_epoch(epoch)
         grouped.set_epoch(epoch)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from conftest import RecordOps, cuda_only, host_reads
-from datamodules.augment import apply_crop_flip, crop_flip_params, crop_padding, random_crop_flip
+from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params, crop_padding, random_crop_flip
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.loader import DeviceBatches
@@ -61,18 +61,18 @@ def test_protocol_original_draws_one_crop_and_flip_per_batch() -> None:
     batch's one crop offset and flip; batches draw their own, and the default draws per image."""
     x = images(1, side=16).expand(64, -1, -1, -1).contiguous()
     y = torch.zeros(64, dtype=torch.long)
-    per_batch = DeviceBatches(x, y, 16, augment=True, seed=3, augment_per_batch=True)
+    per_batch = DeviceBatches(x, y, 16, augment=Augmentation(), seed=3, augment_per_batch=True)
     batches = [xb for xb, _ in per_batch]
     assert all(torch.equal(xb[i], xb[0]) for xb in batches for i in range(16))
     assert len({tuple(xb[0].flatten().tolist()) for xb in batches}) > 1
-    per_image = next(iter(DeviceBatches(x, y, 16, augment=True, seed=3)))
+    per_image = next(iter(DeviceBatches(x, y, 16, augment=Augmentation(), seed=3)))
     assert len({tuple(img.flatten().tolist()) for img in per_image}) > 1
 
 
 def test_protocol_original_keeps_the_prefix_order() -> None:
     """reshuffle False (protocol=original): the same order every epoch, the prefix's own."""
     x, y = images(40), torch.arange(40)
-    loader = DeviceBatches(x, y, 16, shuffle=False, augment=True, seed=1, augment_per_batch=True)
+    loader = DeviceBatches(x, y, 16, shuffle=False, augment=Augmentation(), seed=1, augment_per_batch=True)
     for epoch in (0, 5):
         loader.set_epoch(epoch)
         assert torch.equal(torch.cat([yb for _, yb in loader]), y)
@@ -83,7 +83,7 @@ def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> N
     x, y = images(100, device=device), torch.arange(100, device=device)
 
     def epoch_batches(seed: int, epoch: int) -> list[Tensor]:
-        loader = DeviceBatches(x, y, 32, shuffle=True, augment=True, seed=seed)
+        loader = DeviceBatches(x, y, 32, shuffle=True, augment=Augmentation(), seed=seed)
         loader.set_epoch(epoch)
         return [torch.cat([xb.flatten(1), yb[:, None].to(xb.dtype)], 1) for xb, yb in loader]
 
@@ -115,7 +115,7 @@ def test_no_host_reads_or_transfers_per_batch(device: str) -> None:
     CPU-only machine the device check is trivially met and the scalar-read check is the content.
     """
     x, y = images(256, device=device), torch.arange(256, device=device)
-    loader = DeviceBatches(x, y, 64, shuffle=True, augment=True, seed=0)
+    loader = DeviceBatches(x, y, 64, shuffle=True, augment=Augmentation(), seed=0)
     pointer = x.data_ptr()
     with RecordOps() as record:
         batches = [(xb, yb) for xb, yb in loader]
@@ -133,7 +133,7 @@ def test_an_epochs_crops_and_flips_are_drawn_at_once() -> None:
     draw per batch would be tiny kernels between a GPU's steps (per model, in the stacked engine)."""
     x, y = images(256), torch.arange(256)
     for batch_size in (128, 16):
-        loader = DeviceBatches(x, y, batch_size, shuffle=True, augment=True, seed=0)
+        loader = DeviceBatches(x, y, batch_size, shuffle=True, augment=Augmentation(), seed=0)
         with RecordOps() as record:
             batches = list(loader)
         draws = [name for name in record.kernels if "rand" in name]
@@ -182,7 +182,7 @@ def test_augment_then_erase_erases_each_augmented_batch() -> None:
     before = data_module("leace", augment=True, augment_order="augment_then_erase")
     after = data_module("leace", augment=True, augment_order="erase_then_augment")
     raw_x, raw_y = before.train_set.x, before.train_set.y  # kept raw in this order
-    plain = DeviceBatches(raw_x, raw_y, 50, shuffle=True, augment=True, seed=0)
+    plain = DeviceBatches(raw_x, raw_y, 50, shuffle=True, augment=Augmentation(), seed=0)
     for (xa, ya), (xr, yr), (xe, _) in zip(before.train_dataloader(), plain, after.train_dataloader()):
         assert torch.equal(ya, yr)
         assert torch.allclose(xa, before.eraser(xr), atol=1e-6)  # erase(augment(x)) with the same crops

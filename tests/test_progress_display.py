@@ -10,13 +10,13 @@ import time
 import torch
 from rich.console import Console
 
-from datamodules.stacked_batches import StackedBatches
+from datamodules.stacked_batches import StackedBatches, TrainSource
 from mdl.engine.stacked_fit import StackedProtocol
 from mdl.engine.progress_display import MemberProgress
 
 
 def _protocol(patience: int = 5) -> StackedProtocol:
-    loader = StackedBatches(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long), [20, 50, 100], batch_size=10)
+    loader = StackedBatches([TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))], [20, 50, 100], batch_size=10)
     protocol = StackedProtocol(loader, lambda m: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
     protocol.members[1].epoch, protocol.members[1].best_score, protocol.members[1].wait = 7, 0.4321, 2
     return protocol
@@ -52,7 +52,8 @@ def test_live_table_shows_members_epochs_and_best_losses() -> None:
 
 
 def test_speed_counts_every_optimizer_step_of_a_group() -> None:
-    loader = StackedBatches(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long), [20, 50, 100], batch_size=10, steps_per_group=4)
+    loader = StackedBatches([TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))], [20, 50, 100], batch_size=10,
+                            steps_per_group=4)
     display = MemberProgress(_protocol(), interval=1e9, live=False)
     display.on_train_start(None, None)
     for group in loader:  # one pass: 10 steps, in groups cut short at the 2- and 5-step epoch ends

@@ -14,6 +14,7 @@ import torch
 from mup import MuReadout
 
 from conftest import FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
+from datamodules.augment import Augmentation
 from datamodules.loader import DeviceBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches, TrainSource
 from mdl.run.components import make_model_factory, make_module_factory
@@ -26,6 +27,11 @@ from models import Classifier, create_model
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
 from test_resume import EXACT, assert_resumes_exactly, run_killed_after
+
+
+def crop_flip(augment: bool) -> Augmentation | None:
+    """The default crop and flip, or none."""
+    return Augmentation() if augment else None
 
 STACKED = [*FAST, "mdl.engine=stacked", "mdl.checkpoint_every_s=0"]
 
@@ -50,11 +56,11 @@ def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
-    stacked = StackedBatches(x, y, prefixes, batch, seed=7, augment=augment, steps_per_group=4)
+    stacked = StackedBatches([TrainSource(x, y)], prefixes, batch, seed=7, augment=crop_flip(augment), steps_per_group=4)
     steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
-        loader = DeviceBatches(x[:n], y[:n], batch, shuffle=True, augment=augment, seed=7)
+        loader = DeviceBatches(x[:n], y[:n], batch, shuffle=True, augment=crop_flip(augment), seed=7)
         expected[m] = []
         for epoch in range(3):
             loader.set_epoch(epoch)
@@ -157,7 +163,7 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
     x, y = torch.rand(640, 3, 8, 8), torch.randint(0, 10, (640,))
     kernels = {}
     for members in (2, 7):
-        batches = StackedBatches(x, y, [640] * members, 32, seed=0, augment=augment, steps_per_group=4)
+        batches = StackedBatches([TrainSource(x, y)], [640] * members, 32, seed=0, augment=crop_flip(augment), steps_per_group=4)
         groups = iter(batches)
         next(groups)  # past the epoch's start (its shuffle and draws)
         with RecordOps() as record:
@@ -169,7 +175,7 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
 
 def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> None:
     x, y = torch.rand(300, 3, 8, 8), torch.randint(0, 10, (300,))
-    make = lambda: StackedBatches(x, y, [70, 300], 32, seed=5, augment=True, steps_per_group=3)  # noqa: E731
+    make = lambda: StackedBatches([TrainSource(x, y)], [70, 300], 32, seed=5, augment=Augmentation(), steps_per_group=3)  # noqa: E731
     uninterrupted, resumed = make(), make()
     for _ in range(4):
         uninterrupted.next()
@@ -188,11 +194,10 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
     ys = [torch.randint(0, 10, (200,), generator=gen) for _ in range(3)]
     shifts = [None, lambda x, y: x + y[:, None, None, None], lambda x, y: 2 * x]  # each source's batch eraser
     prefixes, seeds, sources = [40, 200, 120, 200, 77], [3, 3, 4, 5, 6], [0, 0, 1, 2, 1]
-    mixed = StackedBatches(xs[0], ys[0], prefixes, 16, augment=augment, steps_per_group=3, transform=shifts[0],
-                           seeds=seeds, source_of=sources,
-                           other_sources=[TrainSource(xs[i], ys[i], shifts[i]) for i in (1, 2)])
-    alone = {m: StackedBatches(xs[sources[m]], ys[sources[m]], [prefixes[m]], 16, seed=seeds[m], augment=augment,
-                               steps_per_group=3, transform=shifts[sources[m]]) for m in range(5)}
+    own = [TrainSource(xs[i], ys[i], shifts[i]) for i in range(3)]
+    mixed = StackedBatches(own, prefixes, 16, augment=crop_flip(augment), steps_per_group=3, seeds=seeds, source_of=sources)
+    alone = {m: StackedBatches([own[sources[m]]], [prefixes[m]], 16, seed=seeds[m], augment=crop_flip(augment),
+                               steps_per_group=3) for m in range(5)}
     for _ in range(8):
         group = mixed.next(2)
         for row, m in enumerate(group.members):
@@ -200,7 +205,7 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
             assert torch.equal(group.x[:, row], own.x[:, 0]) and torch.equal(group.y[:, row], own.y[:, 0])
             assert torch.equal(group.weight[:, row], own.weight[:, 0])
     with pytest.raises(ValueError, match="cannot share a stack"):
-        StackedBatches(xs[0], ys[0], [10], 16, other_sources=[TrainSource(xs[1][:, :1], ys[1])], source_of=[1])
+        StackedBatches([TrainSource(xs[0], ys[0]), TrainSource(xs[1][:, :1], ys[1])], [10], 16, source_of=[1])
 
 
 def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_path: Path, monkeypatch) -> None:
@@ -444,7 +449,7 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     from mdl.engine.fitting import make_trainer
 
     x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 10, (96,))
-    loader = StackedBatches(x, y, [32, 64], 16, steps_per_group=4)
+    loader = StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=4)
     models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
     module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
     val = DeviceBatches(x[64:], y[64:], 32)
