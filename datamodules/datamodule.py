@@ -163,9 +163,10 @@ class ErasedDataModule(L.LightningDataModule):
         """The class count the training batches are balanced over (data.balance=rwy), else None."""
         return self.num_classes if self.options.balance == "rwy" else None
 
-    def stacked_train_loader(self, prefixes: list[int], steps_per_group: int = 1,
-                             member_ids: list[int] | None = None, seeds: list[int] | None = None,
-                             others: Sequence["ErasedDataModule"] = (), source_of: list[int] | None = None) -> StackedBatches:
+    def stacked_train_loader(
+        self, prefixes: list[int], steps_per_group: int = 1, member_ids: list[int] | None = None,
+        seeds: list[int] | None = None, others: Sequence[ErasedDataModule] = (), source_of: list[int] | None = None,
+    ) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
         groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:

@@ -104,7 +104,7 @@ def erase_splits(splits: Splits, eraser: Eraser, options: DataOptions) -> tuple[
             for key in ("train_x", "val_x", "test_x"):
                 tensors[key] = apply_transform(t, tensors[key].to(on))
             info["transform"] = {**options.transform, **t.summary()}
-    if options.zscore == ZSCORE_AFTER:  # last: the erased (and transformed) splits, the erased training split's statistics
+    if options.zscore == ZSCORE_AFTER:  # last: the erased (and transformed) splits, by the erased training split
         z, info["zscore"] = zscore_map(tensors["train_x"], ZSCORE_AFTER)
         for key in ("train_x", "val_x", "test_x"):
             tensors[key] = z(tensors[key].to(on))

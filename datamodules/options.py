@@ -85,7 +85,7 @@ class DataOptions:
     source: str
     eraser: EraserOptions
     data_seed: int = 0
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # the source's (data.options)
+    source_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # data.options: the source loader's
     # source options that say where or how the data is fetched, not what it is: left out of the cache keys (the ones
     # a run's identity leaves out, mdl/run/identity.py BOOKKEEPING_KEYS: one definition)
     options_not_data: tuple[str, ...] = ()
@@ -110,9 +110,11 @@ class DataOptions:
     @classmethod
     def from_config(cls, data: Mapping[str, Any], eraser: Mapping[str, Any], data_seed: int = 0,
                     options_not_data: tuple[str, ...] = ()) -> DataOptions:
-        """The options of a plain ``data`` node (its keys are this class's fields) and ``eraser`` node."""
+        """The options of a plain ``data`` node (its keys are this class's fields, ``options`` the source options)
+        and ``eraser`` node."""
+        data = dict(data)
         return cls(eraser=EraserOptions.from_config(eraser), data_seed=data_seed,
-                   options_not_data=tuple(options_not_data), **data)
+                   source_options=data.pop("options", None), options_not_data=tuple(options_not_data), **data)
 
     def __post_init__(self) -> None:
         check_data_settings(self.val_size, self.test_size, self.batch_size, self.eval_batch_size,
@@ -128,7 +130,7 @@ class DataOptions:
                 f"batches; use data.augment_order=erase_then_augment"
             )
         Augmentation(self.flip, self.padding_fraction, self.pad_mode)  # its checks, whether data.augment is on or off
-        object.__setattr__(self, "options", dict(self.options or {}))
+        object.__setattr__(self, "source_options", dict(self.source_options or {}))
         object.__setattr__(self, "device", resolve_device(str(self.device)))
 
     def augmentation(self) -> Augmentation | None:
@@ -139,7 +141,7 @@ class DataOptions:
 
     def source_identity(self) -> dict[str, Any]:
         """The source and the options that change its data."""
-        options = {k: v for k, v in self.options.items() if k not in self.options_not_data}
+        options = {k: v for k, v in self.source_options.items() if k not in self.options_not_data}
         return {"name": self.source, "options": options}
 
     def split_identity(self) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class QuadraticDiscriminant:
 
     @classmethod
     def from_moments(cls, moments: ClassMoments, regularization: float) -> "QuadraticDiscriminant":
+        """The QDA of class moments: each class covariance ridged by ``regularization`` times its mean variance
+        (class covariances are often singular: constant pixels, fewer examples than features), class priors from
+        the class frequencies."""
         if regularization <= 0:
             raise ValueError(f"QDA regularization must be positive (covariances can be singular), got {regularization}")
         covs = moments.covariances()

@@ -123,7 +123,7 @@ def zscore_map(train_x: Tensor, when: str = "before_eraser") -> tuple[Callable[[
 def load_splits(options: DataOptions) -> Splits:
     """The source's training, validation and test splits: split by ``data_seed`` (the training split in its seeded
     order, the prequential order), balanced (``data.balance``) and standardised (``data.zscore=true``) as asked."""
-    src: ImageSource = load_source(options.source, **options.options)
+    src: ImageSource = load_source(options.source, **options.source_options)
     x, y = src.train.x, src.train.y
     held = options.val_size + (options.test_size if src.test is None else 0)
     if held >= len(y):
@@ -143,7 +143,8 @@ def load_splits(options: DataOptions) -> Splits:
         before = torch.bincount(y[train_idx], minlength=len(src.classes))
         train_idx = train_idx[balance_indices(y[train_idx], options.balance, options.data_seed)]
         after = torch.bincount(y[train_idx], minlength=len(src.classes))
-        balance = {"method": options.balance, "class_counts_before": before.tolist(), "class_counts_after": after.tolist()}
+        balance = {"method": options.balance, "class_counts_before": before.tolist(),
+                   "class_counts_after": after.tolist()}
         if options.balance == "rwy":  # the stored split is unchanged; each epoch's draws are balanced
             balance["sampling"] = "each epoch: n draws with replacement, probability 1 / class count in the prefix"
         log.info("data.balance=%s: training class counts %s -> %s", options.balance, before.tolist(), after.tolist())

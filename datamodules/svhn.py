@@ -42,6 +42,8 @@ def refetch(path: Path) -> str:
 
 
 def check_svhn_file(folder: Path, split: str, verify_checksums: bool) -> None:
+    """Refuse a missing file, a folder in its place or (``verify_checksums``) one that is not the official file,
+    before torchvision reads it: each error names the file and how to get a good one."""
     from torchvision.datasets.utils import check_integrity
 
     url, name, md5 = svhn_reader(True).split_list[split]

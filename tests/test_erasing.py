@@ -12,9 +12,10 @@ from datamodules.options import DataOptions
 from datamodules.splits import load_splits
 
 
-@pytest.mark.parametrize("eraser", [{"name": "leace", "options": {}, "fit_scope": "pool"}, {"name": "qleace", "options": {}}])
+@pytest.mark.parametrize("eraser", [{"name": "leace", "options": {}, "fit_scope": "pool"}, {"name": "qleace"}])
 def test_erase_splits_is_what_the_data_module_serves(eraser: dict) -> None:
-    options = DataOptions.from_config({"source": "digits", "device": "cpu", "cache_dir": None, "diagnostics": False}, eraser)
+    data = {"source": "digits", "device": "cpu", "cache_dir": None, "diagnostics": False}
+    options = DataOptions.from_config(data, eraser)
     splits = load_splits(options)
     tensors, info = erase_splits(splits, fit_on_scope(splits, options.eraser, options.device), options)
     dm = ErasedDataModule(options)
