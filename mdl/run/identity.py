@@ -197,9 +197,9 @@ def config_hash(cfg: DictConfig) -> str:
         data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
     if not data.get("callbacks"):
         data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
-    canonical_fit_scope(data)
+    canonical_fit_scope(data)  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
     canonical_swin_variant(data)  # the default Swin (timm): the runs made before model.options.variant existed
-    canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
+    canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed
     if (data.get("protocol") or {}).get("name", "sound") == "sound":
         data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
     for group, keys in OPTIONAL_KEYS.items():
