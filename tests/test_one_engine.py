@@ -140,11 +140,11 @@ def _small_device(monkeypatch, most: int) -> list[int]:
 
     real, sizes = driver.run_stacked_fit, []
 
-    def fit(dm, boundaries, members, *args, **kwargs):
+    def fit(ledgers, members, *args, **kwargs):
         sizes.append(len(members))
         if len(members) > most:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return real(dm, boundaries, members, *args, **kwargs)
+        return real(ledgers, members, *args, **kwargs)
 
     monkeypatch.setattr(driver, "run_stacked_fit", fit)
     return sizes
