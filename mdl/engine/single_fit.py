@@ -20,7 +20,7 @@ import torch
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
-from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, scoring_ranges
+from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, max_epochs_of, scoring_ranges
 from mdl.engine.runs import Fitting
 from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
@@ -29,7 +29,7 @@ from models.module import Classifier, total_bits
 class EpochProtocol(L.Callback):
     """The protocol at the end of every training epoch of one model, run in place: validate the
     evaluation weights, keep the best epoch's weights, stop after ``patience`` epochs without
-    improvement (``MemberState.judge``; Lightning itself stops at ``max_epochs``).
+    improvement or at ``max_epochs`` (``MemberState.judge`` and ``should_stop``, as every fit).
 
     Lightning's validation loop with a logged metric, ``EarlyStopping`` and a best-weights callback
     do the same for about a millisecond of host work per epoch, as much as a whole epoch of a small
@@ -48,8 +48,11 @@ class EpochProtocol(L.Callback):
     def __init__(
         self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str,
         untrained_candidate: bool = False, state: MemberState | None = None, rules: LoopRules = LoopRules(),
+        max_epochs: int | None = None,
     ) -> None:
+        """``max_epochs``: as ``max_epochs_of`` reads trainer.kwargs.max_epochs (None: no limit)."""
         self.val_batches, self.patience, self.device = val_batches, patience, torch.device(device)
+        self.max_epochs = max_epochs
         self.untrained_candidate = untrained_candidate
         self.rules = rules
         self.best_optimizer_state: dict | None = None  # with rules.backtrack: the best epoch's optimizer state
@@ -85,11 +88,13 @@ class EpochProtocol(L.Callback):
                 for hook in self.after_validation:
                     hook(trainer, pl_module)
                 pl_module.train()
-        if self.state.judge(mean, epoch=len(pl_module.val_loss_curve) - 1):
+        improved = self.state.judge(mean, epoch=len(pl_module.val_loss_curve) - 1)
+        self.state.epoch = trainer.current_epoch + 1
+        if improved:
             self._snapshot(pl_module, trainer)
-        elif self.state.out_of_patience(self.patience):
+        if self.state.should_stop(improved, self.patience, self.max_epochs):
             trainer.should_stop = True
-        elif self.rules.backtrack:
+        elif not improved and self.rules.backtrack:
             self._backtrack(pl_module, trainer)
 
     def _snapshot(self, pl_module: L.LightningModule, trainer: L.Trainer) -> None:
@@ -185,7 +190,8 @@ def fit_prefix(
     module.automatic_optimization = steps == 1
     module.evaluate_as_trained = rules.evaluate_as_trained
     best = EpochProtocol(dm.val_dataloader, patience, device, untrained_candidate,
-                         MemberState(member, dm.num_train if n_train is None else n_train), rules)
+                         MemberState(member, dm.num_train if n_train is None else n_train), rules,
+                         max_epochs_of(fitting.max_epochs))
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, fitting.checkpoint_every_s))

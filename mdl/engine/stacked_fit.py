@@ -171,8 +171,7 @@ class StackedProtocol(L.Callback):
             improved = state.judge(val_means[j], epoch=state.epoch - 1)
             if improved:
                 self._keep(m, weights, j, len(ended))
-            out_of_patience = not improved and state.out_of_patience(self.patience)
-            if out_of_patience or (self.max_epochs is not None and state.epoch >= self.max_epochs):
+            if state.should_stop(improved, self.patience, self.max_epochs):
                 stopping.append(m)
         return stopping
 
