@@ -107,7 +107,7 @@ class CostTable:
 
     def job_seconds(self, cfg: DictConfig, device: str, packed: bool = False) -> float:
         """Estimated seconds of one job on ``device`` (cpu | gpu); ``packed``: trained as members of a pack's
-        fits (mdl/engine/pack.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
+        fits (mdl/engine/driver.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
         return self.job_estimate(cfg, device, packed)[0]
 
     def pack_overhead(self, cfg: DictConfig, device: str, runs: int) -> float:
