@@ -280,11 +280,14 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     if engine != "sequential" and t.channels_last:
         log.info("fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
                  "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)")
-    run = Run(dm, boundaries, cfg.seed, model, job.store, on_block, on_epoch, final_curves, label=job.label)
+    run = Run(dm, boundaries, cfg.seed, model, job.store, on_block=on_block, on_epoch=on_epoch,
+              final_curves=final_curves, label=job.label)
     fitting = Fitting(
-        trainer_kwargs, cfg.trainer.patience, job.store, run_identity(job.store), members_per_fit(cfg.mdl),
-        cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group, check_paper_loss(cfg.mdl.paper_loss), rules,
-        [*precondition, *make_user_callbacks(cfg)], t.precision, t.channels_last, check_compile(t.compile),
+        trainer_kwargs, t.patience, folder=job.store, identity=run_identity(job.store),
+        members_per_fit=members_per_fit(cfg.mdl), checkpoint_every_s=cfg.mdl.checkpoint_every_s,
+        steps_per_group=cfg.mdl.steps_per_group, paper_loss=check_paper_loss(cfg.mdl.paper_loss), rules=rules,
+        callbacks=[*precondition, *make_user_callbacks(cfg)], precision=t.precision, channels_last=t.channels_last,
+        compile_backend=check_compile(t.compile),
     )
     return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, engine)
 
