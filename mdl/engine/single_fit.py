@@ -88,8 +88,8 @@ class EpochProtocol(L.Callback):
                 for hook in self.after_validation:
                     hook(trainer, pl_module)
                 pl_module.train()
-        improved = self.state.judge(mean, epoch=len(pl_module.val_loss_curve) - 1)
-        self.state.epoch = trainer.current_epoch + 1
+        self.state.epoch = len(pl_module.val_loss_curve)  # epochs trained, this one included (resumed with the module)
+        improved = self.state.judge(mean, epoch=self.state.epoch - 1)
         if improved:
             self._snapshot(pl_module, trainer)
         if self.state.should_stop(improved, self.patience, self.max_epochs):
