@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from mdl.engine.members import AUTO
-from mdl.engine.protocol import fits_of
+from mdl.engine.protocol import LoopRules, fits_of
 
 if TYPE_CHECKING:
     from mdl.engine.runs import Fitting, Run
@@ -42,10 +42,7 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
     of every run (or, with ``auto``, of as many runs as the memory holds) together, so each member keeps the
     companions it has alone. A loop that backtracks trains one member per fit (a stack shares one optimizer step
     count, which a member cannot take back alone)."""
-    size, count = runs[0].size, fitting.members_per_fit
-    if fitting.rules.backtrack and count != 1:
-        log.info("protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", count or "all")
-        count = 1
+    size, count = runs[0].size, one_per_fit_if_backtracking(fitting.members_per_fit, fitting.rules)
     runs_per_fit = None
     if count == AUTO:
         run = runs[0]
@@ -56,6 +53,15 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
         held = members_that_fit(device, size * len(runs), trial) if len(runs) > 1 else None
         runs_per_fit = None if held is None else max(1, held // (count or size))
     return pack_fits(len(runs), size, count, runs_per_fit)
+
+
+def one_per_fit_if_backtracking(members_per_fit: int | str | None, rules: LoopRules) -> int | str | None:
+    """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
+    cannot take back alone), else as asked."""
+    if rules.backtrack and members_per_fit != 1:
+        log.info("protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all")
+        return 1
+    return members_per_fit
 
 
 def pack_fits(num_runs: int, size: int, members_per_fit: int | None,
