@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mdl.engine.fitting import make_trainer  # noqa: E402
 from mdl.engine.single_fit import fit_prefix  # noqa: E402
+from mdl.engine.runs import Fitting  # noqa: E402
 from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
 from mdl.run.components import (  # noqa: E402
     make_datamodule, make_model_factory, make_module_factory, make_optimizer, run_lr,
@@ -135,7 +136,8 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
         timings["hand"].append(hand_loop(make, dm, epochs))
         L.seed_everything(0, verbose=False)
         start = time.perf_counter()
-        fit_prefix(dm, None, make, kwargs, patience=10**6, steps_per_group=cfg.mdl.steps_per_group)
+        fit_prefix(dm, None, make, Fitting(kwargs, 10**6, Path(root), steps_per_group=cfg.mdl.steps_per_group,
+                                           paper_loss="val_min"))
         sync(dm.device)
         timings["sequential"].append(time.perf_counter() - start)
         start = time.perf_counter()

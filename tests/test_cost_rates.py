@@ -83,7 +83,7 @@ def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pa
     packed = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours", out).group(1))
     assert "4 jobs in 1 pack" in out and "members' steps at the measured rate of a stack" in out
     # job by job: 4 x (1 job overhead + 10 fit overheads) + the steps; packed: one job, one fit of all 40 members
-    # (mdl/engine/pack.py) + half the steps
+    # (mdl/engine/driver.py) + half the steps
     steps = (alone - (4 * 100 + 4 * 10 * 100) / 3600) * 3600
     assert packed * 3600 == pytest.approx(100 + 100 + steps / 2, rel=5e-3)  # the printout has 3 digits
     assert re.search(r"longest pack ([\d.]+) h", out) and "each pack one job" in out

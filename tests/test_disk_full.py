@@ -47,7 +47,8 @@ def test_results_write_on_a_full_disk_keeps_the_checkpoint(tmp_path: Path, monke
 
     # the estimate covers the largest checkpoint written (twice over for the write beside the old one), within 3x
     size = max(sizes)
-    estimate = checkpoint_bytes(cfg, components.make_datamodule(cfg, check_trainer_config(cfg)))
+    dm = components.make_datamodule(cfg, check_trainer_config(cfg))
+    estimate = checkpoint_bytes(cfg, components.make_model_factory(cfg, dm.num_classes, dm.input_shape))
     assert size <= estimate / 2 <= 3 * size, (size, estimate, CHECKPOINT_BYTES_PER_PARAMETER)
 
     monkeypatch.setattr(experiment, "write_checked_json", real_write)

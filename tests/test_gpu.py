@@ -248,14 +248,11 @@ def test_members_per_fit_auto_measures_the_gpu_and_runs(tmp_path: Path) -> None:
     """auto on CUDA: a stack of two members' step takes more memory than one's (measured), and the run finishes
     with the count it chose (all members of the digits MLP fit on any GPU)."""
     from mdl.engine.memory import measured_step_peak, stacked_trial_step
-    from mdl.run.components import make_datamodule, make_loss, make_model_factory, make_module_factory, make_optimizer, run_lr
-    from mdl.engine.driver import ModelRecipe
+    from mdl.run.components import make_datamodule, make_model_recipe
 
     cfg = compose_config([*FAST, "device=cuda", "mdl.members_per_fit=auto"], tmp_path)
     dm = make_datamodule(cfg, torch.device("cuda"))
-    recipe = ModelRecipe(make_module_factory(cfg, dm.num_classes, dm.input_shape),
-                         make_model_factory(cfg, dm.num_classes, dm.input_shape), make_optimizer(cfg), run_lr(cfg),
-                         loss=make_loss(cfg, dm.num_classes))
+    recipe = make_model_recipe(cfg, dm.num_classes, dm.input_shape)
     peak = measured_step_peak(torch.device("cuda"), lambda m: stacked_trial_step(dm, recipe, [0, 1, 2], m))
     one, two = peak(1), peak(2)
     assert 0 < one < two

@@ -91,6 +91,26 @@ def test_fits_cover_every_member_once_in_order() -> None:
     assert fits_of(3, 7) == [[0, 1, 2]]
 
 
+def test_the_stopping_rule_is_lightnings_early_stopping_and_max_epochs() -> None:
+    """``MemberState.should_stop``, which every fit applies: an improving epoch never stops a member, even with
+    patience 0 (as EarlyStopping); a non-improving one stops it once patience epochs passed without improving;
+    max_epochs stops it whatever the loss did."""
+    from mdl.engine.protocol import MemberState
+
+    state = MemberState(member=0, n_train=10)
+    state.epoch = 1
+    assert not state.should_stop(state.judge(1.0, 0), patience=0, max_epochs=None)  # improved: goes on at patience 0
+    state.epoch = 2
+    assert state.should_stop(state.judge(1.0, 1), patience=0, max_epochs=None)  # the same loss is no improvement
+    state = MemberState(member=0, n_train=10)
+    for epoch, loss in enumerate([3.0, 4.0, 2.0, 5.0, 6.0]):
+        state.epoch = epoch + 1
+        stop = state.should_stop(state.judge(loss, epoch), patience=2, max_epochs=None)
+        assert stop == (epoch == 4), epoch  # the wait restarts at the improvement to 2.0
+    state.epoch = 3
+    assert state.should_stop(state.judge(0.5, 5), patience=2, max_epochs=3)  # improved, but at max_epochs
+
+
 def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path) -> None:
     """The MLP's stacked form is a batched matmul per member, so a member's numbers do not depend on which
     other members share its fit: two fits of 4 members equal one fit of all 8, block by block."""
@@ -140,11 +160,11 @@ def _small_device(monkeypatch, most: int) -> list[int]:
 
     real, sizes = driver.run_stacked_fit, []
 
-    def fit(dm, boundaries, members, *args, **kwargs):
+    def fit(ledgers, members, *args, **kwargs):
         sizes.append(len(members))
         if len(members) > most:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return real(dm, boundaries, members, *args, **kwargs)
+        return real(ledgers, members, *args, **kwargs)
 
     monkeypatch.setattr(driver, "run_stacked_fit", fit)
     return sizes

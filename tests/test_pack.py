@@ -285,7 +285,7 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
         with pytest.raises(Killed):
             run_pack(jobs(tmp_path / "run", extra=settings))
     left = [p.name for p in (pack_folder(jobs(tmp_path / "run", extra=settings)) / "checkpoints").iterdir()]
-    assert left == ["pack.ckpt"] if members_per_fit == "all" else len(left) == 1 and left[0].startswith("pack-")
+    assert left == ["stacked.ckpt"] if members_per_fit == "all" else len(left) == 1 and left[0].startswith("fit-")
     resumed = run_pack(jobs(tmp_path / "run", extra=settings)[::-1])[::-1]  # the sweep relaunched in another order
     for one, other in zip(reference, resumed):
         for key in NUMBERS:

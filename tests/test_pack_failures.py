@@ -195,11 +195,13 @@ def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monk
     import shutil
     from collections import namedtuple
 
+    from mdl.run.components import make_model_factory
     from mdl.run.experiment import checkpoint_bytes, job_data
     from mdl.run.pack import run_pack
 
     jobs = _pack_jobs(tmp_path, ["mdl.pack_data_fraction=1"])
-    one_run = checkpoint_bytes(jobs[0].cfg, job_data(jobs[0]))
+    dm = job_data(jobs[0])
+    one_run = checkpoint_bytes(jobs[0].cfg, make_model_factory(jobs[0].cfg, dm.num_classes, dm.input_shape))
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * one_run, 8 * one_run, int(1.5 * one_run)))
     with pytest.raises(NotEnoughRoom, match=r"this pack's checkpoints \(4 runs\) need about"):

@@ -144,7 +144,7 @@ def killed_once_blocks_finished(args: list[str], root: Path) -> None:
         deadline = time.time() + 600
         while time.time() < deadline and process.poll() is None:
             progress = list(root.glob("store/*/progress.json"))
-            checkpoint = list(root.glob("store/packs/*/checkpoints/pack.ckpt"))
+            checkpoint = list(root.glob("store/packs/*/checkpoints/stacked.ckpt"))
             if (len(progress) == 4 and all(map(blocks_done, progress)) and checkpoint
                     and checkpoint[0].stat().st_mtime > max(p.stat().st_mtime for p in progress)):
                 process.send_signal(signal.SIGKILL)

@@ -170,7 +170,7 @@ def test_protocol_groups_name_their_loops() -> None:
 
 def test_backtracking_runs_train_one_member_per_fit() -> None:
     """A stack shares one schedule-free step count, so a backtracking protocol fits its members one at a time."""
-    from mdl.engine.driver import one_per_fit_if_backtracking
+    from mdl.engine.memory import one_per_fit_if_backtracking
 
     assert one_per_fit_if_backtracking(None, ORIGINAL) == 1 and one_per_fit_if_backtracking(4, ORIGINAL) == 1
     assert one_per_fit_if_backtracking(None, LoopRules()) is None and one_per_fit_if_backtracking(4, LoopRules()) == 4

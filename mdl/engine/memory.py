@@ -1,11 +1,12 @@
-"""``mdl.members_per_fit=auto``: how many members one stacked fit can hold in the device's memory.
+"""How much trains at once: the fits of (run, block) members that the runs' members are trained in (``plan_fits``).
 
-On a GPU it is measured, not guessed: one optimizer step of a stack of one member and of two, each on
-a real training batch, gives the memory of the fixed part and of each further member (peak allocated
-bytes, parameters, gradients, optimizer state and activations included); the count is what the free
-memory holds with a margin. On a CPU the host's memory is the limit and a stack of these models is
-small beside it: every member goes in one fit. A fit that still runs out of memory is split in halves
-by the driver (mdl/engine/driver.py), with a warning.
+Each run's members go in the fits it has alone (``mdl.members_per_fit``: all, k, or ``auto``), the j-th fit of
+every run trained together. With ``auto`` the count is measured, not guessed: on a GPU one optimizer step of a
+stack of one member and of two, each on a real training batch, gives the memory of the fixed part and of each
+further member (peak allocated bytes: parameters, gradients, optimizer state, activations), measured with every
+run's data already resident, so the count is what the memory left beside the data holds, with a margin; on a CPU
+the host's memory is the limit and a stack of these models is small beside it: every member goes in one fit. A
+fit that still runs out of memory goes on as two of half as many (``halved``), with a warning.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from mdl.engine.members import AUTO
+from mdl.engine.protocol import LoopRules, fits_of
+
+if TYPE_CHECKING:
+    from mdl.engine.runs import Fitting, Run
+
 log = logging.getLogger(__name__)
+Member = tuple[int, int]  # (run, block) in the runs trained together
 MEMORY_MARGIN = 0.8  # our choice: use at most this share of the free memory (fragmentation, the allocator's cache)
 
 
@@ -27,6 +35,51 @@ def out_of_memory_errors() -> tuple[type[BaseException], ...]:
     """The error a full device raises (torch.OutOfMemoryError; older torch: torch.cuda.OutOfMemoryError)."""
     errors = {getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)}
     return tuple(e for e in errors if e is not None)
+
+
+def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
+    """The (run, block) members of every fit, in order: each run's members in the fits it has alone, the j-th fit
+    of every run (or, with ``auto``, of as many runs as the memory holds) together, so each member keeps the
+    companions it has alone. A loop that backtracks trains one member per fit (a stack shares one optimizer step
+    count, which a member cannot take back alone)."""
+    size, count = runs[0].size, one_per_fit_if_backtracking(fitting.members_per_fit, fitting.rules)
+    runs_per_fit = None
+    if count == AUTO:
+        run = runs[0]
+        device = run.data.device
+        trial = measured_step_peak(device, lambda m: stacked_trial_step(run.data, run.model, run.seeds(), m,
+                                                                        fitting.precision))
+        count = members_that_fit(device, size, trial)
+        held = members_that_fit(device, size * len(runs), trial) if len(runs) > 1 else None
+        runs_per_fit = None if held is None else max(1, held // (count or size))
+    return pack_fits(len(runs), size, count, runs_per_fit)
+
+
+def one_per_fit_if_backtracking(members_per_fit: int | str | None, rules: LoopRules) -> int | str | None:
+    """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
+    cannot take back alone), else as asked."""
+    if rules.backtrack and members_per_fit != 1:
+        log.info("protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all")
+        return 1
+    return members_per_fit
+
+
+def pack_fits(num_runs: int, size: int, members_per_fit: int | None,
+              runs_per_fit: int | None = None) -> list[list[Member]]:
+    """The (run, block) members of ``num_runs`` runs of ``size`` members: each run's members in the fits it has alone
+    (``fits_of``), the j-th fit of every run (or of ``runs_per_fit`` runs at a time) together."""
+    step = runs_per_fit or num_runs
+    return [[(r, m) for r in range(a, min(a + step, num_runs)) for m in fit]
+            for fit in fits_of(size, members_per_fit) for a in range(0, num_runs, step)]
+
+
+def halved(left: list[Member], fit_size: int, auto: bool, err: BaseException) -> list[list[Member]]:
+    """What a fit of ``fit_size`` members that ran out of memory has left to train (``left``), in two fits: its runs
+    in two halves, each run keeping its fit; one run's fit is halved (``halved_after_out_of_memory``)."""
+    in_fit = sorted({r for r, _ in left})
+    if len(in_fit) == 1:
+        return halved_after_out_of_memory(left, fit_size, auto, err)
+    return [[(r, m) for r, m in left if r in half] for half in halved_after_out_of_memory(in_fit, fit_size, auto, err)]
 
 
 def halved_after_out_of_memory(left: list[Any], fit_size: int, auto: bool, err: BaseException) -> list[list[Any]]:
@@ -77,15 +130,16 @@ def measured_step_peak(device: torch.device, one_step: Callable[[int], Any]) -> 
     return peak
 
 
-def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int) -> None:
+def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, precision: str = "fp32") -> None:
     """One optimizer step of a stack of ``members`` members on a training batch of the run's data (what the
-    stacked fit's first step allocates: weights, gradients, optimizer state, activations)."""
+    stacked fit's first step allocates: weights, gradients, optimizer state, activations); ``recipe``: the run's
+    ``ModelRecipe`` (mdl/engine/runs.py)."""
     from mdl.engine.stacked_fit import build_members
     from models.module import set_optimizer_mode
     from models.stacked_module import StackedClassifier
 
     module = StackedClassifier(build_members(recipe.make_model, seeds[:members], dm.device), recipe.optimizer,
-                               recipe.lr, recipe.precision, loss=recipe.loss)
+                               recipe.lr, precision, loss=recipe.loss)
     module.train_sums = module.train_sums.to(dm.device)
     optimizer = recipe.optimizer(module.stack.param_groups(recipe.lr))
     set_optimizer_mode(optimizer, train=True)

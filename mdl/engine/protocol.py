@@ -110,9 +110,11 @@ class MemberState:
     def out_of_patience(self, patience: int) -> bool:
         return self.wait >= patience
 
-    def should_stop(self, patience: int, max_epochs: int | None) -> bool:
-        """Out of patience, or at ``max_epochs`` (as ``max_epochs_of`` reads it)."""
-        return self.out_of_patience(patience) or (max_epochs is not None and self.epoch >= max_epochs)
+    def should_stop(self, improved: bool, patience: int, max_epochs: int | None) -> bool:
+        """After ``judge`` of the epoch just finished (``improved``: what it returned): out of patience, or at
+        ``max_epochs`` (as ``max_epochs_of`` reads it). As in Lightning's ``EarlyStopping``, only an epoch
+        without improvement runs out of patience: an improving one never stops a member, even with patience 0."""
+        return (not improved and self.out_of_patience(patience)) or (max_epochs is not None and self.epoch >= max_epochs)
 
 
 @dataclass

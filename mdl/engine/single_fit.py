@@ -20,7 +20,8 @@ import torch
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
 from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
-from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, scoring_ranges
+from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, max_epochs_of, scoring_ranges
+from mdl.engine.runs import Fitting
 from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 
@@ -28,7 +29,7 @@ from models.module import Classifier, total_bits
 class EpochProtocol(L.Callback):
     """The protocol at the end of every training epoch of one model, run in place: validate the
     evaluation weights, keep the best epoch's weights, stop after ``patience`` epochs without
-    improvement (``MemberState.judge``; Lightning itself stops at ``max_epochs``).
+    improvement or at ``max_epochs`` (``MemberState.judge`` and ``should_stop``, as every fit).
 
     Lightning's validation loop with a logged metric, ``EarlyStopping`` and a best-weights callback
     do the same for about a millisecond of host work per epoch, as much as a whole epoch of a small
@@ -47,8 +48,11 @@ class EpochProtocol(L.Callback):
     def __init__(
         self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str,
         untrained_candidate: bool = False, state: MemberState | None = None, rules: LoopRules = LoopRules(),
+        max_epochs: int | None = None,
     ) -> None:
+        """``max_epochs``: as ``max_epochs_of`` reads trainer.kwargs.max_epochs (None: no limit)."""
         self.val_batches, self.patience, self.device = val_batches, patience, torch.device(device)
+        self.max_epochs = max_epochs
         self.untrained_candidate = untrained_candidate
         self.rules = rules
         self.best_optimizer_state: dict | None = None  # with rules.backtrack: the best epoch's optimizer state
@@ -84,11 +88,13 @@ class EpochProtocol(L.Callback):
                 for hook in self.after_validation:
                     hook(trainer, pl_module)
                 pl_module.train()
-        if self.state.judge(mean, epoch=len(pl_module.val_loss_curve) - 1):
+        self.state.epoch = len(pl_module.val_loss_curve)  # epochs trained, this one included (resumed with the module)
+        improved = self.state.judge(mean, epoch=self.state.epoch - 1)
+        if improved:
             self._snapshot(pl_module, trainer)
-        elif self.state.out_of_patience(self.patience):
+        if self.state.should_stop(improved, self.patience, self.max_epochs):
             trainer.should_stop = True
-        elif self.rules.backtrack:
+        elif not improved and self.rules.backtrack:
             self._backtrack(pl_module, trainer)
 
     def _snapshot(self, pl_module: L.LightningModule, trainer: L.Trainer) -> None:
@@ -153,44 +159,42 @@ def fit_prefix(
     dm: ErasedDataModule,
     n_train: int | None,
     make_module: Callable[[], Classifier],
-    trainer_kwargs: dict[str, Any],
-    patience: int,
+    fitting: Fitting,
     checkpoint: Path | None = None,
-    checkpoint_every_s: float = 0.0,
-    extra_callbacks: Sequence[L.Callback] = (),
-    steps_per_group: int = 1,
-    untrained_candidate: bool = False,
     identity: str = "",
+    extra_callbacks: Sequence[L.Callback] = (),
     member: int = 0,
-    rules: LoopRules = LoopRules(),
 ) -> FitOutcome:
-    """Train a fresh model on the first n_train examples (None = all) with early stopping.
+    """Train a fresh model on the first n_train examples (None = all) with early stopping, as ``fitting`` says.
 
     The model trains on the data module's device and is returned there, holding its best
     epoch's weights. With ``checkpoint`` set, the fit saves its state there every epoch and, if
     an intact file already exists (an interrupted earlier attempt), continues from it; a damaged
-    one is discarded with a warning and the fit starts over. ``checkpoint_every_s`` > 0 skips the
+    one is discarded with a warning and the fit starts over. ``fitting.checkpoint_every_s`` > 0 skips the
     saves of epochs that end less than that long after the last one (the first epoch and the
     stopping one are always saved). ``extra_callbacks`` join the fit (and its checkpoints), e.g. the
-    final fit's max-ent probe curves. One Lightning step trains ``steps_per_group`` consecutive
+    final fit's max-ent probe curves. One Lightning step trains ``fitting.steps_per_group`` consecutive
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
-    ``untrained_candidate``: the untrained model is validated too and kept if no epoch beats it.
+    With ``fitting.untrained_candidate`` the untrained model is validated too and kept if no epoch beats it.
     ``identity`` (mdl/engine/checkpoints.py ``run_identity``) stamps the checkpoint; only a checkpoint with the
     same stamp is resumed.
     """
+    trainer_kwargs, patience, rules = fitting.trainer_kwargs, fitting.patience, fitting.rules
+    untrained_candidate = fitting.untrained_candidate
     start = time.perf_counter()
     refuse_for_sequential(trainer_kwargs)
     device = dm.device
-    steps = 1 if settings_needing_single_steps(trainer_kwargs) else steps_per_group
+    steps = 1 if settings_needing_single_steps(trainer_kwargs) else fitting.steps_per_group
     dm.use_prefix(n_train, steps, rules.reshuffle, rules.augment_per_batch)
     module = make_module()
     module.automatic_optimization = steps == 1
     module.evaluate_as_trained = rules.evaluate_as_trained
     best = EpochProtocol(dm.val_dataloader, patience, device, untrained_candidate,
-                         MemberState(member, dm.num_train if n_train is None else n_train), rules)
+                         MemberState(member, dm.num_train if n_train is None else n_train), rules,
+                         max_epochs_of(fitting.max_epochs))
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
-        callbacks.append(SaveLastCheckpoint(checkpoint, checkpoint_every_s))
+        callbacks.append(SaveLastCheckpoint(checkpoint, fitting.checkpoint_every_s))
     resume_from = resumable(checkpoint, identity)
     trainer = make_trainer(trainer_kwargs, device, callbacks, checkpointing=checkpoint is not None, identity=identity)
     with warnings.catch_warnings():  # no val_dataloader on purpose: EpochProtocol validates

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import lightning as L
@@ -38,6 +39,23 @@ def build_members(make_model: Callable[[], nn.Module], seeds: Sequence[int], dev
     return StackedModel(members)
 
 
+@dataclass
+class FitMembers:
+    """What a stacked fit's members need beyond their batches, by stack id: their held-out batches, which data each
+    has (members with equal values share their validation batches: one pass for all of them), where their
+    results and epochs go, which are final fits and how the progress display names them."""
+
+    heldout_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]] | None] = lambda m: None  # None: the scored ones
+    data_of: Callable[[int], int] = lambda m: 0
+    on_finish: Callable[[MemberOutcome], None] | None = None
+    # member -> called at each of its epoch ends, after validation, with its evaluation weights (leading
+    # dimension 1); e.g. the final member's max-ent probe curves (mdl/engine/final_fit_curves.py)
+    on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] = field(default_factory=dict)
+    on_epoch: EpochHook | None = None  # (member, epoch from 0, train loss, val loss, accuracy): live logging
+    final_members: Sequence[int] | None = None  # None: the last member
+    labels: dict[int, str] = field(default_factory=dict)
+
+
 class StackedProtocol(L.Callback):
     def __init__(
         self,
@@ -47,35 +65,25 @@ class StackedProtocol(L.Callback):
         patience: int,
         max_epochs: int | None,
         lr: float,
-        on_finish: Callable[[MemberOutcome], None] | None = None,
-        on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] | None = None,
-        heldout_batches: Callable[[int], Iterable[tuple[Tensor, Tensor]] | None] = lambda m: None,
+        members: FitMembers | None = None,
         untrained_candidate: bool = False,
-        on_epoch: EpochHook | None = None,
-        final_member: int | None = -1,
-        final_members: Sequence[int] = (),
-        labels: dict[int, str] | None = None,
-        data_of: Callable[[int], int] = lambda m: 0,
     ) -> None:
-        """``val_batches(m)``: member m's validation batches; ``data_of(m)``: which data member m has (members
-        with equal values share their validation batches: one pass for all of them). ``final_member``: the run's
-        final fit, if in this stack (-1: the last member; None: not here); a fit of several runs' members
-        (mdl/engine/pack.py) names theirs in ``final_members`` and each member's display name in ``labels``."""
+        """``val_batches(m)``, ``score_batches(m)``: member m's validation batches and the batches it is scored on;
+        ``members``: the rest each member needs (default: one data set, no hooks, the last member the final fit)."""
+        members = members or FitMembers()
         self.loader = loader
-        self.on_epoch = on_epoch  # (member, epoch from 0, train loss, val loss) at each member's epoch end: live logging
-        self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, data_of
-        self.heldout_batches = heldout_batches  # member -> its held-out chunk, or None: the same as score_batches
+        self.on_epoch = members.on_epoch
+        self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, members.data_of
+        self.heldout_batches = members.heldout_batches
         self.untrained_candidate = untrained_candidate
         self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
         self.lr = lr
-        self.on_finish = on_finish
-        # member -> called at each of its epoch ends, after validation, with its evaluation weights
-        # (leading dimension 1); e.g. the final member's max-ent probe curves (mdl/engine/final_fit_curves.py)
-        self.on_member_epoch = dict(on_member_epoch or {})
+        self.on_finish = members.on_finish
+        self.on_member_epoch = dict(members.on_member_epoch)
         self.members = {m: MemberState(m, s.n, s.steps_per_epoch) for m, s in loader.streams.items()}
-        final = max(self.members) if final_member == -1 else final_member
-        self.final_members = set(final_members) | ({final} if final is not None else set())
-        self.labels = dict(labels or {})
+        finals = members.final_members
+        self.final_members = set(finals) if finals is not None else {max(self.members)}
+        self.labels = dict(members.labels)
         self.best: dict[int, dict[str, Tensor]] = {}  # member -> its best epoch's weights
         self.outcomes: dict[int, MemberOutcome] = {}
         self.started = time.monotonic()
@@ -163,8 +171,7 @@ class StackedProtocol(L.Callback):
             improved = state.judge(val_means[j], epoch=state.epoch - 1)
             if improved:
                 self._keep(m, weights, j, len(ended))
-            out_of_patience = not improved and state.out_of_patience(self.patience)
-            if out_of_patience or (self.max_epochs is not None and state.epoch >= self.max_epochs):
+            if state.should_stop(improved, self.patience, self.max_epochs):
                 stopping.append(m)
         return stopping
 

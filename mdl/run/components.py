@@ -19,11 +19,12 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
+from mdl.engine.runs import ModelRecipe, module_factory
 from mdl.run.config_checks import PROFILERS, probes_enabled
 from mdl.run.identity import is_bookkeeping
 from models import Classifier, create_model, depth_scaled_lr
 from models.losses import SpectralDecoupling, loss_from_options
-from models.precision import CompiledModel, check_compile
+from models.precision import check_compile
 
 log = logging.getLogger(__name__)
 
@@ -91,27 +92,18 @@ def make_loss(cfg: DictConfig, num_classes: int) -> SpectralDecoupling | None:
     return loss_from_options(None if options is None else OmegaConf.to_container(options, resolve=True), num_classes)
 
 
-def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]):
-    """A function returning a freshly initialised Classifier: one per prequential block.
+def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> ModelRecipe:
+    """The run's model, optimizer, learning rate and training loss, each built once from the config."""
+    return ModelRecipe(make_model_factory(cfg, num_classes, input_shape), make_optimizer(cfg), run_lr(cfg),
+                       loss=make_loss(cfg, num_classes), mup=cfg.model.base_width is not None)
 
-    With ``trainer.compile`` the first model is compiled and every later block's fresh weights
-    are loaded into it (models/precision.py: CompiledModel), so compilation happens once per run.
-    """
+
+def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], Classifier]:
+    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl/engine/runs.py
+    ``module_factory``: with ``trainer.compile`` a run compiles once)."""
     t = cfg.trainer
-    make_model = make_model_factory(cfg, num_classes, input_shape)
-    lr, optimizer = run_lr(cfg), make_optimizer(cfg)
-    backend = check_compile(t.compile)
-    compiled = CompiledModel(backend) if backend else None
-    loss = make_loss(cfg, num_classes)
-    options = {"mup": cfg.model.base_width is not None, "precision": t.precision, "channels_last": t.channels_last}
-
-    def make() -> Classifier:
-        model = make_model()
-        if compiled is not None:
-            model = compiled.adopt(model)
-        return Classifier(model, optimizer, lr=lr, loss=loss, **options)
-
-    return make
+    return module_factory(make_model_recipe(cfg, num_classes, input_shape), t.precision, t.channels_last,
+                          check_compile(t.compile))
 
 
 def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> ErasedDataModule:

@@ -21,7 +21,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.datamodule import ErasedDataModule
-from mdl.engine.driver import ModelRecipe, run_prequential
+from mdl.codelength import check_paper_loss
+from mdl.engine.checkpoints import run_identity
+from mdl.engine.driver import train_runs
+from mdl.engine.runs import Fitting, Run
 from mdl.engine.preemption import Preempted, sigterm_guard
 from mdl.results import (
     FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, capped_fits,
@@ -29,8 +32,8 @@ from mdl.results import (
     read_checked_json, read_json, write_checked_json,
 )
 from mdl.run.components import (
-    make_datamodule, make_final_curves, make_loss, make_model_factory, make_module_factory, make_optimizer,
-    make_preconditioner, make_profiler, make_user_callbacks, run_lr, show_profile,
+    make_datamodule, make_final_curves, make_model_recipe, make_preconditioner, make_profiler, make_user_callbacks,
+    show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
 from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
@@ -219,18 +222,13 @@ def finished_results(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class PreparedRun:
-    """A run ready to train: its data, block schedule, model recipe, trainer settings and loggers' hooks."""
+    """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl/engine/runs.py), with
+    what its results record beside the numbers (its logger, profiler, preconditioning, eraser file, engine)."""
 
     job: Job
-    dm: ErasedDataModule
-    boundaries: list[int]
-    recipe: ModelRecipe
-    trainer_kwargs: dict[str, Any]
-    callbacks: list[Any]
+    run: Run
+    fitting: Fitting
     logger: Any
-    on_block: Callable[..., None] | None
-    on_epoch: Any
-    final_curves: Any
     profiler: Any
     preconditioning: Any
     eraser_path: str | None
@@ -254,7 +252,8 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     if dm.eraser is not None and getattr(dm.eraser, "can_transform_new_data", True):
         eraser_path = str(dm.eraser.save(run_dir / "eraser.safetensors").resolve())
 
-    require_space(job.store, checkpoint_bytes(cfg, dm), "this run's checkpoints", "paths.output_root")
+    model = make_model_recipe(cfg, dm.num_classes, dm.input_shape)
+    require_space(job.store, checkpoint_bytes(cfg, model.make_model), "this run's checkpoints", "paths.output_root")
 
     # after the eraser fit, which uses them all; null = torch's own default, even if an earlier run in this process set another
     torch.set_num_threads(training_threads(cfg))
@@ -268,7 +267,8 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
-    engine = "sequential" if LoopRules.of(cfg.get("protocol")).backtrack else engine_name(cfg.mdl)  # one member per fit
+    rules = LoopRules.of(cfg.get("protocol"))
+    engine = "sequential" if rules.backtrack else engine_name(cfg.mdl)  # one member per fit
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         job.key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
@@ -280,32 +280,27 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     if engine != "sequential" and t.channels_last:
         log.info("fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
                  "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)")
-    recipe = ModelRecipe(
-        make_module_factory(cfg, dm.num_classes, dm.input_shape), make_model_factory(cfg, dm.num_classes, dm.input_shape),
-        make_optimizer(cfg), run_lr(cfg), t.precision, loss=make_loss(cfg, dm.num_classes),
+    run = Run(dm, boundaries, cfg.seed, model, job.store, on_block=on_block, on_epoch=on_epoch,
+              final_curves=final_curves, label=job.label)
+    fitting = Fitting(
+        trainer_kwargs, t.patience, folder=job.store, identity=run_identity(job.store),
+        members_per_fit=members_per_fit(cfg.mdl), checkpoint_every_s=cfg.mdl.checkpoint_every_s,
+        steps_per_group=cfg.mdl.steps_per_group, paper_loss=check_paper_loss(cfg.mdl.paper_loss), rules=rules,
+        callbacks=[*precondition, *make_user_callbacks(cfg)], precision=t.precision, channels_last=t.channels_last,
         compile_backend=check_compile(t.compile),
     )
-    return PreparedRun(job, dm, boundaries, recipe, trainer_kwargs, [*precondition, *make_user_callbacks(cfg)], logger,
-                       on_block, on_epoch, final_curves, profiler, preconditioning, eraser_path, engine)
+    return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, engine)
 
 
-def train_alone(run: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
-    """The run's members, in fits of mdl.members_per_fit (mdl/engine/driver.py)."""
-    cfg = run.job.cfg
-    outcome = run_prequential(
-        run.dm, run.boundaries, run.recipe, run.trainer_kwargs, cfg.trainer.patience, cfg.seed, run.job.store,
-        members_per_fit=members_per_fit(cfg.mdl), on_block=run.on_block, checkpoint_every_s=cfg.mdl.checkpoint_every_s,
-        final_curves=run.final_curves, callbacks=run.callbacks, steps_per_group=cfg.mdl.steps_per_group,
-        paper_loss=cfg.mdl.paper_loss, on_epoch=run.on_epoch, label=run.job.label,
-        rules=LoopRules.of(cfg.get("protocol")),
-    )
-    return run, outcome
+def train_alone(prepared: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
+    """The run's members, in fits of mdl.members_per_fit (mdl/engine/driver.py): a pack of one."""
+    return prepared, train_runs([prepared.run], prepared.fitting)[0]
 
 
 def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
     """results.json in the run folder and the store, the resume state dropped, the results logged."""
     job, cfg = run.job, run.job.cfg
-    warn_capped_fits(outcome, run.trainer_kwargs.get("max_epochs"), cfg.trainer.patience, job.label)
+    warn_capped_fits(outcome, run.fitting.max_epochs, cfg.trainer.patience, job.label)
     if run.profiler is not None:
         show_profile(job.run_dir / "profile")
     results = {
@@ -320,11 +315,12 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "device": str(job.device),
         ENVIRONMENT_KEY: job.environment(),
         "eraser_path": run.eraser_path,
-        "data_diagnostics": run.dm.diagnostics,
+        "data_diagnostics": run.run.data.diagnostics,
         **outcome,
     }
-    if run.final_curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
-        results |= {**run.final_curves.results(), "maxent_probes": run.final_curves.info}
+    curves = run.run.final_curves
+    if curves is not None:  # per epoch of the final fit: maxent_probe_{accuracy,loss}_curve, val_accuracy_curve
+        results |= {**curves.results(), "maxent_probes": curves.info}
     write_checked_json(job.run_dir / RESULTS_FILE, results)
     write_checked_json(job.store / RESULTS_FILE, results)
     discard_resume_state(job.store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
@@ -340,10 +336,10 @@ CHECKPOINT_BYTES_PER_PARAMETER = {"sequential": 16, "stacked": 8}
 CHECKPOINT_OVERHEAD_BYTES = 64 * 1024
 
 
-def checkpoint_bytes(cfg: DictConfig, dm: ErasedDataModule) -> int:
+def checkpoint_bytes(cfg: DictConfig, make_model: Callable[[], Any]) -> int:
     """Room the run's checkpoints need at once: the largest checkpoint file, twice over while a new one
     is written next to the old one (a stacked fit holds every block's member in one file)."""
-    model = make_model_factory(cfg, dm.num_classes, dm.input_shape)()
+    model = make_model()
     parameters = sum(p.numel() for p in model.parameters())
     k = members_per_fit(cfg.mdl)  # auto: at most all of them
     members = cfg.mdl.num_blocks if k is None or k == AUTO else min(k, cfg.mdl.num_blocks)  # one member per boundary

@@ -27,12 +27,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from datamodules.datamodule import ErasedDataModule
 from erasure.files import atomic_write_bytes, sha256_hex
-from mdl.engine.driver import FitSettings
 from mdl.engine.checkpoints import run_identity
+from mdl.engine.driver import train_runs
 from mdl.engine.memory import data_modules_at_once, memory_bytes
-from mdl.engine.pack import PackedRun, train_pack
 from mdl.engine.preemption import sigterm_guard
-from mdl.codelength import check_paper_loss
 from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
 from mdl.run.experiment import (
@@ -233,7 +231,7 @@ def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule])
         dm = modules.get(data_key(job.cfg))
         with own_lines(*([job.key] if dm is not None else _sharing_data(job, jobs))):  # the data's lines: each run's
             run = prepare_run(job, dm=dm)
-        modules.setdefault(data_key(job.cfg), run.dm)
+        modules.setdefault(data_key(job.cfg), run.run.data)
         prepared.append(run)
     return prepared
 
@@ -247,7 +245,7 @@ def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
     """The runs' indices grouped by what one stack needs equal: input shape, classes, block schedule."""
     groups: dict[tuple, list[int]] = {}
     for i, run in enumerate(prepared):
-        shape = (tuple(run.dm.input_shape), run.dm.num_classes, tuple(run.boundaries))
+        shape = (tuple(run.run.data.input_shape), run.run.data.num_classes, tuple(run.run.boundaries))
         groups.setdefault(shape, []).append(i)
     if len(groups) > 1:
         log.warning("pack split in %d fits: its runs' data differ in shape, classes or blocks (%s)",
@@ -265,23 +263,20 @@ def run_label(jobs: Sequence[Job], job: Job) -> str:
 
 
 def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The prepared runs trained together (mdl/engine/driver.py ``train_runs``), each with its own hooks' lines
+    and results; the first run's fitting, with the pack's folder and identity for its checkpoints."""
     jobs = [p.job for p in prepared]
     log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(job.label for job in jobs))
-    first = prepared[0]
-    cfg = first.job.cfg
+    cfg = jobs[0].cfg
     folder = pack_folder(jobs, pack)
-    settings = FitSettings(first.trainer_kwargs, cfg.trainer.patience, cfg.mdl.checkpoint_every_s, cfg.mdl.steps_per_group,
-                           check_paper_loss(cfg.mdl.paper_loss) == "last_block", first.callbacks, identity=pack_identity(folder, jobs))
-    require_space(Path(cfg.paths.store_dir), sum(checkpoint_bytes(p.job.cfg, p.dm) for p in prepared),
+    fitting = replace(prepared[0].fitting, folder=folder, identity=pack_identity(folder, jobs))
+    require_space(Path(cfg.paths.store_dir), sum(checkpoint_bytes(p.job.cfg, p.run.model.make_model) for p in prepared),
                   f"this pack's checkpoints ({len(prepared)} runs)", "paths.output_root")  # in the pack's folder, at once
-    runs = [PackedRun(p.job.cfg.seed, p.job.store, p.on_block, p.on_epoch, p.final_curves,
-                      data=p.dm if p.dm is not first.dm else None, label=p.job.label, hooks=partial(owned_by, [p.job.key]))
-            for p in prepared]
+    runs = [replace(p.run, label=p.job.label, wrap=partial(owned_by, [p.job.key])) for p in prepared]
     with ExitStack() as named:
         for job in jobs:
             named.enter_context(job.disk_errors_named())
-        outcomes = train_pack(first.dm, first.boundaries, first.recipe, settings, runs, folder, cfg.mdl.paper_loss,
-                              members_per_fit(cfg.mdl))
+        outcomes = train_runs(runs, fitting)
         results = [owned_by([p.job.key], finish_run)(p, outcome) for p, outcome in zip(prepared, outcomes)]
     shutil.rmtree(folder, ignore_errors=True)  # every run's results are written: no resume needs the pack's checkpoint
     return results

@@ -107,7 +107,7 @@ class CostTable:
 
     def job_seconds(self, cfg: DictConfig, device: str, packed: bool = False) -> float:
         """Estimated seconds of one job on ``device`` (cpu | gpu); ``packed``: trained as members of a pack's
-        fits (mdl/engine/pack.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
+        fits (mdl/engine/driver.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
         return self.job_estimate(cfg, device, packed)[0]
 
     def pack_overhead(self, cfg: DictConfig, device: str, runs: int) -> float:
@@ -124,16 +124,15 @@ class CostTable:
         return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block, protocol_rounding(cfg))
 
     def fit_sizes(self, cfg: DictConfig, runs: int = 1) -> list[int]:
-        """Members of each fit as the engine splits them: a run alone (mdl/engine/protocol.py fits_of) or a pack of
-        ``runs`` (mdl/engine/pack.py pack_fits); ``auto``: all in one fit, assumed to fit in memory."""
-        from mdl.engine.pack import pack_fits
-        from mdl.engine.protocol import fits_of
+        """Members of each fit as the engine splits them (mdl/engine/memory.py pack_fits: a run alone is a pack of
+        one); ``auto``: all in one fit, assumed to fit in memory."""
         from mdl.engine.members import AUTO
+        from mdl.engine.memory import pack_fits
         from mdl.run.identity import members_per_fit
 
         k = members_per_fit(cfg.mdl)
         k, size = (None if k == AUTO else k), len(self._boundaries(cfg))
-        return [len(f) for f in (fits_of(size, k) if runs == 1 else pack_fits(runs, size, k))]
+        return [len(f) for f in pack_fits(runs, size, k)]
 
     def job_estimate(self, cfg: DictConfig, device: str, packed: bool = False) -> tuple[float, bool]:
         """(seconds, whether a stacked fit was priced at a measured stacked rate rather than one member's)."""

@@ -1,0 +1,114 @@
+"""The two things the driver is given: what a run is (``Run``) and how its members are fitted (``Fitting``).
+
+A ``Run`` is one config's training problem: its data, block schedule, seed, model recipe and the hooks of its
+loggers. A ``Fitting`` is what every fit of the runs trained together shares: Trainer settings, the protocol's
+patience and loop, checkpoints, precision and compilation, how many members train at once. A run alone and a
+pack of runs take the same path (mdl/engine/driver.py ``train_runs``): a run alone is a pack of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import lightning as L
+from torch import nn
+
+from datamodules.datamodule import ErasedDataModule
+from mdl.engine.protocol import LoopRules, member_seeds
+from models.losses import SpectralDecoupling
+from models.module import Classifier, OptimizerFactory
+from models.precision import CompiledModel
+
+BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
+EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl/engine/progress_display.py
+
+
+def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
+    return hook
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A member's model and how it is optimised, built once per run from its config: a fresh model per call of
+    ``make_model`` (the stacked fit stacks them; a fit of one member wraps one in a ``Classifier``)."""
+
+    make_model: Callable[[], nn.Module]
+    optimizer: OptimizerFactory
+    lr: float
+    loss: SpectralDecoupling | None = None  # the training objective's regulariser; None: plain cross-entropy
+    mup: bool = True  # muP learning-rate groups (a model with a muP readout)
+
+
+@dataclass
+class Run:
+    """What a run is: the data its members train on, the block schedule, the seed its members' seeds and batch
+    order come from, its model, its store folder (progress.json, its own checkpoints) and its loggers' hooks."""
+
+    data: ErasedDataModule
+    boundaries: Sequence[int]
+    seed: int
+    model: ModelRecipe
+    store: Path
+    on_block: BlockHook | None = None
+    on_epoch: EpochHook | None = None
+    final_curves: Any = None  # a callback of the final member only (mdl/engine/final_fit_curves.py)
+    label: str = ""  # its name in log lines and the progress display where it trains with other runs
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = unwrapped  # wraps the hooks called for this run alone
+    # (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file
+
+    @property
+    def size(self) -> int:
+        """Members: one per block boundary, the last the final fit."""
+        return len(self.boundaries)
+
+    def seeds(self) -> list[int]:
+        return member_seeds(self.seed, self.size)
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of fits of
+    several members (a run's store, or a pack's folder) and ``identity`` stamps them (mdl/engine/checkpoints.py);
+    a fit of one member checkpoints in its run's store. ``members_per_fit``: None = all of a run's members in one
+    fit, ``auto`` = as many as the device holds (mdl/engine/memory.py ``plan_fits``)."""
+
+    trainer_kwargs: dict[str, Any]
+    patience: int
+    folder: Path
+    identity: str = ""
+    members_per_fit: int | str | None = None
+    checkpoint_every_s: float = 0.0
+    steps_per_group: int = 1
+    paper_loss: str = "last_block"  # with last_block the untrained weights are every member's first candidate
+    rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
+    callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models/preconditioning.py)
+    precision: str = "fp32"
+    channels_last: bool = False  # fits of one member (a stacked ConvNeXt is channels-last anyway)
+    compile_backend: str | None = None
+
+    @property
+    def untrained_candidate(self) -> bool:
+        return self.paper_loss == "last_block"
+
+    @property
+    def max_epochs(self) -> int | None:
+        return self.trainer_kwargs.get("max_epochs")
+
+
+def module_factory(model: ModelRecipe, precision: str = "fp32", channels_last: bool = False,
+                   compile_backend: str | None = None) -> Callable[[], Classifier]:
+    """A function returning a fresh ``Classifier`` for a fit of one member. With ``compile_backend`` the first model
+    is compiled and every later one's fresh weights are loaded into it (models/precision.py ``CompiledModel``), so
+    a run compiles once however many fits of one member it has: call this once per run."""
+    compiled = CompiledModel(compile_backend) if compile_backend else None
+
+    def make() -> Classifier:
+        module = model.make_model()
+        if compiled is not None:
+            module = compiled.adopt(module)
+        return Classifier(module, model.optimizer, lr=model.lr, loss=model.loss, mup=model.mup, precision=precision,
+                          channels_last=channels_last)
+
+    return make
