@@ -14,7 +14,7 @@ time. A group's batches are gathered from the resident training set with one ind
 and (augment-then-erase) erased together: a few large kernels instead of many small ones, and
 one Lightning step (whose fixed host cost is about half a millisecond) per group.
 
-Members of several runs packed into one fit (mdl/engine/pack.py) may each have their own training set
+Members of several runs packed into one fit (a pack: mdl/engine/driver.py train_runs) may each have their own training set
 (another eraser, another data seed): ``TrainSource`` is one of them, and a group is gathered, augmented
 and erased per source, so a member's batches are what they are with its source alone.
 """
