@@ -68,6 +68,7 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 from erasure.diagnostics import moment_gaps
 from erasure.leace import LeaceEraser
+from erasure.moments import mean_and_scatter
 from erasure.qleace import compute_device
 from erasure.gradient_objective import MomentLoss, TargetLoss
 from erasure.gradient_original import check_original_range, fit_original
@@ -325,11 +326,7 @@ def _fit_leace_first(
     span = hi - lo
     start = lo + span * torch.sigmoid(z)
     n = start.shape[0]
-    mean = start.sum(0, dtype=torch.float64) / n
-    cov = torch.zeros(start.shape[1], start.shape[1], dtype=torch.float64, device=start.device)
-    for chunk in start.split(8192):
-        centred = chunk.double() - mean
-        cov += centred.T @ centred
+    mean, cov = mean_and_scatter(start)
     cov /= n
     edited = start.clone()
     total = torch.zeros(lbfgs["steps"] + 1, dtype=torch.float64)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from erasure.gradient_objective import OriginalClassLoss
+from erasure.moments import mean_and_scatter
 from erasure.preprocess import optimal_linear_shrinkage
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,7 @@ def original_targets(x: Tensor) -> tuple[Tensor, Tensor, float]:
     data's dtype (:80). Statistics in float64 (ours), returned in x's dtype with eps."""
     eps = float(torch.finfo(x.dtype).eps)
     n = x.shape[0]
-    mean64 = x.sum(0, dtype=torch.float64) / n
-    scatter = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
-    for chunk in x.split(8192):
-        centred = chunk.double() - mean64
-        scatter += centred.T @ centred
+    mean64, scatter = mean_and_scatter(x)
     cov64 = optimal_linear_shrinkage(scatter / (n - 1), n)  # concept-erasure's, given x.mT.cov() as at :128
 
     def clamped(t: Tensor) -> Tensor:

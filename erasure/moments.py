@@ -94,3 +94,15 @@ def class_moments(
         scatters -= counts[:, None, None] * delta[:, :, None] * delta[:, None, :]
         scatters = (scatters + scatters.transpose(1, 2)) / 2
     return ClassMoments(counts=counts, means=means, scatters=scatters)
+
+
+def mean_and_scatter(x: Tensor, chunk_size: int = 8192) -> tuple[Tensor, Tensor]:
+    """The mean of x's rows and their centred scatter matrix, sum_i (x_i - mean)(x_i - mean)^T, in float64,
+    a chunk of rows at a time so that no float64 copy of all of x is made."""
+    n = x.shape[0]
+    mean = x.sum(0, dtype=torch.float64) / n
+    scatter = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
+    for chunk in x.split(chunk_size):
+        centred = chunk.double() - mean
+        scatter += centred.T @ centred
+    return mean, scatter
