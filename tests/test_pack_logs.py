@@ -17,6 +17,10 @@ WANDB_OWN = ("_timestamp", "_runtime", "_step", "_wandb")  # W&B's own bookkeepi
 # W&B copies the last value of a step metric into rows logged without it (define_metric's step_sync) as its threads get to
 # them: in one launch or another. The rows' epochs are those of the CSV, which gets the same calls (LoggerGroup).
 STEPS = ("epoch", "trainer/global_step")
+# A logged table's summary entry is W&B's record of the file it wrote (type, size, columns), filled in by its writer
+# thread as it gets there: some fields in one launch, others in another. The tables' rows are the blocks of
+# results.json, compared with the series.
+TABLES = ("blocks",)
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None  # the tensorboard extra
 LOGGERS = "logger=[csv,wandb,tensorboard]" if TENSORBOARD else "logger=[csv,wandb]"
 MEDIA_PLACES = ("path", "artifact_path", "_latest_artifact_path")  # where W&B put a table or image: by step or a random id
@@ -58,7 +62,8 @@ def wandb_summary(run_dir: Path) -> dict[str, Any]:
     """The run's W&B summary, less the last step logged (the last call's, whichever series it was)."""
     from wandb_records import summary
 
-    return {k: v for k, v in summary(wandb_file(run_dir)).items() if not wandb_own(k) and k not in STEPS}
+    return {k: v for k, v in summary(wandb_file(run_dir)).items()
+            if not wandb_own(k) and k not in STEPS and k.split("/", 1)[0] not in TABLES}
 
 
 def tensorboard_series(run_dir: Path) -> list[tuple[str, float]]:
