@@ -56,7 +56,7 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
     pending = deque(f for f in fits if f not in finished)
     while pending:
         members = pending.popleft()
-        if len(members) == len({r for r, _ in members}):  # one member of each run: each a plain model's fit
+        if not is_stacked(members):  # one member of each run: each a plain model's fit
             for r, m in members:
                 if not ledgers[r].done(m):
                     if r not in makers:
@@ -93,6 +93,11 @@ def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier
     ledger.keep({member: outcome})
 
 
+def is_stacked(members: list[Member]) -> bool:
+    """Whether a fit trains several members of one run at once (their stacked form), not one plain model each."""
+    return len(members) > len({r for r, _ in members})
+
+
 def run_stacked_fit(ledgers: Sequence[Ledger], members: list[Member], fitting: Fitting) -> None:
     """One stacked fit of these (run, block) members; its checkpoint in ``fitting.folder``, kept while the fit
     holds a final member (until the results are written)."""
@@ -126,7 +131,7 @@ def batch_order_of(dm: ErasedDataModule, seed: int) -> Iterator[None]:
 
 def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[Member]], steps_per_group: int) -> None:
     """Refuse what a fit of several members cannot honour; say when single fits take one step per Lightning step."""
-    if any(len(f) > len({r for r, _ in f}) for f in fits):
+    if any(is_stacked(f) for f in fits):
         refuse_for_stacked(trainer_kwargs)
     else:
         refuse_for_sequential(trainer_kwargs)

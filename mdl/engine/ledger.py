@@ -68,7 +68,7 @@ class Ledger:
         self.run.wrap(self._record)(outcome, seconds)
 
     def _record(self, outcome: MemberOutcome, seconds: float | None) -> None:
-        log_member(outcome, self.final, seconds, self.run.label)
+        log_member(outcome, self.final, seconds, self.prefix)
         if outcome.member == self.final:
             return
         block = outcome.block()
@@ -95,8 +95,8 @@ class Ledger:
                                    paper_loss)
 
 
-def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, label: str = "") -> None:
-    run = f"{label}: " if label else ""
+def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, run: str = "") -> None:
+    """A finished member's log line; ``run`` is the run's label prefix (``Ledger.prefix``) when runs share a log."""
     if outcome.member == num_blocks:
         log.info("%sfinal fit on %d examples: %d epochs, best val loss %.4f nats", run, outcome.n_train, outcome.epochs,
                  outcome.best_val_loss)
