@@ -61,6 +61,12 @@ def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, 
     )
 
 
+def sweep_report(output_root: Path) -> Path:
+    """The one report.md of the one multirun under ``output_root`` (every multirun ends with its report)."""
+    (report,) = (output_root / "multirun").glob("*/*/report/report.md")
+    return report
+
+
 def pixel_classes(n_per_class: int = 40, d: int = 6, k: int = 3, seed: int = 0, spread: float = 0.1):
     """k classes of pixel-like float64 data in [0, 1]: shifted means, class-specific correlations."""
     import torch

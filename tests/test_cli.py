@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import FAST, REPO, run_launch
+from conftest import FAST, REPO, run_launch, sweep_report
 
 
 def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> None:
@@ -17,7 +17,7 @@ def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> N
     combos = {(json.loads(r.read_text())["config"]["eraser"]["name"], json.loads(r.read_text())["config"]["seed"]) for r in results}
     assert combos == {("none", 0), ("none", 1), ("leace", 0), ("leace", 1)}
     assert "paper MDL" in proc.stdout
-    (report,) = (tmp_path / "multirun").glob("*/*/report/report.md")  # every multirun ends with its report
+    report = sweep_report(tmp_path)
     assert "leace" in report.read_text()
 
 

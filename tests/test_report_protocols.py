@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, run_launch
+from conftest import FAST, run_launch, sweep_report
 from test_report import read_csv, write_run
 
 from mdl.report.build import build_report
@@ -139,7 +139,7 @@ def test_a_two_protocol_multirun_reports_both(tmp_path: Path):
     proc = run_launch(["-m", "protocol=original,sound", "report=table16", "hydra.callbacks.report.images=0",
                        f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [report] = (tmp_path / "multirun").glob("*/*/report/report.md")
+    report = sweep_report(tmp_path)
     text = report.read_text()
     assert "## Protocols side by side" in text and "### protocol=original" in text and "### protocol=sound" in text
     runs = read_csv(report.parent / "runs.csv")
