@@ -86,8 +86,12 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     logged = artifacts(run_file)
     (files,) = [v for k, v in logged.items() if k.startswith("results-")]
     assert sorted(files) == ["eraser.safetensors", "results.json"]
-    assert any(k.endswith("-blocks") for k in logged) and values["blocks/nrows"] == len(results["blocks"])
-    assert values["erased_images/_type"] == "image-file"  # Figure 1's panel for this run
+    assert any(k.endswith("-blocks") for k in logged)
+    # media as W&B wrote them to the run's files: their summary entries (nrows, _type...) are filled in by W&B's
+    # writer thread as it gets there, so they are not read here (one CI run lacked blocks/nrows)
+    (table,) = run_file.parent.glob("files/media/table/blocks_*.table.json")
+    assert len(json.loads(table.read_text())["data"]) == len(results["blocks"])
+    assert len(list(run_file.parent.glob("files/media/images/erased_images_*.png"))) == 1  # Figure 1's panel, logged
     assert (run_file.parents[2] / "figures" / "figure1_digits.png").stat().st_size > 0
     assert config(run_file)["environment"] == results["environment"]  # what computed it, beside the config
 
