@@ -25,9 +25,12 @@ def main(cfg: DictConfig) -> float | None:
     one_line_warnings()
     run_dir = Path(hc.runtime.output_dir)
     if hc.runtime.choices.get("debug") and hc.runtime.choices.get("experiment"):
-        print(f"warning: +experiment={hc.runtime.choices['experiment']} is applied after debug={hc.runtime.choices['debug']}: "
-              "the preset's values win; for a quick smoke use the preset's smoke version or set the keys on the command line",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: +experiment={hc.runtime.choices['experiment']} is applied after debug={hc.runtime.choices['debug']}: "
+            "the preset's values win; for a quick smoke use the preset's smoke version or set the keys on the command line",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         check_before_imports(cfg)  # a wrong value fails in a second, not after torch's import and the data's load
     except (ValueError, ImportError) as err:
@@ -59,8 +62,10 @@ def main(cfg: DictConfig) -> float | None:
 def without_null_groups(argv: list[str]) -> list[str]:
     """``logger=null`` (the template's way to turn a group off) as Hydra 1.3 spells it, ``~logger``:
     Hydra refuses a null group choice with a ValueError."""
-    return [f"~{a.split('=', 1)[0]}" if a.split("=", 1)[0] in NULLABLE_GROUPS and a.split("=", 1)[1:] == ["null"] else a
-            for a in argv]
+    return [
+        f"~{a.split('=', 1)[0]}" if a.split("=", 1)[0] in NULLABLE_GROUPS and a.split("=", 1)[1:] == ["null"] else a
+        for a in argv
+    ]
 
 
 NULLABLE_GROUPS = ("logger",)

@@ -50,6 +50,7 @@ def sync(device: torch.device) -> None:
 
 def rate(batches, device: torch.device, epochs: int, to_device: bool = False) -> float:
     """Batches per second over ``epochs`` full passes (after one warm-up pass)."""
+
     def one_pass() -> int:
         count = 0
         for xb, yb in batches:
@@ -84,17 +85,25 @@ def main() -> None:
     x_host = torch.rand(args.n, 3, args.side, args.side, generator=g)
     y_host = torch.randint(0, 10, (args.n,), generator=g)
     padding = crop_padding(args.side, 0.125)
-    print(f"n={args.n} images 3x{args.side}x{args.side}, batch {args.batch_size}, crop padding {padding} + flip, "
-          f"{torch.get_num_threads()} CPU threads")
+    print(
+        f"n={args.n} images 3x{args.side}x{args.side}, batch {args.batch_size}, crop padding {padding} + flip, "
+        f"{torch.get_num_threads()} CPU threads"
+    )
     for name in devices:
         device = torch.device(name)
         x, y = x_host.to(device), y_host.to(device)
-        ours = rate(DeviceBatches(x, y, args.batch_size, shuffle=True, augment=Augmentation(), seed=0), device, args.epochs)
+        ours = rate(
+            DeviceBatches(x, y, args.batch_size, shuffle=True, augment=Augmentation(), seed=0), device, args.epochs
+        )
         print(f"[{name}] device path (DeviceBatches): {ours:10.1f} batches/s")
         for workers in args.workers:
             loader = DataLoader(
-                AugmentedTensors(x_host, y_host, padding), batch_size=args.batch_size, shuffle=True,
-                num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0,
+                AugmentedTensors(x_host, y_host, padding),
+                batch_size=args.batch_size,
+                shuffle=True,
+                num_workers=workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=workers > 0,
             )
             theirs = rate(loader, device, args.epochs, to_device=device.type != "cpu")
             print(f"[{name}] DataLoader, {workers} workers:    {theirs:10.1f} batches/s   ratio {ours / theirs:6.1f}x")

@@ -50,7 +50,11 @@ from mdl.engine.single_fit import fit_prefix  # noqa: E402
 from mdl.engine.runs import Fitting  # noqa: E402
 from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
 from mdl.run.components import (  # noqa: E402
-    make_datamodule, make_model_factory, make_module_factory, make_optimizer, run_lr,
+    make_datamodule,
+    make_model_factory,
+    make_module_factory,
+    make_optimizer,
+    run_lr,
 )
 from mdl.run.experiment import quiet_lightning, run_experiment  # noqa: E402
 from models.stacked_module import StackedClassifier  # noqa: E402
@@ -136,23 +140,34 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
         timings["hand"].append(hand_loop(make, dm, epochs))
         L.seed_everything(0, verbose=False)
         start = time.perf_counter()
-        fit_prefix(dm, None, make, Fitting(kwargs, 10**6, Path(root), steps_per_group=cfg.mdl.steps_per_group,
-                                           paper_loss="val_min"))
+        fit_prefix(
+            dm,
+            None,
+            make,
+            Fitting(kwargs, 10**6, Path(root), steps_per_group=cfg.mdl.steps_per_group, paper_loss="val_min"),
+        )
         sync(dm.device)
         timings["sequential"].append(time.perf_counter() - start)
         start = time.perf_counter()
         stacked_single_fit(dm, make_model, make_optimizer(cfg), run_lr(cfg), kwargs, epochs, cfg.mdl.steps_per_group)
         sync(dm.device)
         timings["stacked"].append(time.perf_counter() - start)
-        make_stacked = lambda: StackedClassifier(build_members(make_model, [0], dm.device), make_optimizer(cfg), run_lr(cfg))  # noqa: E731
-        make_loader = lambda: dm.stacked_train_loader([dm.num_train], cfg.mdl.steps_per_group)  # noqa: E731
+
+        def make_stacked() -> StackedClassifier:
+            return StackedClassifier(build_members(make_model, [0], dm.device), make_optimizer(cfg), run_lr(cfg))
+
+        def make_loader():
+            return dm.stacked_train_loader([dm.num_train], cfg.mdl.steps_per_group)
+
         timings["hand stacked"].append(hand_loop_stacked(make_stacked, make_loader, dm.val_dataloader(), epochs))
     hand, hand_stacked, seq, stk = (min(timings[k]) for k in ("hand", "hand stacked", "sequential", "stacked"))
     steps = epochs * math.ceil(dm.num_train / dm.batch_size)
-    print(f"single model, {epochs} epochs ({steps} steps, {cfg.mdl.steps_per_group} per group): hand loop {hand:.2f} s | "
-          f"sequential engine {seq:.2f} s (framework/hand = {seq / hand:.2f}) | stacked engine with one member "
-          f"{stk:.2f} s, hand loop of the same stacked work {hand_stacked:.2f} s (framework/hand = "
-          f"{stk / hand_stacked:.2f}; stacked engine/plain hand loop = {stk / hand:.2f})")
+    print(
+        f"single model, {epochs} epochs ({steps} steps, {cfg.mdl.steps_per_group} per group): hand loop {hand:.2f} s | "
+        f"sequential engine {seq:.2f} s (framework/hand = {seq / hand:.2f}) | stacked engine with one member "
+        f"{stk:.2f} s, hand loop of the same stacked work {hand_stacked:.2f} s (framework/hand = "
+        f"{stk / hand_stacked:.2f}; stacked engine/plain hand loop = {stk / hand:.2f})"
+    )
 
 
 class CountKernels(TorchDispatchMode):
@@ -186,8 +201,11 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     single.train_group(BatchGroup(batches), optimizer)  # the first steps create the optimizer's state
     with CountKernels() as one:
         single.train_group(BatchGroup(batches), optimizer)
-    stack = StackedClassifier(build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
-                              make_optimizer(cfg), run_lr(cfg))
+    stack = StackedClassifier(
+        build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
+        make_optimizer(cfg),
+        run_lr(cfg),
+    )
     stack.to(dm.device)  # its loss sums too, as on_train_start does in a fit
     loader = iter(dm.stacked_train_loader([dm.num_train] * members, steps))
     optimizer = stack.configure_optimizers()
@@ -197,9 +215,11 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     with CountKernels() as stacked:
         stack.train_group(group, optimizer)
     per_model, stk = one.kernels / len(batches), stacked.kernels / group.steps
-    print(f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
-          f"{members} x {per_model:.0f} = {members * per_model:.0f} | stacked {stk:.0f} | sequential/stacked = "
-          f"{members * per_model / stk:.1f}x | stacked/one model = {stk / per_model:.2f}x")
+    print(
+        f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
+        f"{members} x {per_model:.0f} = {members * per_model:.0f} | stacked {stk:.0f} | sequential/stacked = "
+        f"{members * per_model / stk:.1f}x | stacked/one model = {stk / per_model:.2f}x"
+    )
 
 
 def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
@@ -226,16 +246,22 @@ def main() -> None:
         if args.kernels_only:
             return
         if not args.skip_engines:
-            time_engine([*overrides, "trainer.patience=1", "mdl.num_blocks=2"], "sequential", root)  # data set-up, eraser cache
+            time_engine(
+                [*overrides, "trainer.patience=1", "mdl.num_blocks=2"], "sequential", root
+            )  # data set-up, eraser cache
             for r in range(args.repeats):
                 before, _ = time_engine([*overrides, "mdl.checkpoint_every_s=0"], "sequential", root)
-                print(f"[{r}] sequential with a checkpoint every epoch (as before mdl.checkpoint_every_s): {before:.1f} s")
+                print(
+                    f"[{r}] sequential with a checkpoint every epoch (as before mdl.checkpoint_every_s): {before:.1f} s"
+                )
                 seq, seq_results = time_engine(overrides, "sequential", root)
                 stk, stk_results = time_engine(overrides, "stacked", root)
-                print(f"[{r}] sequential {seq:.1f} s (paper MDL {seq_results['paper_mdl']:.4f}, online "
-                      f"{seq_results['online_bits_per_example']:.4f}) | stacked {stk:.1f} s (paper MDL "
-                      f"{stk_results['paper_mdl']:.4f}, online {stk_results['online_bits_per_example']:.4f}) | "
-                      f"sequential/stacked = {seq / stk:.2f}x, every-epoch-checkpoint sequential/stacked = {before / stk:.2f}x")
+                print(
+                    f"[{r}] sequential {seq:.1f} s (paper MDL {seq_results['paper_mdl']:.4f}, online "
+                    f"{seq_results['online_bits_per_example']:.4f}) | stacked {stk:.1f} s (paper MDL "
+                    f"{stk_results['paper_mdl']:.4f}, online {stk_results['online_bits_per_example']:.4f}) | "
+                    f"sequential/stacked = {seq / stk:.2f}x, every-epoch-checkpoint sequential/stacked = {before / stk:.2f}x"
+                )
         framework_vs_hand(overrides, root, args.epochs, args.rounds)
 
 

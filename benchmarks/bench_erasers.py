@@ -84,7 +84,10 @@ def child(args: argparse.Namespace) -> None:
         if key in meta:
             extra[key] = meta[key]
     row = {
-        "eraser": args.child, "fit_s": fit_s, "peak_rss_gib": peak_rss_gib(), "baseline_rss_gib": baseline,
+        "eraser": args.child,
+        "fit_s": fit_s,
+        "peak_rss_gib": peak_rss_gib(),
+        "baseline_rss_gib": baseline,
         "gpu_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         **extra,
     }
@@ -108,21 +111,39 @@ def main() -> None:
     print(f"n={args.n} d={args.d} k={args.k} on {device}", flush=True)
     rows = []
     for name in args.erasers.split(","):
-        cmd = [sys.executable, __file__, "--child", name, "--n", str(args.n), "--d", str(args.d), "--k", str(args.k),
-               "--seed", str(args.seed), "--gradient-steps", str(args.gradient_steps)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            "--n",
+            str(args.n),
+            "--d",
+            str(args.d),
+            "--k",
+            str(args.k),
+            "--seed",
+            str(args.seed),
+            "--gradient-steps",
+            str(args.gradient_steps),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
         if out.returncode or not lines:
             print(f"{name}: failed\n{out.stderr[-2000:]}", flush=True)
             continue
-        row = json.loads(lines[-1][len("RESULT "):])
+        row = json.loads(lines[-1][len("RESULT ") :])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\n| eraser | fit s | peak RSS GiB (baseline) | notes |\n|---|---|---|---|")
+    print("\n| eraser | fit s | peak RSS GiB (baseline) | notes |\n|---|---|---|---|")
     for row in rows:
         notes = {k: v for k, v in row.items() if k not in ("eraser", "fit_s", "peak_rss_gib", "baseline_rss_gib")}
-        notes = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in notes.items() if v is not None)
-        print(f"| {row['eraser']} | {row['fit_s']:.1f} | {row['peak_rss_gib']:.2f} ({row['baseline_rss_gib']:.2f}) | {notes} |")
+        notes = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in notes.items() if v is not None
+        )
+        print(
+            f"| {row['eraser']} | {row['fit_s']:.1f} | {row['peak_rss_gib']:.2f} ({row['baseline_rss_gib']:.2f}) | {notes} |"
+        )
 
 
 if __name__ == "__main__":

@@ -30,16 +30,25 @@ SETTINGS = {
     "tf32": dict(precision="fp32", matmul="high", channels_last=False, compile=False),
     "bf16": dict(precision="bf16", matmul="high", channels_last=False, compile=False),
     "bf16 + channels_last": dict(precision="bf16", matmul="high", channels_last=True, compile=False),
-    "bf16 + channels_last + compile (trainer=gpu)": dict(precision="bf16", matmul="high", channels_last=True, compile=True),
+    "bf16 + channels_last + compile (trainer=gpu)": dict(
+        precision="bf16", matmul="high", channels_last=True, compile=True
+    ),
 }
 
 
-def build(args: argparse.Namespace, setting: dict, compiled: CompiledModel | None) -> tuple[Classifier, torch.optim.Optimizer]:
+def build(
+    args: argparse.Namespace, setting: dict, compiled: CompiledModel | None
+) -> tuple[Classifier, torch.optim.Optimizer]:
     model = create_model(args.model, args.width, args.depth, 10, (3, 32, 32), base_width=args.base_width)
     if compiled is not None:
         model = compiled.adopt(model)
-    module = Classifier(model, lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), lr=1e-3,
-                        precision=setting["precision"], channels_last=setting["channels_last"]).cuda()
+    module = Classifier(
+        model,
+        lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0),
+        lr=1e-3,
+        precision=setting["precision"],
+        channels_last=setting["channels_last"],
+    ).cuda()
     optimizer = module.configure_optimizers()
     optimizer.train()
     return module, optimizer
@@ -68,9 +77,16 @@ def main() -> None:
     args = parser.parse_args()
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     gen = torch.Generator(device="cuda").manual_seed(0)
-    batches = [(torch.rand(args.batch, 3, 32, 32, device="cuda", generator=gen),
-                torch.randint(0, 10, (args.batch,), device="cuda", generator=gen)) for _ in range(8)]
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; {args.model} width {args.width} depth {args.depth} batch {args.batch}")
+    batches = [
+        (
+            torch.rand(args.batch, 3, 32, 32, device="cuda", generator=gen),
+            torch.randint(0, 10, (args.batch,), device="cuda", generator=gen),
+        )
+        for _ in range(8)
+    ]
+    print(
+        f"{torch.cuda.get_device_name()} torch {torch.__version__}; {args.model} width {args.width} depth {args.depth} batch {args.batch}"
+    )
     reference = None
     for name, setting in SETTINGS.items():
         set_float32_precision(setting["matmul"])

@@ -21,11 +21,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def sweep(root: Path, cache: Path, erasers: str, seeds: str, launcher: list[str], overrides: list[str]) -> tuple[float, dict]:
+def sweep(
+    root: Path, cache: Path, erasers: str, seeds: str, launcher: list[str], overrides: list[str]
+) -> tuple[float, dict]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(REPO / "launch.py"), "-m", f"eraser={erasers}", f"seed={seeds}", *launcher,
-                           f"paths.output_root={root}", f"paths.cache_dir={cache}", "report=none", *overrides],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launch.py"),
+            "-m",
+            f"eraser={erasers}",
+            f"seed={seeds}",
+            *launcher,
+            f"paths.output_root={root}",
+            f"paths.cache_dir={cache}",
+            "report=none",
+            *overrides,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"sweep failed:\n{done.stderr[-3000:]}")
@@ -44,13 +60,21 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        sweep(tmp / "warm", tmp / "cache", args.erasers, "0", [], [*overrides, "mdl.num_blocks=2", "trainer.kwargs.max_epochs=1"])
+        sweep(
+            tmp / "warm",
+            tmp / "cache",
+            args.erasers,
+            "0",
+            [],
+            [*overrides, "mdl.num_blocks=2", "trainer.kwargs.max_epochs=1"],
+        )
         jobs = len(args.erasers.split(",")) * len(args.seeds.split(","))
         print(f"{jobs} jobs: erasers {args.erasers}, seeds {args.seeds}; overrides {overrides or '(none)'}", flush=True)
         for r in range(args.rounds):
             basic, basic_mdl = sweep(tmp / f"basic{r}", tmp / "cache", args.erasers, args.seeds, [], overrides)
-            packed, packed_mdl = sweep(tmp / f"packed{r}", tmp / "cache", args.erasers, args.seeds,
-                                       ["hydra/launcher=packed"], overrides)
+            packed, packed_mdl = sweep(
+                tmp / f"packed{r}", tmp / "cache", args.erasers, args.seeds, ["hydra/launcher=packed"], overrides
+            )
             if len(basic_mdl) != jobs or basic_mdl.keys() != packed_mdl.keys():
                 same = f"NOT comparable: {len(basic_mdl)} and {len(packed_mdl)} of {jobs} jobs have results"
             elif basic_mdl == packed_mdl:
@@ -58,8 +82,11 @@ def main() -> None:
             else:  # with fits of k other stack sizes than the runs alone have (docs/sweeps.md)
                 gap = max(abs(basic_mdl[k] - packed_mdl[k]) for k in basic_mdl)
                 same = f"NOT the same: {sum(basic_mdl[k] != packed_mdl[k] for k in basic_mdl)} differ, by at most {gap:.2e} bits"
-            print(f"[{r}] job by job {basic:.1f} s | packed {packed:.1f} s | job by job / packed = {basic / packed:.2f}x | "
-                  f"paper MDL of every job {same}", flush=True)
+            print(
+                f"[{r}] job by job {basic:.1f} s | packed {packed:.1f} s | job by job / packed = {basic / packed:.2f}x | "
+                f"paper MDL of every job {same}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

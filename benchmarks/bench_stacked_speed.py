@@ -34,17 +34,30 @@ def optimizer(groups):
     return schedulefree.AdamWScheduleFree(groups, warmup_steps=0)
 
 
-def examples_per_second(args: argparse.Namespace, members: int, setting: str, device: torch.device) -> tuple[float, float]:
+def examples_per_second(
+    args: argparse.Namespace, members: int, setting: str, device: torch.device
+) -> tuple[float, float]:
     """Examples per second of every member together, and the warm-up's seconds."""
     make = lambda: create_model(args.model, args.width, args.depth, 10, SHAPE, base_width=args.base_width)  # noqa: E731
-    timed = build(make, optimizer, 1e-3, members, SHAPE, args.batch, setting, device,
-                  channels_last=args.model != "mlp", backend=args.backend)
+    timed = build(
+        make,
+        optimizer,
+        1e-3,
+        members,
+        SHAPE,
+        args.batch,
+        setting,
+        device,
+        channels_last=args.model != "mlp",
+        backend=args.backend,
+    )
     step, warm = seconds_per_step(timed, args.steps, device)
     return members * args.batch / step, warm
 
 
-def examples_per_second_and_graphs(args: argparse.Namespace, members: int, setting: str,
-                                   device: torch.device) -> tuple[float, float, int]:
+def examples_per_second_and_graphs(
+    args: argparse.Namespace, members: int, setting: str, device: torch.device
+) -> tuple[float, float, int]:
     """examples_per_second, and how many graphs dynamo compiled for it (a stack should need as few as one member)."""
     from torch._dynamo.utils import counters
 
@@ -65,11 +78,15 @@ def main() -> None:
     parser.add_argument("--settings", default="fp32_high,bf16,bf16_compile", help=f"comma list of {sorted(SETTINGS)}")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (eager: no code generation)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", default=None, metavar="FILE", help="also write each setting's numbers as JSON (scripts/gpu_check.py)")
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="also write each setting's numbers as JSON (scripts/gpu_check.py)"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{name}, torch {torch.__version__}; {args.model} width {args.width} depth {args.depth}, batch {args.batch} per member")
+    print(
+        f"{name}, torch {torch.__version__}; {args.model} width {args.width} depth {args.depth}, batch {args.batch} per member"
+    )
     rows: dict[str, dict] = {}
     for setting in args.settings.split(","):
         if setting not in SETTINGS:
@@ -77,14 +94,37 @@ def main() -> None:
         one, warm_one, graphs_one = examples_per_second_and_graphs(args, 1, setting, device)
         many, warm_many, graphs_many = examples_per_second_and_graphs(args, args.members, setting, device)
         compiled = SETTINGS[setting][1]
-        warm = f"  (warm-up {warm_one:.1f} s / {warm_many:.1f} s, {graphs_one} / {graphs_many} graphs compiled)" if compiled else ""
-        print(f"{setting:14s} one member {one:10.0f} ex/s | {args.members} members stacked {many:10.0f} ex/s | "
-              f"stacked/one = {many / one:5.2f}x{warm}", flush=True)
-        rows[setting] = {"one_member_ex_s": one, "stacked_ex_s": many, "ratio": many / one, "warmup_s": [warm_one, warm_many],
-                         "graphs_compiled": [graphs_one, graphs_many] if compiled else None}
+        warm = (
+            f"  (warm-up {warm_one:.1f} s / {warm_many:.1f} s, {graphs_one} / {graphs_many} graphs compiled)"
+            if compiled
+            else ""
+        )
+        print(
+            f"{setting:14s} one member {one:10.0f} ex/s | {args.members} members stacked {many:10.0f} ex/s | "
+            f"stacked/one = {many / one:5.2f}x{warm}",
+            flush=True,
+        )
+        rows[setting] = {
+            "one_member_ex_s": one,
+            "stacked_ex_s": many,
+            "ratio": many / one,
+            "warmup_s": [warm_one, warm_many],
+            "graphs_compiled": [graphs_one, graphs_many] if compiled else None,
+        }
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "width": args.width, "members": args.members,
-                                               "device": name, "torch": torch.__version__, "settings": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "width": args.width,
+                    "members": args.members,
+                    "device": name,
+                    "torch": torch.__version__,
+                    "settings": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 def timed_run(overrides: list[str], root: Path, cache: Path) -> tuple[float, float]:
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *overrides, f"paths.output_root={root}",
-                             f"paths.cache_dir={cache}", "skip_if_done=false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "launch.py"),
+            *overrides,
+            f"paths.output_root={root}",
+            f"paths.cache_dir={cache}",
+            "skip_if_done=false",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
     first = None
     for _ in proc.stdout:
         first = first if first is not None else time.perf_counter() - start
@@ -45,8 +56,10 @@ def main() -> None:
     first, total = (statistics.median(v) for v in zip(*warm))
     print(f"launch.py {' '.join(overrides) or '(embedded default)'}")
     print(f"  cold cache (eraser fitted): first output {cold[0]:.2f} s, run {cold[1]:.2f} s")
-    print(f"  warm cache, median of {args.repeats}: first output {first:.2f} s ({first / 3:.2f}x the 3 s target), "
-          f"run {total:.2f} s ({total / 8:.2f}x the 8 s target)")
+    print(
+        f"  warm cache, median of {args.repeats}: first output {first:.2f} s ({first / 3:.2f}x the 3 s target), "
+        f"run {total:.2f} s ({total / 8:.2f}x the 8 s target)"
+    )
 
 
 if __name__ == "__main__":

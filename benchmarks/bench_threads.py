@@ -36,9 +36,20 @@ EXTRA = {  # --spincounts: GNU OpenMP's spin before sleeping, between the two (l
 
 
 def run_once(overrides: list[str], threads: str, omp: dict[str, str], root: Path, cache: Path) -> float:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}, **omp, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, str(REPO / "launch.py"), *overrides, f"trainer.torch_threads={threads}",
-            f"paths.output_root={root}", f"paths.cache_dir={cache}", "skip_if_done=false"]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))},
+        **omp,
+        "PYTHONPATH": str(REPO),
+    }
+    args = [
+        sys.executable,
+        str(REPO / "launch.py"),
+        *overrides,
+        f"trainer.torch_threads={threads}",
+        f"paths.output_root={root}",
+        f"paths.cache_dir={cache}",
+        "skip_if_done=false",
+    ]
     start = time.perf_counter()
     done = subprocess.run(args, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -76,8 +87,10 @@ def main() -> None:
             for p in load:
                 p.kill()
                 p.wait()
-    print(f"launch.py {' '.join(overrides) or '(embedded default)'}; {os.cpu_count()} cores; "
-          f"median of {args.repeats}; ratio = time / time with 1 thread in the same condition")
+    print(
+        f"launch.py {' '.join(overrides) or '(embedded default)'}; {os.cpu_count()} cores; "
+        f"median of {args.repeats}; ratio = time / time with 1 thread in the same condition"
+    )
     for condition, medians in conditions.items():
         base = medians["1 thread"]  # the default outside Slurm: compare the others with it
         for name, seconds in medians.items():

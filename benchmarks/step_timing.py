@@ -26,8 +26,14 @@ from models.stacking import StackedModel
 # speed setting -> (trainer.precision, trainer.compile, trainer.matmul_precision); the names are
 # conf/cost/epoch_times.yaml's (mdl/sweeps/rates.py gpu_setting): fp32_highest is trainer=default, fp32_high TF32
 # (the paper presets), bf16_compile trainer=gpu (with channels-last for conv nets); fp32 is the CPU's
-SETTINGS = {"fp32": ("fp32", False, "highest"), "fp32_highest": ("fp32", False, "highest"), "fp32_high": ("fp32", False, "high"),
-            "bf16": ("bf16", False, "high"), "bf16_compile": ("bf16", True, "high"), "fp32_compile": ("fp32", True, "highest")}
+SETTINGS = {
+    "fp32": ("fp32", False, "highest"),
+    "fp32_highest": ("fp32", False, "highest"),
+    "fp32_high": ("fp32", False, "high"),
+    "bf16": ("bf16", False, "high"),
+    "bf16_compile": ("bf16", True, "high"),
+    "fp32_compile": ("fp32", True, "highest"),
+}
 
 
 @dataclass
@@ -41,9 +47,20 @@ class Timed:
     x: torch.Tensor  # one member's batch of inputs (for validation timing)
 
 
-def build(make_model: Callable[[], nn.Module], optimizer: Callable[..., torch.optim.Optimizer], lr: float, members: int,
-          shape: tuple[int, ...], batch: int, setting: str, device: torch.device, channels_last: bool = False,
-          mup: bool = True, backend: str = "inductor", num_classes: int = 10) -> Timed:
+def build(
+    make_model: Callable[[], nn.Module],
+    optimizer: Callable[..., torch.optim.Optimizer],
+    lr: float,
+    members: int,
+    shape: tuple[int, ...],
+    batch: int,
+    setting: str,
+    device: torch.device,
+    channels_last: bool = False,
+    mup: bool = True,
+    backend: str = "inductor",
+    num_classes: int = 10,
+) -> Timed:
     """One member's Classifier (``members`` 1) or the stack of ``members`` freshly built models, set up as a fit
     of that many members sets them up (precision, compile, channels-last for one member's conv nets)."""
     if setting not in SETTINGS:
@@ -55,13 +72,16 @@ def build(make_model: Callable[[], nn.Module], optimizer: Callable[..., torch.op
     x = torch.rand(members, batch, *shape, device=device)
     y = torch.randint(0, num_classes, (members, batch), device=device)
     if members == 1:
-        module = Classifier(make_model(), optimizer, lr=lr, precision=precision, channels_last=channels_last, mup=mup).to(device)
+        module = Classifier(
+            make_model(), optimizer, lr=lr, precision=precision, channels_last=channels_last, mup=mup
+        ).to(device)
         if compiled:
             module.model.compile(backend=backend)
         group: BatchGroup | StackedBatch = BatchGroup([(x[0], y[0])])
     else:
-        module = StackedClassifier(StackedModel([make_model().to(device) for _ in range(members)]), optimizer, lr,
-                                   precision=precision).to(device)
+        module = StackedClassifier(
+            StackedModel([make_model().to(device) for _ in range(members)]), optimizer, lr, precision=precision
+        ).to(device)
         if compiled:
             module.stack.compile(backend)
         group = StackedBatch(x[None], y[None], torch.ones(1, members, batch, device=device), list(range(members)))

@@ -79,8 +79,7 @@ def cache_writes(folder: Path) -> Iterator[None]:
         culprit = getattr(err, "filename", None)
         where = f" ({culprit})" if culprit and Path(culprit) != folder else ""
         raise CacheWriteError(
-            f"erasure cache: cannot write to {folder}: {what}{where}. To fix it: {FIX}. "
-            f"Partial files were removed."
+            f"erasure cache: cannot write to {folder}: {what}{where}. To fix it: {FIX}. Partial files were removed."
         ) from err
 
 
@@ -113,7 +112,8 @@ def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S)
     if removed:
         warnings.warn(
             f"erasure cache: removed {len(removed)} temporary file(s) left in {folder} by killed jobs",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
     return removed
 
@@ -140,7 +140,9 @@ def cache_key(**parts: Any) -> str:
     digest of the code that makes the files (an edit to an eraser gives new keys, not stale data)."""
     payload = json.dumps(
         {"cache_format_version": CACHE_FORMAT_VERSION, "erasure_code": source_digest(ERASURE_CODE_PACKAGES), **parts},
-        sort_keys=True, default=str, separators=(",", ":"),
+        sort_keys=True,
+        default=str,
+        separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
@@ -181,7 +183,9 @@ def read_checked(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     except Exception as err:  # safetensors raises its own error types for truncated/garbled files
         raise CorruptCacheFile(f"cannot read {path}: {err}") from err
     if meta.get("cache_format_version") != str(CACHE_FORMAT_VERSION):
-        raise CorruptCacheFile(f"{path} has cache format {meta.get('cache_format_version')}, expected {CACHE_FORMAT_VERSION}")
+        raise CorruptCacheFile(
+            f"{path} has cache format {meta.get('cache_format_version')}, expected {CACHE_FORMAT_VERSION}"
+        )
     if tensors_checksum(tensors) != meta.get("checksum"):
         raise CorruptCacheFile(f"{path}: checksum mismatch (file damaged)")
     return tensors, meta
@@ -198,7 +202,10 @@ class ErasureCache:
     """Get-or-build for fitted erasers and erased tensors under ``directory`` (None: no caching)."""
 
     def __init__(
-        self, directory: str | os.PathLike | None, lock_timeout_s: float = 6 * 3600, stale_after_s: float = STALE_AFTER_S
+        self,
+        directory: str | os.PathLike | None,
+        lock_timeout_s: float = 6 * 3600,
+        stale_after_s: float = STALE_AFTER_S,
     ) -> None:
         self.directory = Path(os.path.expanduser(str(directory))).absolute() if directory else None
         self.lock_timeout_s = lock_timeout_s

@@ -93,7 +93,9 @@ def _unpickle(path: Path) -> Any:
                 raise
             except Exception as err:  # truncated or garbled pickles raise many types (EOFError, UnpicklingError, ...)
                 raise bad_data(
-                    "cifar10", path, f"is not a readable CIFAR-10 pickle (truncated or damaged: {type(err).__name__}: {err})",
+                    "cifar10",
+                    path,
+                    f"is not a readable CIFAR-10 pickle (truncated or damaged: {type(err).__name__}: {err})",
                     refetch(path.parent),
                 ) from err
 
@@ -104,12 +106,15 @@ def read_batch(path: Path, num_classes: int) -> tuple[np.ndarray, Tensor]:
     fix = refetch(path.parent)
     if not isinstance(entry, dict) or "data" not in entry or not ({"labels", "fine_labels"} & set(entry)):
         found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-        raise bad_data("cifar10", path, f"is not a CIFAR-10 batch (expected a dict with 'data' and 'labels', found {found})", fix)
+        raise bad_data(
+            "cifar10", path, f"is not a CIFAR-10 batch (expected a dict with 'data' and 'labels', found {found})", fix
+        )
     data = np.asarray(entry["data"])
     labels = entry["labels"] if "labels" in entry else entry["fine_labels"]
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != PIXELS or data.shape[0] != len(labels):
         raise bad_data(
-            "cifar10", path,
+            "cifar10",
+            path,
             f"holds 'data' of shape {data.shape} and dtype {data.dtype} with {len(labels)} labels; a batch holds "
             f"uint8 rows of {PIXELS} pixels (3 x 32 x 32), one per label",
             fix,

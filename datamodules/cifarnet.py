@@ -75,8 +75,10 @@ def load_cifarnet(
     with reading("cifarnet", folder, resave):
         exists = folder.exists()
     if not exists and download:
-        by_hand = (f"on a machine with network access run `datasets.load_dataset('{hub_id}').save_to_disk('{folder}')` "
-                   f"and copy the folder here")
+        by_hand = (
+            f"on a machine with network access run `datasets.load_dataset('{hub_id}').save_to_disk('{folder}')` "
+            f"and copy the folder here"
+        )
         with downloading("cifarnet", f"{hub_id} from the Hugging Face hub", by_hand):
             _save_from_hub(hub_id, folder)
         exists = True

@@ -53,9 +53,7 @@ def data_root(root: str | os.PathLike | None, source: str) -> Path:
 def missing_data(source: str, looked_in: Path, wanted: str, how: str) -> MissingDataError:
     """Build the error for a data set that is not on disk."""
     return MissingDataError(
-        f"{source}: data set not found in {looked_in} (looked for {wanted}).\n"
-        f"To get it: {how}\n"
-        f"{OTHER_FOLDER}"
+        f"{source}: data set not found in {looked_in} (looked for {wanted}).\nTo get it: {how}\n{OTHER_FOLDER}"
     )
 
 
@@ -81,7 +79,9 @@ def reading(source: str, path: Path, fix: str) -> Iterator[None]:
                 f"(e.g. `chmod -R a+rX {culprit}`), or copy the data set to a folder you can read. {OTHER_FOLDER}"
             ) from err
         if isinstance(err, FileNotFoundError):
-            raise MissingDataError(f"{source}: {culprit} disappeared while reading ({reason}). To fix it: {fix}.") from err
+            raise MissingDataError(
+                f"{source}: {culprit} disappeared while reading ({reason}). To fix it: {fix}."
+            ) from err
         if isinstance(err, IsADirectoryError) or os.path.isdir(culprit):
             raise bad_data(source, culprit, "is a folder, expected a file", fix) from err
         raise bad_data(source, culprit, f"could not be read ({reason})", fix) from err

@@ -87,8 +87,9 @@ class ErasedDataModule(L.LightningDataModule):
         eraser = functools.cache(lambda: eraser_on(cached_fit(o.eraser), on))
 
         def prepared() -> tuple[Eraser, dict[str, Tensor], dict[str, Any]]:
-            tensors, info = self.cache.tensors(o.data_key(), lambda: erase_splits(splits(), eraser(), o),
-                                               describe=o.describe())
+            tensors, info = self.cache.tensors(
+                o.data_key(), lambda: erase_splits(splits(), eraser(), o), describe=o.describe()
+            )
             return eraser(), tensors, info
 
         # minutes of single LAPACK calls at CIFAR-10's size: a SIGTERM stops them at once (datamodules/interrupts.py)
@@ -106,8 +107,9 @@ class ErasedDataModule(L.LightningDataModule):
         record, missed_criterion = criterion_check(self.eraser, report, o.eraser.checks)
         if record is not None:
             self.diagnostics["erasure_criterion"] = record
-        leftover = quadratic_leftover(self.eraser, report, o.eraser.checks.get("qda_warning_points"),
-                                      o.eraser.fit_scope)
+        leftover = quadratic_leftover(
+            self.eraser, report, o.eraser.checks.get("qda_warning_points"), o.eraser.fit_scope
+        )
         for message in [*info.get("not_erased", []), *missed_criterion, *leftover]:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.train_set = ImageSet(tensors["train_x"].to(on), tensors["train_y"].to(on))
@@ -120,8 +122,16 @@ class ErasedDataModule(L.LightningDataModule):
             self._batch_eraser = eraser_on(self.eraser, on).erase_checked
         log.info(
             "data %s: train %d, val %d, test %d, input %s, eraser %s (%s), on %s; cache hits %d, builds %d",
-            o.source, len(self.train_set), len(self.val_set), len(self.test_set), self.input_shape,
-            o.eraser.name, o.augment_order, on, self.cache.stats.hits, self.cache.stats.builds,
+            o.source,
+            len(self.train_set),
+            len(self.val_set),
+            len(self.test_set),
+            self.input_shape,
+            o.eraser.name,
+            o.augment_order,
+            on,
+            self.cache.stats.hits,
+            self.cache.stats.builds,
         )
 
     def resident_bytes(self) -> int:
@@ -136,8 +146,9 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         return len(self.train_set)
 
-    def use_prefix(self, n: int | None, steps_per_group: int = 1, reshuffle: bool = True,
-                   augment_per_batch: bool = False) -> None:
+    def use_prefix(
+        self, n: int | None, steps_per_group: int = 1, reshuffle: bool = True, augment_per_batch: bool = False
+    ) -> None:
         """Serve only the first n training examples (the prequential prefix; None = all), in groups
         of ``steps_per_group`` batches per Lightning step when that is more than 1. ``reshuffle`` False:
         the prefix in its order every epoch; ``augment_per_batch``: one crop and flip per batch (both
@@ -153,9 +164,15 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         n = self.prefix or self.num_train
         batches = DeviceBatches(
-            self.train_set.x[:n], self.train_set.y[:n], self.options.batch_size, shuffle=self.reshuffle,
-            augment=self.options.augmentation(), seed=self.seed, transform=self._batch_eraser,
-            class_balance=self._class_balance(), augment_per_batch=self.augment_per_batch,
+            self.train_set.x[:n],
+            self.train_set.y[:n],
+            self.options.batch_size,
+            shuffle=self.reshuffle,
+            augment=self.options.augmentation(),
+            seed=self.seed,
+            transform=self._batch_eraser,
+            class_balance=self._class_balance(),
+            augment_per_batch=self.augment_per_batch,
         )
         return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
 
@@ -164,8 +181,13 @@ class ErasedDataModule(L.LightningDataModule):
         return self.num_classes if self.options.balance == "rwy" else None
 
     def stacked_train_loader(
-        self, prefixes: list[int], steps_per_group: int = 1, member_ids: list[int] | None = None,
-        seeds: list[int] | None = None, others: Sequence[ErasedDataModule] = (), source_of: list[int] | None = None,
+        self,
+        prefixes: list[int],
+        steps_per_group: int = 1,
+        member_ids: list[int] | None = None,
+        seeds: list[int] | None = None,
+        others: Sequence[ErasedDataModule] = (),
+        source_of: list[int] | None = None,
     ) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
         groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
@@ -174,8 +196,15 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         sources = [TrainSource(d.train_set.x, d.train_set.y, d._batch_eraser) for d in (self, *others)]
         return StackedBatches(
-            sources, prefixes, self.options.batch_size, seed=self.seed, augment=self.options.augmentation(),
-            steps_per_group=steps_per_group, class_balance=self._class_balance(), member_ids=member_ids, seeds=seeds,
+            sources,
+            prefixes,
+            self.options.batch_size,
+            seed=self.seed,
+            augment=self.options.augmentation(),
+            steps_per_group=steps_per_group,
+            class_balance=self._class_balance(),
+            member_ids=member_ids,
+            seeds=seeds,
             source_of=source_of,
         )
 
@@ -189,6 +218,8 @@ class ErasedDataModule(L.LightningDataModule):
         """Unaugmented batches of training examples [start, stop): the next prequential block."""
         assert self.train_set is not None, "call setup() first"
         return DeviceBatches(
-            self.train_set.x[start:stop], self.train_set.y[start:stop], self.options.eval_batch_size,
+            self.train_set.x[start:stop],
+            self.train_set.y[start:stop],
+            self.options.eval_batch_size,
             transform=self._batch_eraser,
         )

@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 from datamodules.erasure_checks import (
-    _report_gaps, diagnose, diagnostics_summary, edit_rank, erase, label_predictor, needs_eval_labels, not_erased,
+    _report_gaps,
+    diagnose,
+    diagnostics_summary,
+    edit_rank,
+    erase,
+    label_predictor,
+    needs_eval_labels,
+    not_erased,
 )
 from datamodules.options import DataOptions, EraserOptions
 from datamodules.settings import POOLED_ERASERS, ZSCORE_AFTER, default_options
@@ -29,18 +36,28 @@ from erasure import Eraser, fit_eraser
 log = logging.getLogger(__name__)
 
 
-def fit_on_scope(splits: Splits, eraser: EraserOptions, device: torch.device,
-                 options: dict[str, Any] | None = None) -> Eraser:
+def fit_on_scope(
+    splits: Splits, eraser: EraserOptions, device: torch.device, options: dict[str, Any] | None = None
+) -> Eraser:
     """``eraser`` fitted (with ``options``, default its own) on the training split, or with ``fit_scope=pool`` on
     the training and validation splits together: validation rows in the fit, as every scored block is (for an eraser
     that edits its fitting data, one edit of both, as the original's erased copy of its pool)."""
     x, y = splits.train.x, splits.train.y
     if eraser.fit_scope == "pool":
         x, y = torch.cat([x, splits.val.x]), torch.cat([y, splits.val.y])
-    log.info("fitting eraser %s on %d examples (%s)", eraser.name, len(y),
-             "training and validation splits" if eraser.fit_scope == "pool" else "training split")
-    return fit_eraser(eraser.name, x.to(device), y.to(device), num_classes=len(splits.classes),
-                      **(eraser.options if options is None else options))
+    log.info(
+        "fitting eraser %s on %d examples (%s)",
+        eraser.name,
+        len(y),
+        "training and validation splits" if eraser.fit_scope == "pool" else "training split",
+    )
+    return fit_eraser(
+        eraser.name,
+        x.to(device),
+        y.to(device),
+        num_classes=len(splits.classes),
+        **(eraser.options if options is None else options),
+    )
 
 
 def rank_source(name: str, options: dict[str, Any] | None) -> EraserOptions:
@@ -61,8 +78,9 @@ def fit_options(eraser: EraserOptions, fitted: Callable[[EraserOptions], Eraser]
     if source is None:
         return options
     options["rank"] = edit_rank(fitted(rank_source(source, source_options)))
-    log.info("eraser random: rank %d, the edit rank of %s %s on this training split", options["rank"], source,
-             source_options)
+    log.info(
+        "eraser random: rank %d, the edit rank of %s %s on this training split", options["rank"], source, source_options
+    )
     return options
 
 
@@ -79,15 +97,27 @@ def erase_splits(splits: Splits, eraser: Eraser, options: DataOptions) -> tuple[
         train_x = eraser.edited[: len(splits.train)].to(on).view_as(splits.train.x)
     elif options.augment_order == "erase_then_augment":
         train_x = erase(eraser, train_x, train_y if eraser.requires_labels else None)
-    tensors = {"train_x": train_x, "train_y": train_y, "val_x": erased["val"], "val_y": splits.val.y,
-               "test_x": erased["test"], "test_y": splits.test.y}
+    tensors = {
+        "train_x": train_x,
+        "train_y": train_y,
+        "val_x": erased["val"],
+        "val_y": splits.val.y,
+        "test_x": erased["test"],
+        "test_y": splits.test.y,
+    }
     if options.diagnostics:
         skipped: dict[str, str] = {}
-        info["erasure"] = diagnose(eraser, splits, train_x, erased["val"], skipped, on,
-                                   raw_train=options.augment_order == "augment_then_erase",
-                                   own_edit_per_split=not getattr(eraser, "can_transform_new_data", True)
-                                   and not options.eraser.fits_pool,
-                                   data_seed=options.data_seed)
+        info["erasure"] = diagnose(
+            eraser,
+            splits,
+            train_x,
+            erased["val"],
+            skipped,
+            on,
+            raw_train=options.augment_order == "augment_then_erase",
+            own_edit_per_split=not getattr(eraser, "can_transform_new_data", True) and not options.eraser.fits_pool,
+            data_seed=options.data_seed,
+        )
         if skipped:
             info["erasure_skipped"] = skipped
         log.info(diagnostics_summary(info["erasure"]))
@@ -117,7 +147,7 @@ def _erase_held_out(splits: Splits, eraser: Eraser, options: DataOptions, info: 
     qda = label_predictor(eraser, splits, options.eval_labels, on, options.qda_regularization)
     erased = {}
     if options.eraser.fits_pool:  # the eraser holds the edited training + validation rows, in that order
-        erased["val"] = eraser.edited[len(splits.train):].to(on).view_as(splits.val.x)
+        erased["val"] = eraser.edited[len(splits.train) :].to(on).view_as(splits.val.x)
     for name, images in (("val", splits.val), ("test", splits.test)):
         if name in erased:
             continue
@@ -131,8 +161,9 @@ def _erase_held_out(splits: Splits, eraser: Eraser, options: DataOptions, info: 
             erased[name] = erase(eraser, x, labels if eraser.requires_labels else None)
         else:  # an eraser that edits its own fitting data (gradient): one edit per split
             log.info("%s cannot transform new data: fitting it on the %s split too", eraser.name, name)
-            split_eraser = fit_eraser(options.eraser.name, x, labels, num_classes=len(splits.classes),
-                                      **options.eraser.options)
+            split_eraser = fit_eraser(
+                options.eraser.name, x, labels, num_classes=len(splits.classes), **options.eraser.options
+            )
             erased[name] = erase(split_eraser, x, labels if split_eraser.requires_labels else None)
             info.setdefault("not_erased", []).extend(not_erased(split_eraser, name, split_eraser.fit_gaps()))
     return erased

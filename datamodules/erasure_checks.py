@@ -77,11 +77,15 @@ def criterion_check(
     points = float(checks.get("criterion_points", getattr(eraser, "criterion_points", 0.02)))
     rms, rms_bound = getattr(eraser, "relative_rms_change", None), checks.get("max_relative_rms_change")
     far = rms is not None and rms_bound is not None and math.isfinite(rms) and rms > float(rms_bound)
-    distance = [] if not far else [
-        f"the {eraser.name!r} eraser moved the images too far to count as close to the originals (paper Sec. 2.4): "
-        f"relative RMS change {rms:.3g} > eraser.checks.max_relative_rms_change={rms_bound}; to fix it: raise "
-        f"eraser.options.distance_weight or lower the mean and covariance weights"
-    ]
+    distance = (
+        []
+        if not far
+        else [
+            f"the {eraser.name!r} eraser moved the images too far to count as close to the originals (paper Sec. 2.4): "
+            f"relative RMS change {rms:.3g} > eraser.checks.max_relative_rms_change={rms_bound}; to fix it: raise "
+            f"eraser.options.distance_weight or lower the mean and covariance weights"
+        ]
+    )
     checked = [key for key in keys if f"{key}_after" in report]
     if "chance" not in report or not checked:
         return {"checked": False, "relative_rms_change": rms}, distance + [
@@ -89,12 +93,20 @@ def criterion_check(
             f"no probe accuracy in the erasure diagnostics (data.diagnostics=true computes them)"
         ]
     missed = probe_shortfall(report, checked, points)
-    record = {"checked": True, "met": not missed and not far, "points": points, "chance": report["chance"],
-              **{key: report[f"{key}_after"] for key in checked},
-              "relative_rms_change": rms, "max_relative_rms_change": rms_bound}
+    record = {
+        "checked": True,
+        "met": not missed and not far,
+        "points": points,
+        "chance": report["chance"],
+        **{key: report[f"{key}_after"] for key in checked},
+        "relative_rms_change": rms,
+        "max_relative_rms_change": rms_bound,
+    }
     if not missed:
         return record, distance
-    gaps = ", ".join(f"{key} {report[f'{key}_after']:.4g}" for key in ("max_mean_gap", "max_cov_gap") if f"{key}_after" in report)
+    gaps = ", ".join(
+        f"{key} {report[f'{key}_after']:.4g}" for key in ("max_mean_gap", "max_cov_gap") if f"{key}_after" in report
+    )
     return record, [
         f"the {eraser.name!r} eraser did not erase enough to meet the paper's criterion (almost no quadratically "
         f"available information, section 2.4; here: held-out {' and '.join(checked)} within {100 * points:g} points "
@@ -102,8 +114,9 @@ def criterion_check(
     ] + distance
 
 
-def quadratic_leftover(eraser: Eraser, report: dict[str, float], points: float | None,
-                       fit_scope: str = "split") -> list[str]:
+def quadratic_leftover(
+    eraser: Eraser, report: dict[str, float], points: float | None, fit_scope: str = "split"
+) -> list[str]:
     """A warning when an eraser that targets class covariances (``erases_quadratic``) leaves a quadratic probe
     more than ``points`` above chance: the data still carries quadratically available class information, whatever
     the eraser's name says (QLEACE on digits: singular class covariances). It says which rows the probe was scored
@@ -136,9 +149,17 @@ def probe_rows(eraser: Eraser, fit_scope: str) -> str:
 
 def diagnostics_summary(report: dict[str, float]) -> str:
     """One log line: residual moment gaps and held-out probe accuracies, before -> after."""
-    names = {"max_mean_gap": "max mean gap", "max_cov_gap": "max cov gap", "linear_probe_acc": "linear probe", "qda_acc": "QDA"}
-    parts = [f"{label} {report[f'{key}_before']:.4g} -> {report[f'{key}_after']:.4g}"
-             for key, label in names.items() if f"{key}_before" in report and f"{key}_after" in report]
+    names = {
+        "max_mean_gap": "max mean gap",
+        "max_cov_gap": "max cov gap",
+        "linear_probe_acc": "linear probe",
+        "qda_acc": "QDA",
+    }
+    parts = [
+        f"{label} {report[f'{key}_before']:.4g} -> {report[f'{key}_after']:.4g}"
+        for key, label in names.items()
+        if f"{key}_before" in report and f"{key}_after" in report
+    ]
     if "chance" in report:
         parts.append(f"chance {report['chance']:.3f}")
     return "erasure diagnostics: " + (", ".join(parts) or "none computed")
@@ -157,8 +178,15 @@ def edit_rank(eraser: Eraser) -> int:
 
 
 def diagnose(
-    eraser: Eraser, splits: Splits, train_after: Tensor, val_after: Tensor, skipped: dict[str, str], device: torch.device,
-    raw_train: bool, own_edit_per_split: bool, data_seed: int,
+    eraser: Eraser,
+    splits: Splits,
+    train_after: Tensor,
+    val_after: Tensor,
+    skipped: dict[str, str],
+    device: torch.device,
+    raw_train: bool,
+    own_edit_per_split: bool,
+    data_seed: int,
 ) -> dict[str, float]:
     """Moment gaps and linear/QDA probe accuracies on held-out data, before and after erasure.
     Optional numbers: what cannot be computed is recorded in ``skipped`` and warned, never fatal.
@@ -169,21 +197,27 @@ def diagnose(
         train_after = erase(eraser, train_before, y if eraser.requires_labels else None)
     log.info("erasure diagnostics: moment gaps, linear probe and QDA before/after")
     # Probes are scored on held-out rows of data edited by the same fit.
-    held_out = {} if own_edit_per_split else {
-        "x_test_before": splits.val.x.to(device), "x_test_after": val_after, "y_test": splits.val.y.to(device)}
+    held_out = (
+        {}
+        if own_edit_per_split
+        else {"x_test_before": splits.val.x.to(device), "x_test_after": val_after, "y_test": splits.val.y.to(device)}
+    )
     try:
         return erasure_report(train_before, train_after, y, seed=data_seed, skipped=skipped, **held_out)
     except (ValueError, RuntimeError, ArithmeticError) as err:
         skipped["all"] = f"{type(err).__name__}: {err}"
         warnings.warn(
             f"erasure diagnostics failed ({skipped['all']}); the run goes on without them "
-            f"(data.diagnostics=false skips them)", RuntimeWarning, stacklevel=2,
+            f"(data.diagnostics=false skips them)",
+            RuntimeWarning,
+            stacklevel=2,
         )
         return {}
 
 
-def label_predictor(eraser: Eraser, splits: Splits, eval_labels: bool | str, device: torch.device,
-                    regularization: float) -> QuadraticDiscriminant | None:
+def label_predictor(
+    eraser: Eraser, splits: Splits, eval_labels: bool | str, device: torch.device, regularization: float
+) -> QuadraticDiscriminant | None:
     """The QDA whose predictions map val/test under eval_labels=predicted (None otherwise)."""
     if not needs_eval_labels(eraser) or eval_labels is True:
         return None

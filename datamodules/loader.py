@@ -30,7 +30,9 @@ def class_balanced_weights(y: Tensor, num_classes: int) -> Tensor:
     return 1.0 / counts[y]
 
 
-def epoch_order(n: int, generator: torch.Generator | None, device: torch.device, weights: Tensor | None = None) -> Tensor:
+def epoch_order(
+    n: int, generator: torch.Generator | None, device: torch.device, weights: Tensor | None = None
+) -> Tensor:
     """An epoch's n example indices into a prefix of n: a permutation, or with ``weights`` (RWY) n
     draws with replacement, example i with probability proportional to weights[i]. Both engines
     draw an epoch through this one function, from the epoch's own generator."""
@@ -81,7 +83,9 @@ class DeviceBatches:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if augment is not None and x.ndim != 4:
-            raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
+            raise ValueError(
+                f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false"
+            )
         self.x, self.y = x, y
         self.batch_size = batch_size
         self.shuffle, self.augment = shuffle, augment
@@ -111,7 +115,11 @@ class DeviceBatches:
         order = epoch_order(n, g, self.x.device, self.sample_weights) if self.shuffle else None
         # the epoch's crops and flips in one draw, after its shuffle; batch b takes rows b*B.. of it
         draws = len(self) if self.augment_per_batch else n
-        crops = crop_flip_params(draws, self.pad_h, self.pad_w, augment.flip, g, self.x.device) if augment is not None else None
+        crops = (
+            crop_flip_params(draws, self.pad_h, self.pad_w, augment.flip, g, self.x.device)
+            if augment is not None
+            else None
+        )
         for b in range(len(self)):
             sl = slice(b * self.batch_size, min((b + 1) * self.batch_size, n))
             if order is None:

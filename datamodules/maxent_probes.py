@@ -56,11 +56,15 @@ def class_cholesky(cov: Tensor) -> tuple[Tensor, float]:
             if step:
                 warnings.warn(
                     f"max-ent probes: a class covariance (d={d}, lambda_max={top:.3g}) needed ridge {ridge:.3g} "
-                    f"({10**step}x the default {base:.3g}) to be factorised", RuntimeWarning, stacklevel=3,
+                    f"({10**step}x the default {base:.3g}) to be factorised",
+                    RuntimeWarning,
+                    stacklevel=3,
                 )
             return factor, ridge
-    raise ValueError(f"max-ent probes: a class covariance (d={d}, lambda_max={top:.3g}) is not positive "
-                     f"semi-definite even with ridge {ridge:.3g}")
+    raise ValueError(
+        f"max-ent probes: a class covariance (d={d}, lambda_max={top:.3g}) is not positive "
+        f"semi-definite even with ridge {ridge:.3g}"
+    )
 
 
 def sample_class_gaussians(
@@ -105,9 +109,13 @@ def maxent_probe_set(dm: Any, n_per_class: int | None = None, seed: int | None =
 
     if dm.train_set is None:
         raise RuntimeError("max-ent probes: call dm.setup() first")
-    if n_per_class is not None and (isinstance(n_per_class, bool) or not isinstance(n_per_class, int) or n_per_class < 1):
-        raise ValueError(f"probes.n_per_class={n_per_class!r}: must be an integer >= 1 or null "
-                         f"(null: the validation split's class counts); e.g. probes.n_per_class=200")
+    if n_per_class is not None and (
+        isinstance(n_per_class, bool) or not isinstance(n_per_class, int) or n_per_class < 1
+    ):
+        raise ValueError(
+            f"probes.n_per_class={n_per_class!r}: must be an integer >= 1 or null "
+            f"(null: the validation split's class counts); e.g. probes.n_per_class=200"
+        )
     k = dm.num_classes
     x, y = dm.train_set.x, dm.train_set.y
     if dm.options.augment_order == "augment_then_erase" and dm.eraser is not None:
@@ -119,6 +127,7 @@ def maxent_probe_set(dm: Any, n_per_class: int | None = None, seed: int | None =
     seed = dm.options.data_seed if seed is None else seed
     px, py, info = sample_class_gaussians(x, y, k, counts, seed)
     info = {"n_per_class": counts, "seed": seed, "max_ridge": max(info["ridges"]), "n": len(py)}
-    log.info("max-ent probes: %d examples (per class %s) from class Gaussians of the erased training split",
-             len(py), counts)
+    log.info(
+        "max-ent probes: %d examples (per class %s) from class Gaussians of the erased training split", len(py), counts
+    )
     return ProbeSet(px.to(dm.device), py.to(dm.device), info)

@@ -19,7 +19,12 @@ import torch
 from datamodules.augment import Augmentation
 from datamodules.cache import cache_key
 from datamodules.settings import (
-    FIT_SCOPES, ZSCORE_AFTER, check_balance, check_data_settings, check_erasure_settings, check_transform,
+    FIT_SCOPES,
+    ZSCORE_AFTER,
+    check_balance,
+    check_data_settings,
+    check_erasure_settings,
+    check_transform,
     resolve_device,
 )
 from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
@@ -43,8 +48,11 @@ class EraserOptions:
         """The options of a plain eraser node, e.g. ``{"name": "leace", "options": {}, "fit_scope": "pool"}``."""
         node = dict(node)
         return cls(
-            name=node["name"], options=dict(node.get("options") or {}), fit_scope=node.get("fit_scope", "split"),
-            checks=dict(node.get("checks") or {}), identity={k: v for k, v in node.items() if k != "checks"},
+            name=node["name"],
+            options=dict(node.get("options") or {}),
+            fit_scope=node.get("fit_scope", "split"),
+            checks=dict(node.get("checks") or {}),
+            identity={k: v for k, v in node.items() if k != "checks"},
         )
 
     def __post_init__(self) -> None:
@@ -108,22 +116,44 @@ class DataOptions:
     zscore: bool | str = False
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any], eraser: Mapping[str, Any], data_seed: int = 0,
-                    options_not_data: tuple[str, ...] = ()) -> DataOptions:
+    def from_config(
+        cls,
+        data: Mapping[str, Any],
+        eraser: Mapping[str, Any],
+        data_seed: int = 0,
+        options_not_data: tuple[str, ...] = (),
+    ) -> DataOptions:
         """The options of a plain ``data`` node (its keys are this class's fields, ``options`` the source options)
         and ``eraser`` node."""
         data = dict(data)
-        return cls(eraser=EraserOptions.from_config(eraser), data_seed=data_seed,
-                   source_options=data.pop("options", None), options_not_data=tuple(options_not_data), **data)
+        return cls(
+            eraser=EraserOptions.from_config(eraser),
+            data_seed=data_seed,
+            source_options=data.pop("options", None),
+            options_not_data=tuple(options_not_data),
+            **data,
+        )
 
     def __post_init__(self) -> None:
-        check_data_settings(self.val_size, self.test_size, self.batch_size, self.eval_batch_size,
-                            self.qda_regularization, self.padding_fraction)
+        check_data_settings(
+            self.val_size,
+            self.test_size,
+            self.batch_size,
+            self.eval_batch_size,
+            self.qda_regularization,
+            self.padding_fraction,
+        )
         check_balance(self.balance)
         object.__setattr__(self, "transform", check_transform(self.transform))
         scope = self.eraser.fit_scope
-        check_erasure_settings(self.augment_order, self.eval_labels, self.zscore, self.transform, scope,
-                               pooled=scope in FIT_SCOPES and self.eraser.fits_pool)
+        check_erasure_settings(
+            self.augment_order,
+            self.eval_labels,
+            self.zscore,
+            self.transform,
+            scope,
+            pooled=scope in FIT_SCOPES and self.eraser.fits_pool,
+        )
         if self.augment_order == "augment_then_erase" and self.eraser.edits_own_data:
             raise ValueError(
                 f"the {self.eraser.name!r} eraser edits only the data it was fitted on, so it cannot erase augmented "
@@ -159,8 +189,12 @@ class DataOptions:
         if self.transform is not None and self.transform["order"] == "before_eraser":
             parts["transform"] = self.transform  # the eraser is fitted on transformed data
         return cache_key(
-            kind="eraser", source=self.source_identity(), split=self.split_identity(),
-            eraser=(eraser or self.eraser).identity, eraser_format=ERASER_FORMAT_VERSION, **parts,
+            kind="eraser",
+            source=self.source_identity(),
+            split=self.split_identity(),
+            eraser=(eraser or self.eraser).identity,
+            eraser_format=ERASER_FORMAT_VERSION,
+            **parts,
         )
 
     def data_key(self) -> str:
@@ -177,6 +211,11 @@ class DataOptions:
 
     def describe(self, eraser: EraserOptions | None = None) -> dict[str, Any]:
         """What a cache file holds, in words (stored beside it; not part of its key)."""
-        return {"source": self.source_identity(), "split": self.split_identity(),
-                "eraser": (eraser or self.eraser).described(), "eval_labels": self.eval_labels,
-                "augment_order": self.augment_order, "transform": self.transform}
+        return {
+            "source": self.source_identity(),
+            "split": self.split_identity(),
+            "eraser": (eraser or self.eraser).described(),
+            "eval_labels": self.eval_labels,
+            "augment_order": self.augment_order,
+            "transform": self.transform,
+        }

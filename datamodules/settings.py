@@ -101,7 +101,10 @@ def default_options(name: str) -> dict[str, Any]:
     return {"zscore": False, **{k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}}
 
 
-RANK_FROM_OPTIONS = ("rank_from", "rank_from_options")  # eraser=random: its rank from another eraser's (ErasedDataModule)
+RANK_FROM_OPTIONS = (
+    "rank_from",
+    "rank_from_options",
+)  # eraser=random: its rank from another eraser's (ErasedDataModule)
 
 
 def check_eraser_options(name: str, options: dict[str, Any]) -> None:
@@ -114,7 +117,9 @@ def check_eraser_options(name: str, options: dict[str, Any]) -> None:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean eraser.options.{near[0]}? " if near else ""
-            raise ValueError(f"eraser.options.{key}: eraser {name!r} takes no such option; {hint}it takes {', '.join(known)}")
+            raise ValueError(
+                f"eraser.options.{key}: eraser {name!r} takes no such option; {hint}it takes {', '.join(known)}"
+            )
 
 
 def _is_int(value: Any) -> bool:
@@ -134,17 +139,33 @@ def check_data_settings(
     for key, (value, low, what, usual) in minimums.items():
         if not _is_int(value) or value < low:
             raise ValueError(f"data.{key}={value!r}: must be an integer >= {low} ({what}); e.g. data.{key}={usual}")
-    if isinstance(qda_regularization, bool) or not (isinstance(qda_regularization, (int, float)) and qda_regularization > 0):
-        raise ValueError(f"data.qda_regularization={qda_regularization!r}: must be > 0 (it ridges singular covariances), e.g. 1e-3")
-    if isinstance(padding_fraction, bool) or not (isinstance(padding_fraction, (int, float)) and 0 <= padding_fraction < 1):
-        raise ValueError(f"data.padding_fraction={padding_fraction!r}: must lie in [0, 1) (crop padding / image side), e.g. 0.125")
+    if isinstance(qda_regularization, bool) or not (
+        isinstance(qda_regularization, (int, float)) and qda_regularization > 0
+    ):
+        raise ValueError(
+            f"data.qda_regularization={qda_regularization!r}: must be > 0 (it ridges singular covariances), e.g. 1e-3"
+        )
+    if isinstance(padding_fraction, bool) or not (
+        isinstance(padding_fraction, (int, float)) and 0 <= padding_fraction < 1
+    ):
+        raise ValueError(
+            f"data.padding_fraction={padding_fraction!r}: must lie in [0, 1) (crop padding / image side), e.g. 0.125"
+        )
 
 
-ZSCORE_AFTER = "after_eraser"  # data.zscore: standardise the erased splits (the original's --normalize of an erased copy)
+ZSCORE_AFTER = (
+    "after_eraser"  # data.zscore: standardise the erased splits (the original's --normalize of an erased copy)
+)
 
 
-def check_erasure_settings(augment_order: str, eval_labels: bool | str, zscore: Any, transform_cfg: dict[str, Any] | None,
-                           fit_scope: str, pooled: bool) -> None:
+def check_erasure_settings(
+    augment_order: str,
+    eval_labels: bool | str,
+    zscore: Any,
+    transform_cfg: dict[str, Any] | None,
+    fit_scope: str,
+    pooled: bool,
+) -> None:
     """Settings of how the data is erased and evaluated, and the combinations that cannot work. ``pooled``: the
     eraser is fitted once on training + validation (fit_scope pool, for an eraser that edits its own fitting data)."""
     if augment_order not in AUGMENT_ORDERS:
@@ -155,13 +176,17 @@ def check_erasure_settings(augment_order: str, eval_labels: bool | str, zscore: 
             f"or predicted (labels from a QDA fitted on the training split), got {eval_labels!r}"
         )
     if not (isinstance(zscore, bool) or zscore == ZSCORE_AFTER):
-        raise ValueError(f"data.zscore={zscore!r}: use true (standardise every pixel and channel with the training "
-                         f"split's mean and std before erasure, as Figure 16), {ZSCORE_AFTER} (the same, fitted on the "
-                         f"erased training split, after erasure) or false")
+        raise ValueError(
+            f"data.zscore={zscore!r}: use true (standardise every pixel and channel with the training "
+            f"split's mean and std before erasure, as Figure 16), {ZSCORE_AFTER} (the same, fitted on the "
+            f"erased training split, after erasure) or false"
+        )
     if zscore == ZSCORE_AFTER and augment_order == "augment_then_erase":
-        raise ValueError("data.zscore=after_eraser standardises the stored erased splits, but "
-                         "data.augment_order=augment_then_erase erases each augmented batch later; use "
-                         "data.augment_order=erase_then_augment, or data.zscore=true")
+        raise ValueError(
+            "data.zscore=after_eraser standardises the stored erased splits, but "
+            "data.augment_order=augment_then_erase erases each augmented batch later; use "
+            "data.augment_order=erase_then_augment, or data.zscore=true"
+        )
     if transform_cfg is not None and augment_order == "augment_then_erase":
         raise ValueError(
             "data.transform is applied to the stored splits, but data.augment_order=augment_then_erase keeps "
@@ -169,8 +194,12 @@ def check_erasure_settings(augment_order: str, eval_labels: bool | str, zscore: 
             "with a transform"
         )
     if fit_scope not in FIT_SCOPES:
-        raise ValueError(f"eraser.fit_scope={fit_scope!r}: choose one of {list(FIT_SCOPES)} (split: fitted on "
-                         f"each split it edits; pool: once on the training and validation splits together)")
+        raise ValueError(
+            f"eraser.fit_scope={fit_scope!r}: choose one of {list(FIT_SCOPES)} (split: fitted on "
+            f"each split it edits; pool: once on the training and validation splits together)"
+        )
     if pooled and eval_labels != True:  # noqa: E712 (eval_labels is True or "predicted")
-        raise ValueError("eraser.fit_scope=pool edits the validation split with its true labels (as the original); "
-                         "it cannot be combined with data.eval_labels=predicted: use eraser.fit_scope=split")
+        raise ValueError(
+            "eraser.fit_scope=pool edits the validation split with its true labels (as the original); "
+            "it cannot be combined with data.eval_labels=predicted: use eraser.fit_scope=split"
+        )

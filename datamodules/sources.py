@@ -33,7 +33,9 @@ class ImageSet:
 
     def __post_init__(self) -> None:
         if self.x.ndim != 4 or self.x.shape[0] != self.y.shape[0]:
-            raise ValueError(f"ImageSet wants x (n, c, h, w) and y (n,), got {tuple(self.x.shape)} and {tuple(self.y.shape)}")
+            raise ValueError(
+                f"ImageSet wants x (n, c, h, w) and y (n,), got {tuple(self.x.shape)} and {tuple(self.y.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -97,8 +99,10 @@ def check_source_options(name: str, options: dict[str, Any]) -> None:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean data.options.{near[0]}? " if near else ""
-            raise ValueError(f"data.options.{key}: data source {name!r} takes no such option, it would be ignored; "
-                             f"{hint}it takes {', '.join(known) or 'none'}")
+            raise ValueError(
+                f"data.options.{key}: data source {name!r} takes no such option, it would be ignored; "
+                f"{hint}it takes {', '.join(known) or 'none'}"
+            )
 
 
 def check_labels(y: Tensor, num_classes: int, where: str, fix: str) -> None:
@@ -119,7 +123,9 @@ def check_labels(y: Tensor, num_classes: int, where: str, fix: str) -> None:
 def check_pixels(x: Tensor, where: str, fix: str) -> None:
     """Float (n, c, h, w) pixels without NaN or infinity (they would poison every moment)."""
     if x.ndim != 4 or not x.is_floating_point():
-        raise BadDataError(f"{where}: images must be float (n, c, h, w), got {x.dtype} {tuple(x.shape)}. To fix it: {fix}.")
+        raise BadDataError(
+            f"{where}: images must be float (n, c, h, w), got {x.dtype} {tuple(x.shape)}. To fix it: {fix}."
+        )
     bad = sum(int((~torch.isfinite(x[i : i + CHECK_CHUNK])).sum()) for i in range(0, x.shape[0], CHECK_CHUNK))
     if bad:
         raise BadDataError(f"{where}: {bad} pixel value(s) are NaN or infinite. To fix it: {fix}.")

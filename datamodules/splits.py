@@ -97,7 +97,9 @@ def standardised(splits: Splits) -> Splits:
     def mapped(images: ImageSet) -> ImageSet:
         return ImageSet(z(images.x), images.y)
 
-    return dataclasses.replace(splits, train=mapped(splits.train), val=mapped(splits.val), test=mapped(splits.test), zscore=info)
+    return dataclasses.replace(
+        splits, train=mapped(splits.train), val=mapped(splits.val), test=mapped(splits.test), zscore=info
+    )
 
 
 def zscore_map(train_x: Tensor, when: str = "before_eraser") -> tuple[Callable[[Tensor], Tensor], dict[str, Any]]:
@@ -111,12 +113,18 @@ def zscore_map(train_x: Tensor, when: str = "before_eraser") -> tuple[Callable[[
         shape = images.shape
         return ((images.double().flatten(1) - mean.to(images.device)) / std.to(images.device)).float().view(shape)
 
-    info = {"statistics": "training split" if when == "before_eraser" else "erased training split",
-            "examples": int(x.shape[0]), "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum())}
+    info = {
+        "statistics": "training split" if when == "before_eraser" else "erased training split",
+        "examples": int(x.shape[0]),
+        "constant_features": int((std <= 2 * torch.finfo(torch.float32).eps).sum()),
+    }
     if when != "before_eraser":
         info["when"] = when
-    log.info("data.zscore: every split standardised with the %s's mean and std (%d constant features)",
-             info["statistics"], info["constant_features"])
+    log.info(
+        "data.zscore: every split standardised with the %s's mean and std (%d constant features)",
+        info["statistics"],
+        info["constant_features"],
+    )
     return z, info
 
 
@@ -143,8 +151,11 @@ def load_splits(options: DataOptions) -> Splits:
         before = torch.bincount(y[train_idx], minlength=len(src.classes))
         train_idx = train_idx[balance_indices(y[train_idx], options.balance, options.data_seed)]
         after = torch.bincount(y[train_idx], minlength=len(src.classes))
-        balance = {"method": options.balance, "class_counts_before": before.tolist(),
-                   "class_counts_after": after.tolist()}
+        balance = {
+            "method": options.balance,
+            "class_counts_before": before.tolist(),
+            "class_counts_after": after.tolist(),
+        }
         if options.balance == "rwy":  # the stored split is unchanged; each epoch's draws are balanced
             balance["sampling"] = "each epoch: n draws with replacement, probability 1 / class count in the prefix"
         log.info("data.balance=%s: training class counts %s -> %s", options.balance, before.tolist(), after.tolist())
@@ -154,14 +165,27 @@ def load_splits(options: DataOptions) -> Splits:
 
 def fit_transform(x: Tensor, setting: dict[str, Any], device: torch.device) -> CovariancePower:
     """The ``data.transform`` fitted on the training images ``x``; errors name the setting."""
-    log.info("fitting the %s transform (p=%g, eps=%g, %s) on %d training examples",
-             setting["name"], setting["p"], setting["eps"], setting["order"], x.shape[0])
+    log.info(
+        "fitting the %s transform (p=%g, eps=%g, %s) on %d training examples",
+        setting["name"],
+        setting["p"],
+        setting["eps"],
+        setting["order"],
+        x.shape[0],
+    )
     try:
         t = fit_covariance_power(x.to(device), p=setting["p"], eps=setting["eps"])
     except ValueError as err:  # the math layer knows only p and eps
         raise ValueError(f"data.transform: {err}") from err
-    log.info("transform %s: condition number %.4g -> %.4g, effective rank %.4g -> %.4g (of %d)", setting["name"],
-             t.condition_before, t.condition_after, t.effective_rank_before, t.effective_rank_after, t.dim)
+    log.info(
+        "transform %s: condition number %.4g -> %.4g, effective rank %.4g -> %.4g (of %d)",
+        setting["name"],
+        t.condition_before,
+        t.condition_after,
+        t.effective_rank_before,
+        t.effective_rank_after,
+        t.dim,
+    )
     return t
 
 
@@ -175,5 +199,10 @@ def transformed_before(splits: Splits, setting: dict[str, Any] | None, device: t
     def mapped(images: ImageSet) -> ImageSet:
         return ImageSet(apply_transform(t, images.x.to(device)), images.y)
 
-    return dataclasses.replace(splits, train=mapped(splits.train), val=mapped(splits.val), test=mapped(splits.test),
-                               transform={**setting, **t.summary()})
+    return dataclasses.replace(
+        splits,
+        train=mapped(splits.train),
+        val=mapped(splits.val),
+        test=mapped(splits.test),
+        transform={**setting, **t.summary()},
+    )

@@ -61,8 +61,17 @@ class StackedBatch:
 class MemberStream:
     """One member's endless sequence of epochs over train[:n], as ``DeviceBatches`` would draw them."""
 
-    def __init__(self, n: int, batch_size: int, seed: int, device: torch.device, augment: bool, pads: tuple[int, int], flip: bool,
-                 weights: Tensor | None = None):
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        seed: int,
+        device: torch.device,
+        augment: bool,
+        pads: tuple[int, int],
+        flip: bool,
+        weights: Tensor | None = None,
+    ):
         self.n, self.batch_size, self.seed, self.device = n, batch_size, seed, device
         self.weights = weights  # class-balanced sampling weights of the prefix (data.balance=rwy), or None
         self.augment, self.pads, self.flip = augment, pads, flip
@@ -78,11 +87,15 @@ class MemberStream:
         self.rows = torch.zeros(padded, dtype=torch.long, device=self.device)
         self.rows[: self.n] = order
         self.rows = self.rows.view(self.steps_per_epoch, self.batch_size)
-        self.valid = (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
+        self.valid = (
+            (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
+        )
         self.crops = None  # the epoch's crop/flip draws as DeviceBatches draws them, laid out as the rows
         if self.augment:
             drawn = _pad(crop_flip_params(self.n, *self.pads, self.flip, self.generator, self.device), padded)
-            self.crops = CropFlip(*(t.view(self.steps_per_epoch, self.batch_size) for t in (drawn.dy, drawn.dx, drawn.flip)))
+            self.crops = CropFlip(
+                *(t.view(self.steps_per_epoch, self.batch_size) for t in (drawn.dy, drawn.dx, drawn.flip))
+            )
 
     def next(self) -> tuple[Tensor, Tensor, CropFlip | None]:
         """The next batch's padded indices, its weights and crop/flip draws (views: no kernel per
@@ -134,13 +147,17 @@ class StackedBatches:
         x, y = self.sources[0].x, self.sources[0].y
         source_of = [0] * len(prefixes) if source_of is None else list(source_of)
         if len(source_of) != len(prefixes) or any(not 0 <= s < len(self.sources) for s in source_of):
-            raise ValueError(f"source_of {source_of}: one source in 0..{len(self.sources) - 1} for each of the {len(prefixes)} prefixes")
+            raise ValueError(
+                f"source_of {source_of}: one source in 0..{len(self.sources) - 1} for each of the {len(prefixes)} prefixes"
+            )
         if any(s.x.shape[1:] != x.shape[1:] for s in self.sources):
             raise ValueError(f"training sets of shapes {[tuple(s.x.shape) for s in self.sources]} cannot share a stack")
         if any(not 0 < n <= self.sources[s].x.shape[0] for n, s in zip(prefixes, source_of)):
             raise ValueError(f"prefixes {prefixes} must lie in 1..{x.shape[0]}")
         if augment is not None and x.ndim != 4:
-            raise ValueError(f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false")
+            raise ValueError(
+                f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false"
+            )
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, steps_per_group
@@ -149,7 +166,9 @@ class StackedBatches:
         flip = augment is not None and augment.flip
 
         def weights(n: int, source: int) -> Tensor | None:  # each member balances the classes of its own prefix
-            return class_balanced_weights(self.sources[source].y[:n], class_balance) if class_balance is not None else None
+            return (
+                class_balanced_weights(self.sources[source].y[:n], class_balance) if class_balance is not None else None
+            )
 
         ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
         if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
@@ -157,8 +176,10 @@ class StackedBatches:
         seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
-        self.streams = {m: MemberStream(n, batch_size, s, x.device, augment is not None, pads, flip, weights(n, source))
-                        for m, n, s, source in zip(ids, prefixes, seeds, source_of)}
+        self.streams = {
+            m: MemberStream(n, batch_size, s, x.device, augment is not None, pads, flip, weights(n, source))
+            for m, n, s, source in zip(ids, prefixes, seeds, source_of)
+        }
         self.source_of = dict(zip(ids, source_of))
         self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
 
@@ -197,7 +218,9 @@ class StackedBatches:
         weight = torch.stack([valid for step in draws for _, valid, _ in step]).view(shape)
         crops = None
         if draws[0][0][2] is not None:
-            crops = CropFlip(*(torch.cat([getattr(p, f) for step in draws for _, _, p in step]) for f in ("dy", "dx", "flip")))
+            crops = CropFlip(
+                *(torch.cat([getattr(p, f) for step in draws for _, _, p in step]) for f in ("dy", "dx", "flip"))
+            )
         by_source: dict[int, list[int]] = {}
         for j, m in enumerate(members):
             by_source.setdefault(self.source_of[m], []).append(j)
@@ -207,7 +230,11 @@ class StackedBatches:
             xb = yb = None
             for source, rows in by_source.items():
                 picked = torch.tensor(rows, device=index.device)
-                part = None if crops is None else CropFlip(*(t.view(shape)[:, picked].flatten() for t in (crops.dy, crops.dx, crops.flip)))
+                part = (
+                    None
+                    if crops is None
+                    else CropFlip(*(t.view(shape)[:, picked].flatten() for t in (crops.dy, crops.dx, crops.flip)))
+                )
                 xs, ys = self._gather(self.sources[source], index[:, picked], part)
                 if xb is None:
                     xb, yb = xs.new_empty(*shape, *xs.shape[3:]), ys.new_empty(shape)

@@ -76,8 +76,10 @@ def _read_mat(folder: Path, split: str, verify_checksums: bool) -> Any:
             raise
         except Exception as err:  # scipy and numpy raise many types for truncated or re-shaped files
             raise bad_data(
-                "svhn", path, f"is not a readable SVHN .mat file with X (32, 32, 3, n) and y (n, 1) "
-                f"({type(err).__name__}: {err})", refetch(path),
+                "svhn",
+                path,
+                f"is not a readable SVHN .mat file with X (32, 32, 3, n) and y (n, 1) ({type(err).__name__}: {err})",
+                refetch(path),
             ) from err
 
 
@@ -85,7 +87,9 @@ def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> I
     if download:
         folder.mkdir(parents=True, exist_ok=True)
         url, name, _ = svhn_reader(True).split_list[split]
-        with downloading("svhn", url, f"download {url} on a machine with network access and copy it to {folder / name}"):
+        with downloading(
+            "svhn", url, f"download {url} on a machine with network access and copy it to {folder / name}"
+        ):
             svhn_reader(True)(str(folder), split=split, download=True)
     check_svhn_file(folder, split, verify_checksums)
     data = _read_mat(folder, split, verify_checksums)
@@ -94,8 +98,11 @@ def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> I
     x, y = np.asarray(data.data), np.atleast_1d(np.asarray(data.labels))
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (3, 32, 32) or y.ndim != 1 or len(y) != len(x):
         raise bad_data(
-            "svhn", path, f"reads as images of shape {x.shape} ({x.dtype}) with {y.size} labels; expected uint8 "
-            f"X of shape (32, 32, 3, n) and n labels", refetch(path),
+            "svhn",
+            path,
+            f"reads as images of shape {x.shape} ({x.dtype}) with {y.size} labels; expected uint8 "
+            f"X of shape (32, 32, 3, n) and n labels",
+            refetch(path),
         )
     labels = torch.as_tensor(y)
     check_labels(labels, 10, f"svhn: {path} (published labels 1..10, 10 = digit 0)", refetch(path))

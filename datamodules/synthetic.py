@@ -39,7 +39,13 @@ class GaussianClasses:
 
 
 def gaussian_classes(
-    num_classes: int, dim: int, mean_shift: float, cov_shift: float, std: float, center: float, generator: torch.Generator
+    num_classes: int,
+    dim: int,
+    mean_shift: float,
+    cov_shift: float,
+    std: float,
+    center: float,
+    generator: torch.Generator,
 ) -> GaussianClasses:
     """Draw the class parameters (float64) from ``generator``.
 
@@ -138,7 +144,9 @@ def load_synthetic(
     **_: Any,
 ) -> ImageSource:
     """Gaussian class data shaped like images (float32 (n, c, h, w)); the same seed gives the same data."""
-    c, h, w = _check(num_classes, shape, n_train, n_test, std, mean_shift=mean_shift, cov_shift=cov_shift, center=center)
+    c, h, w = _check(
+        num_classes, shape, n_train, n_test, std, mean_shift=mean_shift, cov_shift=cov_shift, center=center
+    )
     classes = gaussian_classes(
         num_classes, c * h * w, mean_shift, cov_shift, std, center, _generator(generator_seed, "classes")
     )

@@ -113,8 +113,12 @@ class SingleIndexTeacher:
 
 
 def single_index_teacher(
-    d: int, decay: float = 1.0, eigenvalues: Sequence[float] | None = None, alignment: float = 0.0,
-    rotate: bool = True, seed: int = 0,
+    d: int,
+    decay: float = 1.0,
+    eigenvalues: Sequence[float] | None = None,
+    alignment: float = 0.0,
+    rotate: bool = True,
+    seed: int = 0,
 ) -> SingleIndexTeacher:
     """The teacher: spectrum (``eigenvalues``, or the power law with ``decay``), a random eigenbasis
     (identity if not ``rotate``), w* with coordinates +-lambda_i^(alignment/2) in it, random signs."""
@@ -144,9 +148,16 @@ def link(output: Tensor, name: str) -> Tensor:
 
 @register_source("single_index")
 def load_single_index(
-    d: int = 64, n_train: int = 4000, n_test: int = 2000, decay: float = 1.0,
-    eigenvalues: Sequence[float] | None = None, alignment: float = 0.0, rotate: bool = True,
-    noise: float = 0.0, generator_seed: int = 0, **_: Any,
+    d: int = 64,
+    n_train: int = 4000,
+    n_test: int = 2000,
+    decay: float = 1.0,
+    eigenvalues: Sequence[float] | None = None,
+    alignment: float = 0.0,
+    rotate: bool = True,
+    noise: float = 0.0,
+    generator_seed: int = 0,
+    **_: Any,
 ) -> ImageSource:
     """Binary single-index data: class = 1[<w*, x> + noise > 0] (the sign link); the test split is
     labelled by the noiseless teacher, as in the thesis' generalisation error (Eq. 4.2.5)."""
@@ -249,8 +260,14 @@ def multiscale_linear(
 
 @register_source("multiscale_linear")
 def load_multiscale_linear(
-    n_train: int = 4000, n_test: int = 2000, d: int = 100, p: int = 50, kappa: float = 50.0, noise: float = 0.0,
-    generator_seed: int = 0, **_: Any,
+    n_train: int = 4000,
+    n_test: int = 2000,
+    d: int = 100,
+    p: int = 50,
+    kappa: float = 50.0,
+    noise: float = 0.0,
+    generator_seed: int = 0,
+    **_: Any,
 ) -> ImageSource:
     """The classification variant: class = 1[z^T w + noise > 0] (test split: the noiseless teacher,
     thesis Eq. 4.2.5), inputs sqrt(d) x so the fast features have unit variance (the thesis'

@@ -131,6 +131,7 @@ def alf_directions(
 @dataclass(frozen=True)
 class AlfQLeaceEraser(Eraser):
     """x -> m + (I - U U^T)(leace(x) - m): one affine map for every class."""
+
     erases_quadratic = True
 
     mean: Tensor  # (d,)
@@ -164,7 +165,9 @@ class AlfQLeaceEraser(Eraser):
         if not 0.0 <= target_fraction < 1.0:
             raise ValueError(f"target_fraction must lie in [0, 1), got {target_fraction}")
         if max_rank is not None and (isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 0):
-            raise ValueError(f"max_rank must be an integer >= 0, or null for no cap (up to d directions), got {max_rank!r}")
+            raise ValueError(
+                f"max_rank must be an integer >= 0, or null for no cap (up to d directions), got {max_rank!r}"
+            )
         rank_cap = x.shape[1] if max_rank is None else max_rank  # null: up to d rank-1 erasures (paper Sec. 2.3)
         if deviation_norm not in ("fro", "spectral"):
             raise ValueError(f"deviation_norm must be 'fro' or 'spectral', got {deviation_norm!r}")
@@ -179,10 +182,20 @@ class AlfQLeaceEraser(Eraser):
         cpu = torch.device("cpu")
         rank = found.directions.shape[1]
         return cls(
-            mean=leace.mean.to(cpu), leace_proj=leace.proj.to(cpu), directions=found.directions.to(cpu),
-            dim=x.shape[1], num_classes=num_classes, class_counts=[int(c) for c in moments.counts],
-            leace_rank=leace.rank, rank=rank, edit_rank=leace.rank + rank, deviations=found.deviations,
-            deviation_norm=deviation_norm, target_fraction=target_fraction, max_rank=max_rank, shrinkage=shrinkage,
+            mean=leace.mean.to(cpu),
+            leace_proj=leace.proj.to(cpu),
+            directions=found.directions.to(cpu),
+            dim=x.shape[1],
+            num_classes=num_classes,
+            class_counts=[int(c) for c in moments.counts],
+            leace_rank=leace.rank,
+            rank=rank,
+            edit_rank=leace.rank + rank,
+            deviations=found.deviations,
+            deviation_norm=deviation_norm,
+            target_fraction=target_fraction,
+            max_rank=max_rank,
+            shrinkage=shrinkage,
         )
 
     def targeted_gaps(self) -> tuple[str, ...]:

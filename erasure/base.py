@@ -46,8 +46,7 @@ def available_erasers() -> list[str]:
 def eraser_class(name: str) -> type["Eraser"]:
     if name not in _REGISTRY:
         raise ValueError(
-            f"unknown eraser {name!r}; choose one of {available_erasers()} "
-            f"(e.g. `eraser=leace` on the command line)"
+            f"unknown eraser {name!r}; choose one of {available_erasers()} (e.g. `eraser=leace` on the command line)"
         )
     return _REGISTRY[name]
 
@@ -82,8 +81,7 @@ def check_labels(y: Tensor, n: int, num_classes: int | None = None) -> int:
     k = num_classes if num_classes is not None else hi + 1
     if lo < 0 or hi >= k:
         raise ValueError(
-            f"labels must lie in [0, {k - 1}], found range [{lo}, {hi}]; "
-            f"remap them to 0..K-1 or pass num_classes"
+            f"labels must lie in [0, {k - 1}], found range [{lo}, {hi}]; remap them to 0..K-1 or pass num_classes"
         )
     return k
 

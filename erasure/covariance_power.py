@@ -109,11 +109,19 @@ class CovariancePower:
             )
         after_kept = (scale**2 * after)[keep]
         return cls(
-            mean=moments.mean, matrix=matrix, p=float(p), eps=float(eps), dim=d, scale=scale, rank=rank,
-            eigval_max=float(kept.max()), eigval_min_kept=float(kept.min()),
+            mean=moments.mean,
+            matrix=matrix,
+            p=float(p),
+            eps=float(eps),
+            dim=d,
+            scale=scale,
+            rank=rank,
+            eigval_max=float(kept.max()),
+            eigval_min_kept=float(kept.min()),
             condition_before=float(kept.max() / kept.min()),
             condition_after=float(after_kept.max() / after_kept.min()),
-            effective_rank_before=participation_ratio(kept), effective_rank_after=participation_ratio(after_kept),
+            effective_rank_before=participation_ratio(kept),
+            effective_rank_after=participation_ratio(after_kept),
         )
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -153,7 +161,9 @@ def load_covariance_power(path: str | os.PathLike) -> CovariancePower:
     if header.get("transform") != NAME:
         raise ValueError(f"{path} is not a saved covariance_power transform")
     if header.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has format version {header.get('format_version')}, this code reads {FORMAT_VERSION}; refit it")
+        raise ValueError(
+            f"{path} has format version {header.get('format_version')}, this code reads {FORMAT_VERSION}; refit it"
+        )
     return CovariancePower(**tensors, **header["metadata"])
 
 
@@ -161,7 +171,9 @@ def check_transform_options(p: Any, eps: Any) -> None:
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not torch.isfinite(torch.tensor(float(p))):
         raise ValueError(f"covariance_power: p={p!r} must be a finite number (p = -1 whitens, 0 is the identity)")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"covariance_power: eps={eps!r} must be a number >= 0 (ridge for p < 0, times the mean eigenvalue)")
+        raise ValueError(
+            f"covariance_power: eps={eps!r} must be a number >= 0 (ridge for p < 0, times the mean eigenvalue)"
+        )
 
 
 def fit_covariance_power(x: Tensor, p: float, eps: float, batch_size: int = 8192) -> CovariancePower:

@@ -86,7 +86,12 @@ def _probe_models(n_train: int, dim: int, max_features: int, seed: int) -> dict[
 
 
 def _probe_accuracies(
-    x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, max_features: int, seed: int,
+    x_train: Tensor,
+    y_train: Tensor,
+    x_test: Tensor,
+    y_test: Tensor,
+    max_features: int,
+    seed: int,
     skipped: dict[str, str],
 ) -> dict[str, float]:
     """Held-out accuracy of each probe; a probe sklearn cannot fit goes to ``skipped`` with its reason."""
@@ -104,7 +109,9 @@ def _probe_accuracies(
             model.fit(xtr, ytr)
             out[key] = float((model.predict(xte) == yte).mean())
         except (ValueError, np.linalg.LinAlgError) as err:  # too few samples per class, one class only, ...
-            skipped[key] = f"{type(err).__name__}: {'. '.join(str(err).split('. ')[:2])}"  # sklearn's why, not its advice
+            skipped[key] = (
+                f"{type(err).__name__}: {'. '.join(str(err).split('. ')[:2])}"  # sklearn's why, not its advice
+            )
     return out
 
 
@@ -139,7 +146,8 @@ def _warn_skipped(skipped: Mapping[str, str]) -> None:
         listed = "; ".join(f"{key}: {why}" for key, why in skipped.items())
         warnings.warn(
             f"erasure diagnostics: {len(skipped)} probe result(s) skipped, the run goes on without them ({listed})",
-            RuntimeWarning, stacklevel=3,
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -197,7 +205,9 @@ def erasure_report(
         return report
     for when, (train, test) in splits.items():
         missed: dict[str, str] = {}
-        for key, value in _probe_accuracies(train[keep], y_train[keep], test, y_held, max_features, seed, missed).items():
+        for key, value in _probe_accuracies(
+            train[keep], y_train[keep], test, y_held, max_features, seed, missed
+        ).items():
             report[f"{key}_{when}"] = value
         skipped.update({f"{key}_{when}": why for key, why in missed.items()})
     report["chance"] = chance_accuracy(y_train[keep], y_held)
@@ -206,8 +216,11 @@ def erasure_report(
 
 
 def erasure_shortfall(
-    before: Mapping[str, float], after: Mapping[str, float], keys: tuple[str, ...],
-    max_ratio: float = 0.9, floor: float = 1e-6,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    keys: tuple[str, ...],
+    max_ratio: float = 0.9,
+    floor: float = 1e-6,
 ) -> list[str]:
     """The targeted gaps that shrank by less than 10% (``after > max_ratio * before``), as
     "key before -> after" strings: an eraser that leaves them so did not erase. Gaps already at
@@ -224,6 +237,7 @@ def probe_shortfall(report: Mapping[str, float], keys: list[str] | tuple[str, ..
     ``points`` above ``report["chance"]``, as "key acc" strings (below chance counts as erased)."""
     chance = report["chance"]
     return [
-        f"{key} {report[f'{key}_after']:.3f}" for key in keys
+        f"{key} {report[f'{key}_after']:.3f}"
+        for key in keys
         if f"{key}_after" in report and report[f"{key}_after"] > chance + points
     ]

@@ -195,15 +195,35 @@ class GradientEraser(Eraser):
         spread = math.sqrt(float(((original.double() - original.double().mean(0)) ** 2).mean()))
         log.info(
             "gradient erasure (%s) done: loss %.6g -> %.6g, max mean gap %.4g -> %.4g, max cov gap %.4g -> %.4g, "
-            "RMS change %.4g", recipe, losses[0], losses[-1], initial["max_mean_gap"], final["max_mean_gap"],
-            initial["max_cov_gap"], final["max_cov_gap"], rms,
+            "RMS change %.4g",
+            recipe,
+            losses[0],
+            losses[-1],
+            initial["max_mean_gap"],
+            final["max_mean_gap"],
+            initial["max_cov_gap"],
+            final["max_cov_gap"],
+            rms,
         )
         return cls(
-            edited=edited.cpu(), fingerprint=fingerprint(x), dim=x.shape[1], num_classes=num_classes,
-            class_counts=[int(r.numel()) for r in rows], mean_weight=mean_weight, cov_weight=cov_weight,
-            distance_weight=distance_weight, steps=steps, history_size=history_size, value_range=[lo, hi],
-            margin=margin, loss_history=losses, initial_gaps=initial, final_gaps=final, recipe=recipe,
-            exact_means=bool(exact_means and recipe == "leace_first"), rms_change=rms,
+            edited=edited.cpu(),
+            fingerprint=fingerprint(x),
+            dim=x.shape[1],
+            num_classes=num_classes,
+            class_counts=[int(r.numel()) for r in rows],
+            mean_weight=mean_weight,
+            cov_weight=cov_weight,
+            distance_weight=distance_weight,
+            steps=steps,
+            history_size=history_size,
+            value_range=[lo, hi],
+            margin=margin,
+            loss_history=losses,
+            initial_gaps=initial,
+            final_gaps=final,
+            recipe=recipe,
+            exact_means=bool(exact_means and recipe == "leace_first"),
+            rms_change=rms,
             relative_rms_change=rms / spread if spread > 0 else float("nan"),
         )
 
@@ -259,14 +279,23 @@ def _start(x: Tensor, lo: float, hi: float, margin: float) -> Tensor:
 
 
 def _run_lbfgs(
-    z: Tensor, objective: Callable[..., tuple[float, Tensor | None, dict[str, float]]], steps: int,
-    history_size: int, log_every: int, what: str,
+    z: Tensor,
+    objective: Callable[..., tuple[float, Tensor | None, dict[str, float]]],
+    steps: int,
+    history_size: int,
+    log_every: int,
+    what: str,
 ) -> list[float]:
     """``steps`` L-BFGS iterations (strong Wolfe) on z in place; the loss before each and after the last."""
     z.requires_grad_(True)
     optimizer = torch.optim.LBFGS(
-        [z], lr=1.0, max_iter=1, history_size=history_size, line_search_fn="strong_wolfe",
-        tolerance_grad=0.0, tolerance_change=0.0,
+        [z],
+        lr=1.0,
+        max_iter=1,
+        history_size=history_size,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=0.0,
+        tolerance_change=0.0,
     )
     closure = _closure(z, objective)
     losses: list[float] = []
@@ -287,12 +316,22 @@ def _run_lbfgs(
 
 
 def _fit_joint(
-    original: Tensor, rows: list[Tensor], lo: float, hi: float, margin: float, chunk_size: int,
-    weights: dict[str, float], lbfgs: dict[str, int],
+    original: Tensor,
+    rows: list[Tensor],
+    lo: float,
+    hi: float,
+    margin: float,
+    chunk_size: int,
+    weights: dict[str, float],
+    lbfgs: dict[str, int],
 ) -> tuple[Tensor, list[float]]:
     """Paper section 2.4 as written: one objective over all classes, from the original data."""
     objective = MomentLoss(
-        original=original, class_rows=[r for r in rows if r.numel()], lo=lo, span=hi - lo, chunk_size=chunk_size,
+        original=original,
+        class_rows=[r for r in rows if r.numel()],
+        lo=lo,
+        span=hi - lo,
+        chunk_size=chunk_size,
         **weights,
     )
     z = _start(original, lo, hi, margin)
@@ -315,8 +354,16 @@ def squeeze_into(x: Tensor, lo: float, hi: float) -> Tensor:
 
 
 def _fit_leace_first(
-    original: Tensor, y: Tensor, rows: list[Tensor], num_classes: int, lo: float, hi: float, margin: float,
-    weights: dict[str, float], lbfgs: dict[str, int], exact_means: bool,
+    original: Tensor,
+    y: Tensor,
+    rows: list[Tensor],
+    num_classes: int,
+    lo: float,
+    hi: float,
+    margin: float,
+    weights: dict[str, float],
+    lbfgs: dict[str, int],
+    exact_means: bool,
 ) -> tuple[Tensor, list[float]]:
     """The original code's recipe: LEACE (class means equal), then each class alone toward the
     mean and covariance of all the LEACE'd data. LEACE output can leave [lo, hi]; it is clipped

@@ -61,7 +61,10 @@ def original_targets(x: Tensor) -> tuple[Tensor, Tensor, float]:
 
 
 def fit_original(
-    original: Tensor, rows: list[Tensor], weights: dict[str, float], lbfgs: dict[str, int],
+    original: Tensor,
+    rows: list[Tensor],
+    weights: dict[str, float],
+    lbfgs: dict[str, int],
 ) -> tuple[Tensor, list[float]]:
     """The recipe ``original`` (module docstring): each class alone, one L-BFGS call of ``steps`` iterations,
     then uint8. Returns the stored data and the class-weighted loss before and after (two entries)."""
@@ -75,8 +78,10 @@ def fit_original(
         if not idx.numel():
             continue
         if idx.numel() < 2:  # the original asserts it (experiments/iterative_erasure.py@2a41748:78)
-            raise ValueError(f"gradient eraser: recipe=original needs at least two rows of every class present "
-                             f"(a covariance per class); class {c} has 1")
+            raise ValueError(
+                f"gradient eraser: recipe=original needs at least two rows of every class present "
+                f"(a covariance per class); class {c} has 1"
+            )
         clamped = original[idx].clamp(eps, 1 - eps)
         objective = OriginalClassLoss(
             start=clamped.logit().sigmoid(), target_mean=target_mean, target_cov=target_cov, **weights
@@ -101,8 +106,13 @@ def fit_original(
             raise FloatingPointError(f"gradient erasure (original, class {c}) diverged (loss {end})")
         iterations = int(optimizer.state[optimizer._params[0]].get("n_iter", 0))
         if lbfgs["log_every"]:
-            log.info("gradient erasure (original, class %d): loss %.6g -> %.6g in %d L-BFGS iterations",
-                     c, start, end, iterations)
+            log.info(
+                "gradient erasure (original, class %d): loss %.6g -> %.6g in %d L-BFGS iterations",
+                c,
+                start,
+                end,
+                iterations,
+            )
         before += start * idx.numel() / n
         after += end * idx.numel() / n
     return quantize_uint8(edited), [before, after]

@@ -80,8 +80,13 @@ class LeaceEraser(Eraser):
             moments = shrink_moments(moments, shrinkage)
         m = leace_map(moments, shrink_total=shrinkage == OPTIMAL)
         return cls(
-            mean=m.mean, proj=m.proj, dim=x.shape[1], num_classes=num_classes, rank=m.rank,
-            class_counts=[int(c) for c in moments.counts], shrinkage=shrinkage,
+            mean=m.mean,
+            proj=m.proj,
+            dim=x.shape[1],
+            num_classes=num_classes,
+            rank=m.rank,
+            class_counts=[int(c) for c in moments.counts],
+            shrinkage=shrinkage,
         )
 
     def targeted_gaps(self) -> tuple[str, ...]:

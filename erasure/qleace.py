@@ -124,8 +124,14 @@ def wasserstein_barycenter(
             f"singular class covariances slow it down: consider shrinkage>0)",
         )
     return Barycenter(
-        covariance=factor @ factor.T, factor=factor, eigvals=eigvals, eigvecs=eigvecs, keep=keep,
-        iterations=iteration, residual=residual, objective=objective,
+        covariance=factor @ factor.T,
+        factor=factor,
+        eigvals=eigvals,
+        eigvecs=eigvecs,
+        keep=keep,
+        iterations=iteration,
+        residual=residual,
+        objective=objective,
     )
 
 
@@ -133,7 +139,9 @@ def transport_maps(bary: Barycenter) -> Tensor:
     """T_z = L (L^T S_z L)^{+1/2} L^T for every class, symmetric PSD, from the stored eigh."""
     tiny = torch.finfo(bary.eigvals.dtype).tiny
     inv_root = torch.where(bary.keep, bary.eigvals.clamp_min(tiny).rsqrt().sqrt(), 0.0)
-    return per_class(lambda vecs, root: _symmetric_square(bary.factor @ (vecs * root.unsqueeze(-2))), bary.eigvecs, inv_root)
+    return per_class(
+        lambda vecs, root: _symmetric_square(bary.factor @ (vecs * root.unsqueeze(-2))), bary.eigvecs, inv_root
+    )
 
 
 def _symmetric_square(half: Tensor) -> Tensor:
@@ -231,10 +239,19 @@ class QLeaceEraser(Eraser):
         maps = (maps + maps.transpose(-1, -2)) / 2
         cpu = torch.device("cpu")
         return cls(
-            class_means=moments.means.to(cpu), mean=moments.mean.to(cpu), maps=maps.to(cpu),
-            barycenter=((s + s.T) / 2).to(cpu), dim=x.shape[1], num_classes=num_classes,
-            class_counts=[int(c) for c in moments.counts], iterations=bary.iterations,
-            residual=bary.residual, objective=bary.objective, tol=tol, max_iter=max_iter, shrinkage=shrinkage,
+            class_means=moments.means.to(cpu),
+            mean=moments.mean.to(cpu),
+            maps=maps.to(cpu),
+            barycenter=((s + s.T) / 2).to(cpu),
+            dim=x.shape[1],
+            num_classes=num_classes,
+            class_counts=[int(c) for c in moments.counts],
+            iterations=bary.iterations,
+            residual=bary.residual,
+            objective=bary.objective,
+            tol=tol,
+            max_iter=max_iter,
+            shrinkage=shrinkage,
             span_rank=x.shape[1] if basis is None else basis.shape[1],
         )
 

@@ -47,8 +47,12 @@ class RandomProjectionEraser(Eraser):
             raise ValueError(f"rank must lie in [0, {d}] (the number of features), got {rank}")
         mean = (x.sum(0, dtype=torch.float64) / x.shape[0]).cpu()
         return cls(
-            mean=mean, directions=random_orthonormal(d, rank, seed), dim=d, num_classes=num_classes,
-            rank=rank, seed=int(seed),
+            mean=mean,
+            directions=random_orthonormal(d, rank, seed),
+            dim=d,
+            num_classes=num_classes,
+            rank=rank,
+            seed=int(seed),
         )
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:

@@ -19,7 +19,9 @@ from typing import Any
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
 PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/engine/progress.py write_progress)
-FAILURE_FILE = "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl/run/experiment.py)
+FAILURE_FILE = (
+    "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl/run/experiment.py)
+)
 
 
 @dataclass
@@ -92,7 +94,9 @@ def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
 
 def code_version() -> str:
     """A short hash of the framework's own source files: what computed a result (erasure/files.py)."""
-    from erasure.files import source_digest  # here, not above: erasure's package imports torch, this module's readers need not
+    from erasure.files import (
+        source_digest,
+    )  # here, not above: erasure's package imports torch, this module's readers need not
 
     return source_digest(SOURCE_PACKAGES)[:12]
 
@@ -114,8 +118,12 @@ def git_sha(repo: str | os.PathLike | None = None) -> str | None:
     """The code version of this run (with a '-dirty' suffix for uncommitted changes), or None."""
     cwd = Path(repo) if repo else Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return sha + ("-dirty" if dirty else "")

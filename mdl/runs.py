@@ -25,15 +25,29 @@ from typing import Any, Sequence
 from mdl.report.runs import display_names, flatten, is_ignored_key
 from mdl.run.environment import describe
 from mdl.results import (
-    FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, read_checked_json, read_json,
+    FAILURE_FILE,
+    PROGRESS_FILE,
+    RESULTS_FILE,
+    RUN_CONFIG_FILE,
+    DamagedRecord,
+    read_checked_json,
+    read_json,
 )
 
 STATUSES = ("finished", "failed", "partial", "started", "damaged")
 HEAD = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "lr", "engine", "paper_mdl")
 TAIL = ("tags", "date", "code_version", "environment", "path")
 # the config keys the fixed columns show (a swept key among them is not repeated)
-COLUMN_KEYS = {"data": "data.source", "model": "model.name", "width": "width", "depth": "depth", "eraser": "eraser.name",
-               "seed": "seed", "lr": "optimizer.lr", "tags": "tags"}
+COLUMN_KEYS = {
+    "data": "data.source",
+    "model": "model.name",
+    "width": "width",
+    "depth": "depth",
+    "eraser": "eraser.name",
+    "seed": "seed",
+    "lr": "optimizer.lr",
+    "tags": "tags",
+}
 COLUMNS = (*HEAD, *TAIL)  # plus the swept keys between them, and ``error`` when a listed run failed
 
 
@@ -98,7 +112,9 @@ def read_run(folder: Path) -> StoredRun | None:
         status = "failed" if failure is not None else status
         shown = f"{status} ({done})" if done else status
     values = {
-        "hash": folder.name, "status": shown, **{column: select(config, key) for column, key in COLUMN_KEYS.items()},
+        "hash": folder.name,
+        "status": shown,
+        **{column: select(config, key) for column, key in COLUMN_KEYS.items()},
         "engine": (results or {}).get("engine") or select(config, "mdl.engine"),
         "paper_mdl": (results or {}).get("paper_mdl"),
         "date": _last_written(folder),
@@ -112,8 +128,11 @@ def read_run(folder: Path) -> StoredRun | None:
 
 def _last_written(folder: Path) -> str:
     """When the entry's records last changed (started, a block done, failed or finished), to the minute."""
-    times = [p.stat().st_mtime for p in (folder / n for n in (RESULTS_FILE, FAILURE_FILE, PROGRESS_FILE, RUN_CONFIG_FILE))
-             if p.exists()]
+    times = [
+        p.stat().st_mtime
+        for p in (folder / n for n in (RESULTS_FILE, FAILURE_FILE, PROGRESS_FILE, RUN_CONFIG_FILE))
+        if p.exists()
+    ]
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(max(times))) if times else ""
 
 
@@ -131,8 +150,12 @@ def swept_keys(runs: list[StoredRun]) -> list[str]:
         flat = {k: v for k, v in flatten(run.config).items() if not is_ignored_key(k, v)}
         groups.setdefault((run.values["data"], run.values["model"], run.values["eraser"]), []).append(flat)
     shown = set(COLUMN_KEYS.values())
-    varying = {k for members in groups.values() for k in set().union(*members)
-               if k not in shown and len({m.get(k) for m in members}) > 1}
+    varying = {
+        k
+        for members in groups.values()
+        for k in set().union(*members)
+        if k not in shown and len({m.get(k) for m in members}) > 1
+    }
     return sorted(k for k in varying if not _repeats_a_column(k, runs))
 
 
@@ -162,21 +185,28 @@ def check_where_key(key: str, runs: list[StoredRun]) -> None:
     near = inside[:1] if inside else difflib.get_close_matches(key, sorted(leaves), n=1)
     what = "a group of settings, not one value" if inside else "not a config key of any listed run"
     hint = f"; did you mean --where {near[0]}=...?" if near else ""
-    raise ValueError(f"--where {key}: {what}{hint} (keys are dotted as in overrides, e.g. eraser.name, model.options.activation)")
+    raise ValueError(
+        f"--where {key}: {what}{hint} (keys are dotted as in overrides, e.g. eraser.name, model.options.activation)"
+    )
 
 
 def damaged_run(folder: Path, record: Path, err: Exception) -> StoredRun:
     """A store entry whose record cannot be read: a row saying so (its config unknown), and a warning naming the file."""
-    print(f"warning: {record} is damaged ({type(err).__name__}: {err}); its run is listed as damaged: launch it "
-          f"again to redo it, or delete {folder}", file=sys.stderr)
+    print(
+        f"warning: {record} is damaged ({type(err).__name__}: {err}); its run is listed as damaged: launch it "
+        f"again to redo it, or delete {folder}",
+        file=sys.stderr,
+    )
     values = {c: None for c in COLUMNS} | {"hash": folder.name, "status": "damaged"}
     return StoredRun(folder, "damaged", {}, values)
 
 
 def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None) -> list[StoredRun]:
     if not store.is_dir():
-        raise FileNotFoundError(f"no run store at {store}; runs are recorded there by launch.py "
-                                f"(set paths.output_root=... or paths.store_dir=... to look elsewhere)")
+        raise FileNotFoundError(
+            f"no run store at {store}; runs are recorded there by launch.py "
+            f"(set paths.output_root=... or paths.store_dir=... to look elsewhere)"
+        )
     filters = []
     for item in where:
         key, sep, value = item.partition("=")
@@ -235,7 +265,9 @@ def store_dir(overrides: Sequence[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mdl.runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides that move the store, e.g. paths.output_root=/x")
-    parser.add_argument("--where", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this config value")
+    parser.add_argument(
+        "--where", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this config value"
+    )
     parser.add_argument("--status", choices=STATUSES, default=None)
     parser.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV (full precision)")
     args = parser.parse_args(argv)

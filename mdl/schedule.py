@@ -11,6 +11,7 @@ ROUNDINGS: tuple[str, ...] = ("cumulative", "oric")
 
 def _growth_ratio(n: int, num_blocks: int, first: int) -> float:
     """The r >= 1 with first * (1 + r + ... + r^(S-1)) = n, by bisection."""
+
     def total(r: float) -> float:
         return first * num_blocks if r == 1.0 else first * (r**num_blocks - 1) / (r - 1)
 
@@ -31,8 +32,11 @@ def oric_chunks(n: int, num_blocks: int, first: int) -> list[int]:
     so the cumulative sizes can differ by one from ``cumulative`` rounding."""
     from scipy.optimize import brentq  # as the original: the same root to the last bit
 
-    ratio = brentq(lambda r: first * (1 - r**num_blocks) / (1 - r) - n, 1 + 2.220446049250313e-16,
-                   num_blocks * n ** (1 / num_blocks))
+    ratio = brentq(
+        lambda r: first * (1 - r**num_blocks) / (1 - r) - n,
+        1 + 2.220446049250313e-16,
+        num_blocks * n ** (1 / num_blocks),
+    )
     exact = [first * ratio**k for k in range(num_blocks)]
     rounded = [int(v) for v in exact]
     shortfall = [v - int(v) for v in exact]

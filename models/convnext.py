@@ -72,7 +72,9 @@ def build_convnext(
             f"drop_path_rate"
         )
     if len(stage_depths) != NUM_STAGES or min(stage_depths) < 1:
-        raise ValueError(f"convnext stage_depths must be {NUM_STAGES} positive integers (timm's ConvNeXt has {NUM_STAGES} stages), got {list(stage_depths)}")
+        raise ValueError(
+            f"convnext stage_depths must be {NUM_STAGES} positive integers (timm's ConvNeXt has {NUM_STAGES} stages), got {list(stage_depths)}"
+        )
     in_channels, h, w = check_image_shape(input_shape, "convnext")
     if h % patch_size or w % patch_size:
         raise ValueError(f"convnext patch_size {patch_size} must divide the {h}x{w} input; use patch_size 1")
@@ -97,4 +99,3 @@ def build_convnext(
     if architecture is StackableConvNeXt and not convnext_stacked.stackable(model):
         raise AssertionError("convnext: the stacked form does not match this structure (models/convnext_stacked.py)")
     return model
-

@@ -27,7 +27,10 @@ def stackable(model: ConvNeXt) -> bool:
         isinstance(model.norm_pre, nn.Identity)
         and isinstance(model.head.pre_logits, nn.Identity)
         and all(
-            not b.use_conv_mlp and b.gamma is None and isinstance(b.drop_path, nn.Identity) and isinstance(b.shortcut, nn.Identity)
+            not b.use_conv_mlp
+            and b.gamma is None
+            and isinstance(b.drop_path, nn.Identity)
+            and isinstance(b.shortcut, nn.Identity)
             for b in blocks
         )
     )

@@ -22,7 +22,9 @@ MINIMUM_VERSIONS = {
     "mup": "1.0",
     "schedulefree": "1.4",
 }
-ALTERNATIVE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {}  # the code imports `lightning`, so pytorch-lightning alone is not enough
+ALTERNATIVE_DISTRIBUTIONS: dict[
+    str, tuple[str, ...]
+] = {}  # the code imports `lightning`, so pytorch-lightning alone is not enough
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -54,9 +56,13 @@ def outdated() -> list[str]:
 def check_dependencies() -> None:
     problems = outdated()
     if problems:
-        upgrade = " ".join(f'"{name}>={MINIMUM_VERSIONS[name]}"' for name in MINIMUM_VERSIONS
-                           if any(p.startswith(name + " ") for p in problems))
+        upgrade = " ".join(
+            f'"{name}>={MINIMUM_VERSIONS[name]}"'
+            for name in MINIMUM_VERSIONS
+            if any(p.startswith(name + " ") for p in problems)
+        )
         raise ImportError(
-            "this framework needs newer libraries: " + "; ".join(problems)
+            "this framework needs newer libraries: "
+            + "; ".join(problems)
             + f". Upgrade with: pip install -U {upgrade} (or reinstall with pip install -e .)"
         )

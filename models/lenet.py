@@ -80,8 +80,13 @@ def original_param_count(
     in_channels = int(input_shape[0])
     (c1, c2), (f1, f2) = conv, dense
     sh, sw = feature_grid(input_shape, padding)
-    return ((in_channels * KERNEL**2 + 1) * c1 + (c1 * KERNEL**2 + 1) * c2
-            + (c2 * sh * sw + 1) * f1 + (f1 + 1) * f2 + (f2 + 1) * num_classes)
+    return (
+        (in_channels * KERNEL**2 + 1) * c1
+        + (c1 * KERNEL**2 + 1) * c2
+        + (c2 * sh * sw + 1) * f1
+        + (f1 + 1) * f2
+        + (f2 + 1) * num_classes
+    )
 
 
 def original_sizes(
@@ -101,8 +106,13 @@ def original_sizes(
 
 
 def _original_or_given(
-    input_shape: Sequence[int], width: int, depth: int, num_classes: int, padding: int | str,
-    channels: Sequence[int] | None, dense: Sequence[int] | None,
+    input_shape: Sequence[int],
+    width: int,
+    depth: int,
+    num_classes: int,
+    padding: int | str,
+    channels: Sequence[int] | None,
+    dense: Sequence[int] | None,
 ) -> tuple[Sequence[int], Sequence[int]]:
     """The given conv / dense sizes, the original's search filling in what is not given."""
     if channels is not None and dense is not None:
@@ -112,7 +122,12 @@ def _original_or_given(
 
 
 def lenet_param_count(
-    input_shape: Sequence[int], channels: Sequence[int], width: int, depth: int, num_classes: int, padding: int | str = "auto"
+    input_shape: Sequence[int],
+    channels: Sequence[int],
+    width: int,
+    depth: int,
+    num_classes: int,
+    padding: int | str = "auto",
 ) -> int:
     in_channels = int(input_shape[0])
     c1, c2 = channels
@@ -164,19 +179,35 @@ def lenet_channels(
     return nearest(lambda c2: range(1, c2 + 1))
 
 
-def parameter_match(input_shape: Sequence[int], width: int, depth: int, num_classes: int = 10, **options: Any) -> dict[str, Any]:
+def parameter_match(
+    input_shape: Sequence[int], width: int, depth: int, num_classes: int = 10, **options: Any
+) -> dict[str, Any]:
     """The search's outcome at one grid point: channels (and dense sizes), both counts, relative gap."""
     padding = options.get("padding", "auto")
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
     if options.get("variant", "original") == "original":
         conv, dense = original_sizes(input_shape, width, depth, num_classes, padding)
         lenet = original_param_count(input_shape, conv, dense, num_classes, padding)
-        return {"width": width, "depth": depth, "channels": conv, "dense": dense, "lenet": lenet, "mlp": mlp,
-                "rel_gap": lenet / mlp - 1}
+        return {
+            "width": width,
+            "depth": depth,
+            "channels": conv,
+            "dense": dense,
+            "lenet": lenet,
+            "mlp": mlp,
+            "rel_gap": lenet / mlp - 1,
+        }
     channels = lenet_channels(input_shape, width, depth, num_classes, padding, options.get("channel_ratio", 6 / 16))
     lenet = lenet_param_count(input_shape, channels, width, depth, num_classes, padding)
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    return {"width": width, "depth": depth, "channels": channels, "lenet": lenet, "mlp": mlp, "rel_gap": lenet / mlp - 1}
+    return {
+        "width": width,
+        "depth": depth,
+        "channels": channels,
+        "lenet": lenet,
+        "mlp": mlp,
+        "rel_gap": lenet / mlp - 1,
+    }
 
 
 def parameter_match_table(
@@ -212,8 +243,12 @@ class LeNet(nn.Module):
         sh, sw = feature_grid(input_shape, p)
         c1, c2 = (int(c) for c in channels)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, c1, KERNEL, padding=p), act(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, KERNEL, padding=p), act(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, c1, KERNEL, padding=p),
+            act(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, KERNEL, padding=p),
+            act(),
+            nn.MaxPool2d(2),
         )
         dims = [c2 * sh * sw] + [int(f) for f in dense]
         layers: list[nn.Module] = []
@@ -232,7 +267,11 @@ class LeNet(nn.Module):
         members = x.shape[0]
         h = x.transpose(0, 1).flatten(1, 2).contiguous()  # (B, M*C, H, W): member m owns channels m*C..m*C+C-1
         for i, layer in enumerate(self.features):
-            h = stacked_ops.conv2d(layer, params, f"features.{i}", h, members) if isinstance(layer, nn.Conv2d) else layer(h)
+            h = (
+                stacked_ops.conv2d(layer, params, f"features.{i}", h, members)
+                if isinstance(layer, nn.Conv2d)
+                else layer(h)
+            )
         h = h.unflatten(1, (members, -1)).flatten(2).transpose(0, 1)  # (M, B, c2 x side x side), as forward flattens
         for i, layer in enumerate(self.dense):
             h = stacked_ops.linear(params, f"dense.{i}", h) if isinstance(layer, nn.Linear) else layer(h)
@@ -264,7 +303,8 @@ def resolve_lenet(
                     f"lenet (variant original) at width {width}, depth {depth} on {tuple(input_shape)}: the nearest "
                     f"configuration on the original's size grid (conv {list(channels)}, dense {list(dense)}) has {lenet} "
                     f"parameters against the MLP's {mlp} ({lenet / mlp - 1:+.1%}), as in the original code; "
-                    f"model.options.variant=dense_stack matches within 1%", stacklevel=2,
+                    f"model.options.variant=dense_stack matches within 1%",
+                    stacklevel=2,
                 )
         return {"variant": variant, "channels": list(channels), "dense": list(dense), "padding": padding, **options}
     if channels is None:
@@ -296,8 +336,10 @@ def build_lenet(
     **options: Any,
 ) -> LeNet:
     if options:
-        raise ValueError(f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "
-                         f"activation, channel_ratio")
+        raise ValueError(
+            f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "
+            f"activation, channel_ratio"
+        )
     if variant not in VARIANTS:
         raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
     if variant == "original":
@@ -312,11 +354,17 @@ def main() -> None:
     """Print the LeNet vs MLP parameter-count table for the paper's grid."""
     for variant, shape in itertools.product(VARIANTS, ((3, 32, 32), (1, 8, 8))):
         rows = parameter_match_table(shape, variant=variant)
-        print(f"{variant}, input {shape}: LeNet / MLP - 1 (conv c1,c2{'; dense f1,f2' if variant == 'original' else ''}), "
-              f"widths x depths 1..8")
+        print(
+            f"{variant}, input {shape}: LeNet / MLP - 1 (conv c1,c2{'; dense f1,f2' if variant == 'original' else ''}), "
+            f"widths x depths 1..8"
+        )
         for w in sorted({r["width"] for r in rows}):
-            cells = [f"{r['rel_gap']:+.2%} ({r['channels'][0]},{r['channels'][1]}"
-                     + (f"; {r['dense'][0]},{r['dense'][1]})" if "dense" in r else ")") for r in rows if r["width"] == w]
+            cells = [
+                f"{r['rel_gap']:+.2%} ({r['channels'][0]},{r['channels'][1]}"
+                + (f"; {r['dense'][0]},{r['dense'][1]})" if "dense" in r else ")")
+                for r in rows
+                if r["width"] == w
+            ]
             print(f"  width {w:5d}: " + "  ".join(cells))
         worst = max(rows, key=lambda r: abs(r["rel_gap"]))
         print(f"  worst: width {worst['width']} depth {worst['depth']}: {worst['rel_gap']:+.3%}")

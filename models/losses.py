@@ -40,8 +40,10 @@ class SpectralDecoupling:
     def __post_init__(self) -> None:
         values = [self.lam, *(self.class_lambda or ()), *(self.class_gamma or ())]
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in values):
-            raise ValueError(f"spectral decoupling needs finite numbers, got lambda={self.lam!r}, "
-                             f"class_lambda={self.class_lambda!r}, class_gamma={self.class_gamma!r}")
+            raise ValueError(
+                f"spectral decoupling needs finite numbers, got lambda={self.lam!r}, "
+                f"class_lambda={self.class_lambda!r}, class_gamma={self.class_gamma!r}"
+            )
         if self.lam < 0 or any(v < 0 for v in self.class_lambda or ()):
             raise ValueError(f"loss.lambda={self.lam} and loss.class_lambda={self.class_lambda} must be >= 0")
 
@@ -49,8 +51,10 @@ class SpectralDecoupling:
         """Fail before training on per-class lists of the wrong length."""
         for key, values in (("class_lambda", self.class_lambda), ("class_gamma", self.class_gamma)):
             if values is not None and len(values) != num_classes:
-                raise ValueError(f"loss.{key} has {len(values)} values but the data has {num_classes} classes; "
-                                 f"give one per class, e.g. loss.{key}=[{','.join(['0.01'] * num_classes)}]")
+                raise ValueError(
+                    f"loss.{key} has {len(values)} values but the data has {num_classes} classes; "
+                    f"give one per class, e.g. loss.{key}=[{','.join(['0.01'] * num_classes)}]"
+                )
 
 
 def spectral_penalty(logits: Tensor, targets: Tensor, sd: SpectralDecoupling) -> Tensor:
@@ -85,8 +89,12 @@ def loss_from_options(options: Mapping[str, Any] | None, num_classes: int | None
         return None
     unknown = set(options) - {"lambda", "class_lambda", "class_gamma"}
     if unknown:
-        raise ValueError(f"unknown spectral decoupling options {sorted(unknown)}; use lambda, class_lambda, class_gamma")
-    sd = SpectralDecoupling(options.get("lambda", 0.0), _tuple(options.get("class_lambda")), _tuple(options.get("class_gamma")))
+        raise ValueError(
+            f"unknown spectral decoupling options {sorted(unknown)}; use lambda, class_lambda, class_gamma"
+        )
+    sd = SpectralDecoupling(
+        options.get("lambda", 0.0), _tuple(options.get("class_lambda")), _tuple(options.get("class_gamma"))
+    )
     if num_classes is not None:
         sd.check(num_classes)
     return sd

@@ -69,7 +69,9 @@ class MLP(nn.Module):
     def __init__(self, in_features: int, width: int, depth: int, num_classes: int, activation: str = "relu") -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose one of {ACTIVATIONS} (model.options.activation)")
+            raise ValueError(
+                f"unknown activation {activation!r}; choose one of {ACTIVATIONS} (model.options.activation)"
+            )
         layers: list[nn.Module] = []
         if activation == "swiglu":
             hidden = swiglu_width(width, depth, in_features, num_classes)

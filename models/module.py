@@ -124,7 +124,8 @@ class Classifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Whatever mode we are in, the checkpoint holds the eval-mode (averaged) weights."""
         checkpoint["loss_curves"] = {
-            "train": list(self.train_loss_curve), "val": list(self.val_loss_curve),
+            "train": list(self.train_loss_curve),
+            "val": list(self.val_loss_curve),
             "val_accuracy": list(self.val_accuracy_curve),
             "pending": {k: [float(v[0]), v[1]] for k, v in self._sums.items()},
         }
@@ -177,7 +178,9 @@ class Classifier(L.LightningModule):
         if not isinstance(batch, StepGroup):
             return self.step_loss(*batch)
         if self.automatic_optimization:
-            raise RuntimeError("a group of steps is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)")
+            raise RuntimeError(
+                "a group of steps is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)"
+            )
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
         return None
 

@@ -110,7 +110,9 @@ def truncated_normal_(tensor: torch.Tensor, std: float, bound: float = 2.0) -> t
 
 
 @torch.no_grad()
-def fast_trunc_normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0) -> torch.Tensor:
+def fast_trunc_normal_(
+    tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0
+) -> torch.Tensor:
     """``trunc_normal_(tensor, mean, std, a, b)`` (absolute bounds a, b, timm's signature)."""
     tensor.normal_(mean, std)
     if tensor.device.type == "meta":
@@ -217,4 +219,3 @@ def depth_scaled_lr(lr: float, depth: int, base_depth: int, exponent: float) -> 
     if depth < 1 or base_depth < 1:
         raise ValueError(f"depth and base_depth must be >= 1, got depth={depth}, base_depth={base_depth}")
     return lr * (base_depth / depth) ** exponent
-

@@ -69,8 +69,10 @@ def check_compile(compile: Any) -> str | None:
         backends = torch._dynamo.list_backends(exclude_tags=())
         if compile in backends:
             return compile
-        raise ValueError(f"trainer.compile={compile!r}: not a torch.compile backend here; use true (inductor), "
-                         f"false, or one of {[b for b in backends if 'TESTING' not in b]}")
+        raise ValueError(
+            f"trainer.compile={compile!r}: not a torch.compile backend here; use true (inductor), "
+            f"false, or one of {[b for b in backends if 'TESTING' not in b]}"
+        )
     raise ValueError(f"trainer.compile must be false, true or a torch.compile backend name, got {compile!r}")
 
 

@@ -113,7 +113,9 @@ def create_model(
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{key} must be a positive integer, got {value!r}")
     if base_width is not None and (not isinstance(base_width, int) or base_width < 1):
-        raise ValueError(f"model.base_width must be a positive integer or null (standard parametrisation), got {base_width!r}")
+        raise ValueError(
+            f"model.base_width must be a positive integer or null (standard parametrisation), got {base_width!r}"
+        )
     input_shape = tuple(int(s) for s in input_shape)
     builder_options = resolve_options(name, width, depth, num_classes, input_shape, **options)
 
@@ -145,7 +147,9 @@ def reference_shapes(
     options = json.loads(frozen_options)
 
     def make(at_width: int) -> nn.Module:
-        return model_builder(name)(width=at_width, depth=depth, num_classes=num_classes, input_shape=input_shape, **options)
+        return model_builder(name)(
+            width=at_width, depth=depth, num_classes=num_classes, input_shape=input_shape, **options
+        )
 
     with torch.device("meta"):
         base = _build_reference(make, base_width, "base", name)

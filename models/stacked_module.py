@@ -34,8 +34,13 @@ from models.stacking import StackedModel
 
 class StackedClassifier(L.LightningModule):
     def __init__(
-        self, stack: StackedModel, optimizer: OptimizerFactory, lr: float, precision: str = "fp32",
-        loss: SpectralDecoupling | None = None, member_ids: list[int] | None = None,
+        self,
+        stack: StackedModel,
+        optimizer: OptimizerFactory,
+        lr: float,
+        precision: str = "fp32",
+        loss: SpectralDecoupling | None = None,
+        member_ids: list[int] | None = None,
         run_of: dict[int, int] | None = None,
     ) -> None:
         super().__init__()
@@ -77,7 +82,9 @@ class StackedClassifier(L.LightningModule):
     def training_step(self, batch: MemberBatches, batch_idx: int) -> None:
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
 
-    def train_group(self, batch: MemberBatches, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None) -> None:
+    def train_group(
+        self, batch: MemberBatches, optimizer: torch.optim.Optimizer, hooks: StepHooks | None = None
+    ) -> None:
         """One optimizer step per step of the group, each on every active member's own batch."""
         hooks = hooks or StepHooks()
         x, y, w = self._rows_of_active(batch)
@@ -140,8 +147,12 @@ class StackedClassifier(L.LightningModule):
 
     @torch.no_grad()
     def loss_sums(
-        self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any, float64: bool = True,
-        with_correct: bool = False, chunks: list[int] | None = None,
+        self,
+        weights: tuple[dict[str, Tensor], dict[str, Tensor]],
+        batches: Any,
+        float64: bool = True,
+        with_correct: bool = False,
+        chunks: list[int] | None = None,
     ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         """Per member, the sum of cross-entropies (nats) over ``batches`` (accumulated in float64) and
         the count. ``float64=False`` computes each batch's sum in float32 from float32 logits, as the
@@ -228,4 +239,3 @@ def _swap_params(opt: torch.optim.Optimizer, replaced: dict[nn.Parameter, nn.Par
             k: (v[index].clone() if torch.is_tensor(v) and v.ndim > 0 and v.shape == old.shape else v)
             for k, v in state.items()
         }
-

@@ -49,12 +49,19 @@ def members_folded(h: Tensor) -> Tensor:
 def conv2d(conv: nn.Conv2d, params: dict[str, Tensor], name: str, h: Tensor, members: int) -> Tensor:
     """Each member's ``conv`` (same stride, padding, dilation) on its own channels of h, as one grouped convolution."""
     if not isinstance(conv.padding, tuple) or conv.padding_mode != "zeros":
-        raise ValueError(f"{name}: only zero padding of fixed size can be stacked, got {conv.padding!r} ({conv.padding_mode})")
+        raise ValueError(
+            f"{name}: only zero padding of fixed size can be stacked, got {conv.padding!r} ({conv.padding_mode})"
+        )
     weight = params[f"{name}.weight"]
     bias = params.get(f"{name}.bias")
     return F.conv2d(
-        h, weight.flatten(0, 1), None if bias is None else bias.flatten(),
-        conv.stride, conv.padding, conv.dilation, conv.groups * members,
+        h,
+        weight.flatten(0, 1),
+        None if bias is None else bias.flatten(),
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        conv.groups * members,
     )
 
 

@@ -80,11 +80,19 @@ class StackedModel(nn.Module):
         torch._dynamo.config.force_parameter_static_shapes = False
         # one compiled function for a batch per member and one for a batch all members share: a single one, seeing
         # x of shape (B, C, H, W) and then (M, B, C, H, W), made every axis of x symbolic, which inductor failed on
-        self.__dict__["_compiled_run"] = {False: torch.compile(self._run_own_batches, backend=backend),
-                                          True: torch.compile(self._run_shared_batch, backend=backend)}
+        self.__dict__["_compiled_run"] = {
+            False: torch.compile(self._run_own_batches, backend=backend),
+            True: torch.compile(self._run_shared_batch, backend=backend),
+        }
 
-    def run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool,
-            chunks: Sequence[int] | None = None) -> Tensor:
+    def run(
+        self,
+        params: dict[str, Tensor],
+        buffers: dict[str, Tensor],
+        x: Tensor,
+        shared_input: bool,
+        chunks: Sequence[int] | None = None,
+    ) -> Tensor:
         """Outputs (M', B, K) of the members whose stacked weights are given; x is (M', B, ...)
         or, with ``shared_input``, one batch (B, ...) that every member sees. ``chunks``: sizes of consecutive
         groups of rows that each compute as a stack of their own (None: one stack)."""
@@ -94,11 +102,17 @@ class StackedModel(nn.Module):
         split_params = {n: t.split(list(chunks)) for n, t in params.items()}
         split_buffers = {n: t.split(list(chunks)) for n, t in buffers.items()}
         split_x = [x] * len(chunks) if shared_input else x.split(list(chunks))
-        return torch.cat([
-            self._run_one({n: t[i] for n, t in split_params.items()}, {n: t[i] for n, t in split_buffers.items()},
-                          split_x[i], shared_input)
-            for i in range(len(chunks))
-        ])
+        return torch.cat(
+            [
+                self._run_one(
+                    {n: t[i] for n, t in split_params.items()},
+                    {n: t[i] for n, t in split_buffers.items()},
+                    split_x[i],
+                    shared_input,
+                )
+                for i in range(len(chunks))
+            ]
+        )
 
     def _run_one(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
         compiled = self.__dict__.get("_compiled_run")

@@ -155,13 +155,27 @@ def build_swin(
         raise ValueError(f"swin variant must be one of {list(VARIANTS)}, got {variant!r}")
     if variant == "original":  # torchvision's Swin V2 as the original code built it (models/swin_original.py)
         if head_scaling != "width":
-            raise ValueError("swin variant=original has the original's fixed heads (model.options.heads), not "
-                             f"head_scaling={head_scaling!r}; leave head_scaling at width")
-        return build_original_swin(width, depth, num_classes, input_shape, stage_depths, heads, window_size,
-                                   patch_size, mlp_ratio, drop_path_rate)
+            raise ValueError(
+                "swin variant=original has the original's fixed heads (model.options.heads), not "
+                f"head_scaling={head_scaling!r}; leave head_scaling at width"
+            )
+        return build_original_swin(
+            width,
+            depth,
+            num_classes,
+            input_shape,
+            stage_depths,
+            heads,
+            window_size,
+            patch_size,
+            mlp_ratio,
+            drop_path_rate,
+        )
     if heads is not None:
-        raise ValueError("swin model.options.heads is for variant=original; the default variant sets the heads "
-                         "by head_scaling and head_dim")
+        raise ValueError(
+            "swin model.options.heads is for variant=original; the default variant sets the heads "
+            "by head_scaling and head_dim"
+        )
     if head_scaling not in HEAD_SCALINGS:
         raise ValueError(f"swin head_scaling must be one of {list(HEAD_SCALINGS)}, got {head_scaling!r}")
     if stage_depths is None:

@@ -34,7 +34,12 @@ from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer,
 
 from models.registry import check_image_shape
 
-ORIGINAL_HEADS = (2, 4, 8, 16)  # original: mdl/vision_probe.py@5e66bb9:204 (atto; femto, pico, nano the same: :207, 210, 213)
+ORIGINAL_HEADS = (
+    2,
+    4,
+    8,
+    16,
+)  # original: mdl/vision_probe.py@5e66bb9:204 (atto; femto, pico, nano the same: :207, 210, 213)
 ORIGINAL_STAGE_DEPTHS = (1, 1, 3, 1)  # x depth 2 = [2, 2, 6, 2], original: mdl/vision_probe.py@5e66bb9:225
 ORIGINAL_WINDOW = 7  # original: mdl/vision_probe.py@5e66bb9:227 window_size=[7, 7]
 
@@ -56,21 +61,29 @@ def build_original_swin(
     if len(stage_depths) < 1 or min(stage_depths) < 1:
         raise ValueError(f"swin stage_depths must be positive integers, got {stage_depths}")
     if len(heads) != len(stage_depths) or min(heads) < 1:
-        raise ValueError(f"swin variant=original: model.options.heads needs one positive count per stage "
-                         f"({len(stage_depths)} stages), got {heads}")
+        raise ValueError(
+            f"swin variant=original: model.options.heads needs one positive count per stage "
+            f"({len(stage_depths)} stages), got {heads}"
+        )
     widths = [width * 2**i for i in range(len(stage_depths))]
     if any(c % h for c, h in zip(widths, heads)):
-        raise ValueError(f"swin variant=original: stage widths {widths} are not multiples of their heads {heads}; "
-                         f"use a width that is a multiple of {heads[0]} (the original's atto: 40)")
+        raise ValueError(
+            f"swin variant=original: stage widths {widths} are not multiples of their heads {heads}; "
+            f"use a width that is a multiple of {heads[0]} (the original's atto: 40)"
+        )
     if window_size is None or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"swin variant=original: model.options.window_size must be a positive integer (the "
-                         f"original's: {ORIGINAL_WINDOW}), got {window_size!r}")
+        raise ValueError(
+            f"swin variant=original: model.options.window_size must be a positive integer (the "
+            f"original's: {ORIGINAL_WINDOW}), got {window_size!r}"
+        )
     if not 0.0 <= float(drop_path_rate) < 1.0:
         raise ValueError(f"swin drop_path_rate must lie in [0, 1), got {drop_path_rate!r}")
     in_channels, h, w = check_image_shape(input_shape, "swin")
     if h % patch_size or w % patch_size:
-        raise ValueError(f"swin: patch size {patch_size} does not divide the {h}x{w} input; set "
-                         f"model.options.patch_size to a divisor of both sides")
+        raise ValueError(
+            f"swin: patch size {patch_size} does not divide the {h}x{w} input; set "
+            f"model.options.patch_size to a divisor of both sides"
+        )
     model = SwinTransformer(
         patch_size=[patch_size, patch_size],
         embed_dim=width,

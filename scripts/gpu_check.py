@@ -60,25 +60,76 @@ LEASE = Sizes(
     # share --budget-s: pytest, last, gets what is left.
     caps_s={"default": 45, "mlp1024": 100, "pack": 80, "convnext": 150, "epochs": 45, "pytest": 300},
     default=[],
-    cifar=["data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000", "data.val_size=2048", "data.first_block=1024",
-           "trainer.kwargs.max_epochs=2", "trainer.patience=2", "data.diagnostics=false"],
+    cifar=[
+        "data.options.shape=[3,32,32]",
+        "data.options.n_train=50000",
+        "data.options.n_test=10000",
+        "data.val_size=2048",
+        "data.first_block=1024",
+        "trainer.kwargs.max_epochs=2",
+        "trainer.patience=2",
+        "data.diagnostics=false",
+    ],
     mlp_width=1024,
     mlp_step=["--width", "1024", "--members", "10", "--settings", "fp32_high,bf16", "--steps", "20"],
     convnext=["--width", "64", "--members", "10", "--settings", "bf16_compile", "--steps", "10"],
     epochs=["--settings", "fp32_high,bf16_compile", "--budget-s", "35"],
-    pack=["debug=fast", "width=1024", "model.base_width=128", "data=synthetic", "data.options.shape=[3,32,32]",
-          "data.options.num_classes=10", "data.options.n_train=8000", "data.first_block=1024"],
+    pack=[
+        "debug=fast",
+        "width=1024",
+        "model.base_width=128",
+        "data=synthetic",
+        "data.options.shape=[3,32,32]",
+        "data.options.num_classes=10",
+        "data.options.n_train=8000",
+        "data.first_block=1024",
+    ],
 )
 DRY_RUN = Sizes(
     device="cpu",
     caps_s={"default": 300, "mlp1024": 300, "pack": 300, "convnext": 300, "epochs": 300, "pytest": 300},  # a loaded CI
     default=["debug=fast"],
-    cifar=["data.options.shape=[3,8,8]", "data.options.n_train=600", "data.options.n_test=100", "data.val_size=100", "data.first_block=64",
-           "mdl.num_blocks=3", "trainer.kwargs.max_epochs=1", "trainer.patience=1", "trainer.torch_threads=1",
-           "data.diagnostics=false"],
+    cifar=[
+        "data.options.shape=[3,8,8]",
+        "data.options.n_train=600",
+        "data.options.n_test=100",
+        "data.val_size=100",
+        "data.first_block=64",
+        "mdl.num_blocks=3",
+        "trainer.kwargs.max_epochs=1",
+        "trainer.patience=1",
+        "trainer.torch_threads=1",
+        "data.diagnostics=false",
+    ],
     mlp_width=32,
-    mlp_step=["--width", "32", "--members", "2", "--settings", "fp32", "--steps", "2", "--batch", "8", "--base-width", "8"],
-    convnext=["--width", "8", "--members", "2", "--settings", "fp32", "--steps", "2", "--batch", "8", "--base-width", "8"],
+    mlp_step=[
+        "--width",
+        "32",
+        "--members",
+        "2",
+        "--settings",
+        "fp32",
+        "--steps",
+        "2",
+        "--batch",
+        "8",
+        "--base-width",
+        "8",
+    ],
+    convnext=[
+        "--width",
+        "8",
+        "--members",
+        "2",
+        "--settings",
+        "fp32",
+        "--steps",
+        "2",
+        "--batch",
+        "8",
+        "--base-width",
+        "8",
+    ],
     epochs=["--points", "0", "--members", "2", "--budget-s", "10"],
     pack=["debug=fast", "trainer.torch_threads=1"],
 )
@@ -104,8 +155,12 @@ class Check:
         self.deadline = time.monotonic() + budget_s
         self.steps: list[Step] = []
         self.last_output = ""  # the last command's whole output, also when it failed or was cut short
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-                    "SLOWING_CACHE_DIR": str(work / "cache"), "WANDB_MODE": "offline"}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+            "SLOWING_CACHE_DIR": str(work / "cache"),
+            "WANDB_MODE": "offline",
+        }
 
     def cap(self, name: str) -> float:
         """A step's own cap, or what is left of the whole check's budget if that is less."""
@@ -118,7 +173,9 @@ class Check:
         cap_s = min(cap_s, self.deadline - time.monotonic())
         step.commands.append(" ".join(args))
         print(f"[{step.name}] $ {' '.join(args)}", flush=True)
-        proc = subprocess.Popen(args, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         lines: list[str] = []
         deadline = time.monotonic() + cap_s
         assert proc.stdout is not None
@@ -144,7 +201,9 @@ class Check:
             raise RuntimeError(f"exit {proc.returncode}: {lines[-1].strip() if lines else ''}")
         return output
 
-    def launch(self, step: Step, overrides: list[str], root: Path, cap_s: float, multirun: bool = False) -> list[dict[str, Any]]:
+    def launch(
+        self, step: Step, overrides: list[str], root: Path, cap_s: float, multirun: bool = False
+    ) -> list[dict[str, Any]]:
         """launch.py with these overrides under ``root``; the results.json of every run it made, in job order."""
         device = [f"device={self.sizes.device}", "print_config=false", f"paths.output_root={root}"]
         self.run(step, [sys.executable, "launch.py", *(["-m"] if multirun else []), *device, *overrides], cap_s)
@@ -194,13 +253,30 @@ class Check:
     def default(self, step: Step) -> None:
         start = time.monotonic()
         (result,) = self.launch(step, self.sizes.default, self.work / "default", self.cap("default"))
-        step.metrics = {"paper_mdl": result["paper_mdl"], "final_val_loss": result["final_val_loss"],
-                        "seconds": round(time.monotonic() - start, 1), "device": result["device"]}
+        step.metrics = {
+            "paper_mdl": result["paper_mdl"],
+            "final_val_loss": result["final_val_loss"],
+            "seconds": round(time.monotonic() - start, 1),
+            "device": result["device"],
+        }
 
     def mlp1024(self, step: Step) -> None:
         path = self.work / "mlp_step.json"
-        self.run(step, [sys.executable, "benchmarks/bench_stacked_speed.py", "--model", "mlp", "--device", self.sizes.device,
-                        "--json", str(path), *self.sizes.mlp_step], self.cap("mlp1024") / 3)
+        self.run(
+            step,
+            [
+                sys.executable,
+                "benchmarks/bench_stacked_speed.py",
+                "--model",
+                "mlp",
+                "--device",
+                self.sizes.device,
+                "--json",
+                str(path),
+                *self.sizes.mlp_step,
+            ],
+            self.cap("mlp1024") / 3,
+        )
         step.metrics["step"] = {k: round(v["ratio"], 2) for k, v in json.loads(path.read_text())["settings"].items()}
         cap = self.cap("mlp1024") / 2
         common = [*CIFAR_SHAPED, f"width={self.sizes.mlp_width}", *self.sizes.cifar]
@@ -210,20 +286,43 @@ class Check:
             (result,) = self.launch(step, [*common, f"mdl.members_per_fit={mode}"], self.work / f"mlp_{mode}", cap)
             seconds = time.monotonic() - start
             rates[mode] = trained_examples(result) / seconds
-            step.metrics[f"members_per_fit={mode}"] = {"examples_per_s": round(rates[mode]), "seconds": round(seconds, 1),
-                                                       "examples": trained_examples(result)}
+            step.metrics[f"members_per_fit={mode}"] = {
+                "examples_per_s": round(rates[mode]),
+                "seconds": round(seconds, 1),
+                "examples": trained_examples(result),
+            }
         step.metrics["ratio_all_over_1"] = round(rates["all"] / rates["1"], 2)
 
     def convnext(self, step: Step) -> None:
         path = self.work / "convnext.json"
-        self.run(step, [sys.executable, "benchmarks/bench_stacked_speed.py", "--model", "convnext", "--device",
-                        self.sizes.device, "--json", str(path), *self.sizes.convnext], self.cap("convnext"))
+        self.run(
+            step,
+            [
+                sys.executable,
+                "benchmarks/bench_stacked_speed.py",
+                "--model",
+                "convnext",
+                "--device",
+                self.sizes.device,
+                "--json",
+                str(path),
+                *self.sizes.convnext,
+            ],
+            self.cap("convnext"),
+        )
         step.metrics = json.loads(path.read_text())
 
     def epochs(self, step: Step) -> None:
-        output = self.run(step, [sys.executable, "benchmarks/bench_epoch_times.py", "--device", self.sizes.device,
-                                 *self.sizes.epochs], self.cap("epochs"))
-        rows = [line for line in output.splitlines() if line.strip().startswith(("- {", "batch:", "eval_batch:", "points:", "#"))]
+        output = self.run(
+            step,
+            [sys.executable, "benchmarks/bench_epoch_times.py", "--device", self.sizes.device, *self.sizes.epochs],
+            self.cap("epochs"),
+        )
+        rows = [
+            line
+            for line in output.splitlines()
+            if line.strip().startswith(("- {", "batch:", "eval_batch:", "points:", "#"))
+        ]
         step.metrics = {"rows": len([r for r in rows if r.strip().startswith("- {")])}
         (self.out / "epoch_times_rows.yaml").write_text("\n".join(rows) + "\n")
 
@@ -235,10 +334,18 @@ class Check:
         by_hash = {r["config_hash"]: r for r in alone}
         if len(packed) != 4 or len(by_hash) != 4:
             raise RuntimeError(f"expected 4 runs each way, got {len(packed)} packed and {len(by_hash)} alone")
-        differing = [f"{r['config']['eraser']['name']} seed {r['config']['seed']}: {key}"
-                     for r in packed for key in NUMBERS if r[key] != by_hash[r["config_hash"]][key]]
-        step.metrics = {"runs": len(packed), "equal_to_the_bit": not differing, "differing": differing,
-                        "paper_mdl": {f"{r['config']['eraser']['name']}/{r['config']['seed']}": r["paper_mdl"] for r in packed}}
+        differing = [
+            f"{r['config']['eraser']['name']} seed {r['config']['seed']}: {key}"
+            for r in packed
+            for key in NUMBERS
+            if r[key] != by_hash[r["config_hash"]][key]
+        ]
+        step.metrics = {
+            "runs": len(packed),
+            "equal_to_the_bit": not differing,
+            "differing": differing,
+            "paper_mdl": {f"{r['config']['eraser']['name']}/{r['config']['seed']}": r["paper_mdl"] for r in packed},
+        }
         if differing:
             raise AssertionError(f"{len(differing)} numbers differ between packed and alone: {differing[:4]}")
 
@@ -251,7 +358,9 @@ class Check:
         lines = ["# GPU check", "", "| step | ok | seconds | numbers |", "|---|---|---|---|"]
         for s in self.steps:
             numbers = json.dumps(s.metrics, default=str)
-            lines.append(f"| {s.name} | {'yes' if s.ok else 'NO: ' + (s.error or '')} | {s.seconds:.1f} | {numbers[:600]} |")
+            lines.append(
+                f"| {s.name} | {'yes' if s.ok else 'NO: ' + (s.error or '')} | {s.seconds:.1f} | {numbers[:600]} |"
+            )
         for s in self.steps:
             if not s.ok:
                 lines += ["", f"## {s.name}: the last lines", "", "```", s.tail.rstrip(), "```"]
@@ -275,8 +384,11 @@ def pytest_tally(output: str) -> dict[str, Any]:
     outcomes = re.findall(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", output, flags=re.M)
     counts = {o.lower(): sum(1 for _, seen in outcomes if seen == o) for o in {o for _, o in outcomes}}
     summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected|error)", line)]
-    return {**counts, "not_passed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
-            "summary": summary[-1].strip("= ") if summary else "no summary line (cut short)"}
+    return {
+        **counts,
+        "not_passed": [t for t, o in outcomes if o in ("FAILED", "ERROR")],
+        "summary": summary[-1].strip("= ") if summary else "no summary line (cut short)",
+    }
 
 
 def _has_module(name: str) -> bool:
@@ -292,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="on a CPU at toy sizes (the test suite runs this)")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {', '.join(STEPS)}")
-    parser.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"), help="where the record goes (default $OUT)")
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT", "gpu_check_out"), help="where the record goes (default $OUT)"
+    )
     parser.add_argument("--budget-s", type=float, default=480, help="the whole check's seconds (the issue: 8 minutes)")
     parser.add_argument("--work", default=None, help="scratch folder for runs (default: a new temporary folder)")
     args = parser.parse_args(argv)
@@ -300,15 +414,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown steps {unknown}; choose from {', '.join(STEPS)}")
     out = Path(args.out).resolve()
-    work = Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))  # no earlier run reused
+    work = (
+        Path(args.work).resolve() if args.work else Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    )  # no earlier run reused
     work.mkdir(parents=True, exist_ok=True)
     check = Check(DRY_RUN if args.dry_run else LEASE, work, out, args.budget_s if not args.dry_run else 1800)
     start = time.monotonic()
     for name in args.steps.split(","):
         check.step(name, getattr(check, name))
     failed = [s.name for s in check.steps if not s.ok]
-    print(f"gpu check: {len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {time.monotonic() - start:.0f} s"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; record in {out}", flush=True)
+    print(
+        f"gpu check: {len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {time.monotonic() - start:.0f} s"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + f"; record in {out}",
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -21,8 +21,18 @@ sys.path.insert(0, str(REPO))
 
 REFERENCE = REPO / "tests" / "reference" / "default_runs.json"
 MODES = {"stacked": "all", "sequential": "1"}  # the record's run name -> mdl.members_per_fit
-KEYS = ["paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits", "final_val_loss",
-        "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve", "blocks"]
+KEYS = [
+    "paper_mdl",
+    "paper_mdl_last_block",
+    "paper_mdl_val_min",
+    "online_codelength_bits",
+    "final_val_loss",
+    "final_epochs",
+    "final_test_bits_per_example",
+    "val_loss_curve",
+    "train_loss_curve",
+    "blocks",
+]
 
 
 def overrides(mode: str) -> list[str]:
@@ -55,7 +65,9 @@ def main() -> None:
                 cfg = compose("config", overrides=[*overrides(mode), f"paths.output_root={tmp}/{mode}", "~logger"])
             results = run_experiment(cfg, Path(tmp) / mode / "run")
             environment = results["environment"]
-            printed = summary(results, Path("-")).splitlines()[:3]  # the numbers launch.py prints (README.md shows them)
+            printed = summary(results, Path("-")).splitlines()[
+                :3
+            ]  # the numbers launch.py prints (README.md shows them)
             runs[mode] = {"config_hash": results["config_hash"], "printed": printed, **{k: results[k] for k in KEYS}}
             print(f"{mode}: paper MDL {results['paper_mdl']!r}, online {results['online_codelength_bits']!r}")
     reference = json.loads(REFERENCE.read_text()) if REFERENCE.exists() else {"keys": KEYS, "records": []}

@@ -51,10 +51,16 @@ def write_cifar10(root: Path, per_batch: int = 40, n_test: int = 40, seed: int =
     folder.mkdir(parents=True)
     names = [(f"data_batch_{b}", per_batch) for b in range(1, 6)] + [("test_batch", n_test)]
     for name, n in names:
-        entry = {"batch_label": name, "labels": rng.integers(0, 10, n).tolist(),
-                 "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "filenames": [f"{name}_{i}.png" for i in range(n)]}
+        entry = {
+            "batch_label": name,
+            "labels": rng.integers(0, 10, n).tolist(),
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "filenames": [f"{name}_{i}.png" for i in range(n)],
+        }
         write_pickle(folder / name, entry)
-    write_pickle(folder / "batches.meta", {"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072})
+    write_pickle(
+        folder / "batches.meta", {"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}
+    )
     return folder
 
 
@@ -120,8 +126,14 @@ def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
         folder = write_cifar10(tmp / "data")
         if damage is not None:
             damage(folder)
-        return ["data=cifar10", f"paths.data_root={tmp / 'data'}", "data.options.verify_checksums=false",
-                "data.val_size=20", "data.first_block=40", "data.augment=false"]
+        return [
+            "data=cifar10",
+            f"paths.data_root={tmp / 'data'}",
+            "data.options.verify_checksums=false",
+            "data.val_size=20",
+            "data.first_block=40",
+            "data.augment=false",
+        ]
 
     return prepare
 
@@ -165,8 +177,14 @@ PACKED = ["-m", "hydra/launcher=packed", "seed=0,1"]
 LONG = ["trainer.kwargs.max_epochs=300", "trainer.patience=300", "mdl.checkpoint_every_s=0", "mdl.num_blocks=3"]
 PACK_CHECKPOINT = "outputs/store/packs/*/checkpoints/*.ckpt"
 # A synthetic data set of CIFAR-10's size and shape (50000 + 10000 images of 3x32x32, 10 classes).
-CIFAR_SIZED = ["data=synthetic", "data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000",
-               "data.options.num_classes=10", "data.val_size=5000"]
+CIFAR_SIZED = [
+    "data=synthetic",
+    "data.options.shape=[3,32,32]",
+    "data.options.n_train=50000",
+    "data.options.n_test=10000",
+    "data.options.num_classes=10",
+    "data.val_size=5000",
+]
 
 CASES = [
     Case("val_size=0", ["data.val_size=0"], ["data.val_size"]),
@@ -177,67 +195,183 @@ CASES = [
     Case("num_blocks=0", ["mdl.num_blocks=0"], ["mdl.num_blocks"]),
     Case("val_size too large", ["data.val_size=5000"], ["data.val_size", "data.test_size"]),
     Case("unknown source", ["data.source=nope"], ["data.source", "digits"]),
-    Case("missing data set", ["data=cifar10", "paths.data_root={tmp}/empty"], ["cifar-10-batches-py", "data.options.download=true"]),
-    Case("folder where a batch file should be", [], ["data_batch_1", "folder"],
-         prepare=cifar(lambda f: directory_instead_of_file(f / "data_batch_1"))),
-    Case("truncated batch", [], ["data_batch_2", "truncated", "download=true"], prepare=cifar(lambda f: truncate(f / "data_batch_2"))),
+    Case(
+        "missing data set",
+        ["data=cifar10", "paths.data_root={tmp}/empty"],
+        ["cifar-10-batches-py", "data.options.download=true"],
+    ),
+    Case(
+        "folder where a batch file should be",
+        [],
+        ["data_batch_1", "folder"],
+        prepare=cifar(lambda f: directory_instead_of_file(f / "data_batch_1")),
+    ),
+    Case(
+        "truncated batch",
+        [],
+        ["data_batch_2", "truncated", "download=true"],
+        prepare=cifar(lambda f: truncate(f / "data_batch_2")),
+    ),
     Case("wrong batch shape", [], ["data_batch_3", "3072"], prepare=cifar(lambda f: reshape_batch(f / "data_batch_3"))),
-    Case("label out of range in the test split", [], ["test_batch", "outside 0..9"], prepare=cifar(lambda f: bad_label(f / "test_batch"))),
+    Case(
+        "label out of range in the test split",
+        [],
+        ["test_batch", "outside 0..9"],
+        prepare=cifar(lambda f: bad_label(f / "test_batch")),
+    ),
     Case("intact cifar10 copy", [], [], expect_error=False, prepare=cifar(None)),
-    Case("cifar10 copy that is not the official one", ["data.options.verify_checksums=true"],
-         ["MD5", "data.options.verify_checksums=false"], prepare=cifar(None)),
+    Case(
+        "cifar10 copy that is not the official one",
+        ["data.options.verify_checksums=true"],
+        ["MD5", "data.options.verify_checksums=false"],
+        prepare=cifar(None),
+    ),
     Case("NaN pixels (synthetic center=nan)", ["data=synthetic", "data.options.center=nan"], ["data.options.center"]),
-    Case("infinite pixels (synthetic cov_shift=1e4)", ["data=synthetic", "data.options.cov_shift=1e4"], ["NaN or infinite", "synthetic"]),
+    Case(
+        "infinite pixels (synthetic cov_shift=1e4)",
+        ["data=synthetic", "data.options.cov_shift=1e4"],
+        ["NaN or infinite", "synthetic"],
+    ),
     Case("synthetic std=1e-30", ["data=synthetic", "data.options.std=1e-30"], ["data.options.std"]),
     Case("cache folder not writable", [], ["data.cache_dir=null", "not-a-folder"], prepare=read_only_cache),
-    Case("three classes in four rows", ["data=synthetic", "data.options.num_classes=3", "data.options.n_train=16",
-                                        "data.options.n_test=10", "data.val_size=12", "mdl.num_blocks=2", "data.first_block=1"],
-         ["skipped"], expect_error=False),
-    Case("gradient eraser, one step", ["eraser=gradient", "eraser.options.steps=1"],
-         ["did not erase", "eraser.options.steps"], expect_error=False),
+    Case(
+        "three classes in four rows",
+        [
+            "data=synthetic",
+            "data.options.num_classes=3",
+            "data.options.n_train=16",
+            "data.options.n_test=10",
+            "data.val_size=12",
+            "mdl.num_blocks=2",
+            "data.first_block=1",
+        ],
+        ["skipped"],
+        expect_error=False,
+    ),
+    Case(
+        "gradient eraser, one step",
+        ["eraser=gradient", "eraser.options.steps=1"],
+        ["did not erase", "eraser.options.steps"],
+        expect_error=False,
+    ),
     # --- issue "Preemption, run identity and disks": raw or silent before ---
     Case("unknown data option", ["+data.options.foo=1"], ["data.options.foo"]),
     Case("misspelled trainer key", ["+trainer.patiense=1"], ["trainer.patiense", "patience"]),
-    Case("single_index n_test=0", ["data=single_index", "data.options.n_test=0", "data.test_size=100"], [], expect_error=False),
-    Case("multiscale_linear n_test=0", ["data=multiscale_linear", "data.options.n_test=0", "data.test_size=100"], [],
-         expect_error=False),
+    Case(
+        "single_index n_test=0",
+        ["data=single_index", "data.options.n_test=0", "data.test_size=100"],
+        [],
+        expect_error=False,
+    ),
+    Case(
+        "multiscale_linear n_test=0",
+        ["data=multiscale_linear", "data.options.n_test=0", "data.test_size=100"],
+        [],
+        expect_error=False,
+    ),
     Case("steps_per_group=abc", ["mdl.steps_per_group=abc"], ["mdl.steps_per_group"]),
     Case("steps_per_group=2.5", ["mdl.steps_per_group=2.5"], ["mdl.steps_per_group"]),
     Case("checkpoint_every_s=abc", ["mdl.checkpoint_every_s=abc"], ["mdl.checkpoint_every_s"]),
     Case("checkpoint_every_s=inf", ["mdl.checkpoint_every_s=inf"], ["mdl.checkpoint_every_s"]),
     Case("trainer.compile=foo", ["trainer.compile=foo"], ["trainer.compile"]),
-    Case("covariance power p=-50", ["data.transform={name:covariance_power,p:-50,eps:1.0e-6,order:before_eraser}"],
-         ["data.transform", "p closer to 0"]),
-    Case("download without network", ["data=cifar10", "data.options.download=true"], ["could not fetch", "by hand"],
-         env={k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}),
-    Case("output root is a file", ["paths.output_root={tmp}/a-file"], ["paths.output_root", "not a folder"],
-         prepare=a_file),
+    Case(
+        "covariance power p=-50",
+        ["data.transform={name:covariance_power,p:-50,eps:1.0e-6,order:before_eraser}"],
+        ["data.transform", "p closer to 0"],
+    ),
+    Case(
+        "download without network",
+        ["data=cifar10", "data.options.download=true"],
+        ["could not fetch", "by hand"],
+        env={k: "http://127.0.0.1:9" for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")},
+    ),
+    Case(
+        "output root is a file",
+        ["paths.output_root={tmp}/a-file"],
+        ["paths.output_root", "not a folder"],
+        prepare=a_file,
+    ),
     Case("sweep_cost unknown model", ["model=nope"], ["model"], command=["-m", "mdl.sweeps.cost"], fast=False),
     Case("sweep_cost width=0", ["width=0"], ["width=0"], command=["-m", "mdl.sweeps.cost"], fast=False),
-    Case("sweep_cost num_blocks=1", ["mdl.num_blocks=1"], ["mdl.num_blocks"], command=["-m", "mdl.sweeps.cost"], fast=False),
-    Case("report --out in a file", ["{tmp}", "--out", "{tmp}/a-file/report"], ["--out"], command=["-m", "mdl.report"],
-         fast=False, prepare=one_result),
+    Case(
+        "sweep_cost num_blocks=1",
+        ["mdl.num_blocks=1"],
+        ["mdl.num_blocks"],
+        command=["-m", "mdl.sweeps.cost"],
+        fast=False,
+    ),
+    Case(
+        "report --out in a file",
+        ["{tmp}", "--out", "{tmp}/a-file/report"],
+        ["--out"],
+        command=["-m", "mdl.report"],
+        fast=False,
+        prepare=one_result,
+    ),
     # --- issue 34, "a pack fails like a run": raw, silent or late before ---
-    *[Case(f"packed pack_data_fraction={v}", [*PACKED, f"mdl.pack_data_fraction={v}"], ["mdl.pack_data_fraction"])
-      for v in ("0", "2", "x", "nan")],
+    *[
+        Case(f"packed pack_data_fraction={v}", [*PACKED, f"mdl.pack_data_fraction={v}"], ["mdl.pack_data_fraction"])
+        for v in ("0", "2", "x", "nan")
+    ],
     Case("single run pack_data_fraction=2", ["mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"]),
-    Case("packed sweep, output root is a file", [*PACKED, "paths.output_root={tmp}/a-file"],
-         ["paths.output_root", "not a folder"], prepare=a_file),
+    Case(
+        "packed sweep, output root is a file",
+        [*PACKED, "paths.output_root={tmp}/a-file"],
+        ["paths.output_root", "not a folder"],
+        prepare=a_file,
+    ),
     Case("packed sweep, lock lease 0", [*PACKED, "mdl.lock_lease_s=0"], ["mdl.lock_lease_s"]),
     Case("sweep_cost seed=abc", ["-m", "seed=abc"], ["seed"], command=["-m", "mdl.sweeps.cost"], fast=False),
-    Case("sweep_cost pack_data_fraction=2", ["-m", "seed=0,1", "mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"],
-         command=["-m", "mdl.sweeps.cost"], fast=False),
-    Case("report on a damaged multirun.yaml", ["{tmp}"], ["multirun.yaml", "damaged"], expect_error=False,
-         command=["-m", "mdl.report"], fast=False, prepare=damaged_multirun),
-    Case("runs: a truncated config.json", [], ["0123456789abcdef", "config.json"], expect_error=False,
-         command=["-m", "mdl.runs"], fast=False, prepare=truncated_run_config),
+    Case(
+        "sweep_cost pack_data_fraction=2",
+        ["-m", "seed=0,1", "mdl.pack_data_fraction=2"],
+        ["mdl.pack_data_fraction"],
+        command=["-m", "mdl.sweeps.cost"],
+        fast=False,
+    ),
+    Case(
+        "report on a damaged multirun.yaml",
+        ["{tmp}"],
+        ["multirun.yaml", "damaged"],
+        expect_error=False,
+        command=["-m", "mdl.report"],
+        fast=False,
+        prepare=damaged_multirun,
+    ),
+    Case(
+        "runs: a truncated config.json",
+        [],
+        ["0123456789abcdef", "config.json"],
+        expect_error=False,
+        command=["-m", "mdl.runs"],
+        fast=False,
+        prepare=truncated_run_config,
+    ),
     Case("packed sweep SIGTERM mid-fit", [*PACKED, *LONG], [], terminate_at=PACK_CHECKPOINT),
-    Case("packed sweep of two packs SIGTERM in the first", [*PACKED, "width=16,32", *LONG], [], terminate_at=PACK_CHECKPOINT),
-    Case("packed sweep in parts SIGTERM", [*PACKED, "eraser=none,leace", "mdl.pack_data_fraction=1e-12", *LONG], [],
-         terminate_at=PACK_CHECKPOINT),
-    Case("local launcher SIGTERM", ["-m", "hydra/launcher=local", "seed=0", *LONG], [],
-         terminate_at="outputs/store/*/checkpoints/*.ckpt"),
-    Case("SIGTERM during a CIFAR-sized eraser fit", [*CIFAR_SIZED, "eraser=qleace"], [], terminate_at="log:fitting eraser"),
+    Case(
+        "packed sweep of two packs SIGTERM in the first",
+        [*PACKED, "width=16,32", *LONG],
+        [],
+        terminate_at=PACK_CHECKPOINT,
+    ),
+    Case(
+        "packed sweep in parts SIGTERM",
+        [*PACKED, "eraser=none,leace", "mdl.pack_data_fraction=1e-12", *LONG],
+        [],
+        terminate_at=PACK_CHECKPOINT,
+    ),
+    Case(
+        "local launcher SIGTERM",
+        ["-m", "hydra/launcher=local", "seed=0", *LONG],
+        [],
+        terminate_at="outputs/store/*/checkpoints/*.ckpt",
+    ),
+    Case(
+        "SIGTERM during a CIFAR-sized eraser fit",
+        [*CIFAR_SIZED, "eraser=qleace"],
+        [],
+        terminate_at="log:fitting eraser",
+    ),
 ]
 
 
@@ -256,14 +390,27 @@ def run_case(case: Case, timeout: float = 600) -> Outcome:
         tmp = Path(name)
         overrides = [o.replace("{tmp}", str(tmp)) for o in case.overrides]
         overrides = (case.prepare(tmp) if case.prepare else []) + overrides
-        env = {**os.environ, "PYTHONPATH": str(REPO), "SLOWING_OUTPUT_ROOT": str(tmp / "outputs"),
-               "SLOWING_CACHE_DIR": str(tmp / "cache"), "SLOWING_DATA_ROOT": str(tmp / "data"), "WANDB_MODE": "offline",
-               **case.env}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "SLOWING_OUTPUT_ROOT": str(tmp / "outputs"),
+            "SLOWING_CACHE_DIR": str(tmp / "cache"),
+            "SLOWING_DATA_ROOT": str(tmp / "data"),
+            "WANDB_MODE": "offline",
+            **case.env,
+        }
         entry = [str(REPO / case.command[0])] if case.command[0].endswith(".py") else case.command
         flags = [o for o in overrides if o in ("-m", "--multirun")]  # before the overrides, as argparse wants them
         cmd = [sys.executable, *entry, *flags, *(FAST if case.fast else []), *(o for o in overrides if o not in flags)]
-        process = subprocess.Popen(cmd, cwd=REPO if entry[0] == "-m" else tmp, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        process = subprocess.Popen(
+            cmd,
+            cwd=REPO if entry[0] == "-m" else tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         sent = terminate_when_due(case, process, tmp, timeout) if case.terminate_at else None
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -272,8 +419,11 @@ def run_case(case: Case, timeout: float = 600) -> Outcome:
             stdout, stderr = process.communicate()
             return Outcome(case, -1, stdout, stderr, [f"still running after {timeout:.0f} s"])
         done = subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
-        late = [] if sent is None or time.monotonic() - sent <= PREEMPT_GRACE_S else [
-            f"exited {time.monotonic() - sent:.0f} s after SIGTERM (Slurm kills after {PREEMPT_GRACE_S} s)"]
+        late = (
+            []
+            if sent is None or time.monotonic() - sent <= PREEMPT_GRACE_S
+            else [f"exited {time.monotonic() - sent:.0f} s after SIGTERM (Slurm kills after {PREEMPT_GRACE_S} s)"]
+        )
     return Outcome(case, done.returncode, done.stdout, done.stderr, judge(case, done) + late)
 
 
@@ -351,7 +501,9 @@ def report(outcome: Outcome) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-k", action="append", default=[], help="run only the cases whose name contains this (repeatable)")
+    parser.add_argument(
+        "-k", action="append", default=[], help="run only the cases whose name contains this (repeatable)"
+    )
     parser.add_argument("-j", type=int, default=2, help="cases run at once")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.k or any(k in c.name for k in args.k)]

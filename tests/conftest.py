@@ -51,13 +51,18 @@ def python_path() -> str:
     return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
-def run_launch(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
-               python_flags: list[str] = ()) -> subprocess.CompletedProcess:
+def run_launch(
+    args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, python_flags: list[str] = ()
+) -> subprocess.CompletedProcess:
     """Run launch.py in a subprocess exactly as a user would (``python_flags``: the interpreter's, e.g. -X importtime)."""
     full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run(
-        [sys.executable, *python_flags, str(REPO / "launch.py"), *args], cwd=cwd, env=full_env,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, *python_flags, str(REPO / "launch.py"), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -144,8 +149,15 @@ def _has_boolean_index(args: tuple) -> bool:
 
 # Ops whose output size depends on the values (the host must learn it), bincount (CUDA reads its
 # range) and equal (a Python bool).
-VALUE_SIZED_OPS = ("aten.nonzero.", "aten._unique", "aten.unique", "aten.masked_select", "aten.bincount", "aten.equal",
-                   "(boolean mask)")
+VALUE_SIZED_OPS = (
+    "aten.nonzero.",
+    "aten._unique",
+    "aten.unique",
+    "aten.masked_select",
+    "aten.bincount",
+    "aten.equal",
+    "(boolean mask)",
+)
 
 
 def host_reads(record: RecordOps) -> list[str]:
@@ -153,8 +165,11 @@ def host_reads(record: RecordOps) -> list[str]:
     output size depends on values (a boolean mask, nonzero, unique): each one makes the host wait
     for a GPU's queue to drain."""
     return [
-        name for name, _ in record.ops
-        if "_local_scalar_dense" in name or name.startswith("aten.item") or name == "Tensor.tolist"
+        name
+        for name, _ in record.ops
+        if "_local_scalar_dense" in name
+        or name.startswith("aten.item")
+        or name == "Tensor.tolist"
         or any(op in name for op in VALUE_SIZED_OPS)
     ]
 

@@ -160,8 +160,13 @@ def test_checksum_mismatch_is_a_value_error_for_launch(cifar_folder: Path) -> No
 def test_bad_label_stops_the_data_module_at_load_time(cifar_folder: Path) -> None:
     """A label 10 in a training batch could land in the validation split, where no eraser checks it."""
     bad_label(cifar_folder / "data_batch_5", label=-1)
-    data = {"source": "cifar10", "options": {"root": str(cifar_folder.parent), "verify_checksums": False},
-            "val_size": 3, "test_size": 0, "device": "cpu"}
+    data = {
+        "source": "cifar10",
+        "options": {"root": str(cifar_folder.parent), "verify_checksums": False},
+        "val_size": 3,
+        "test_size": 0,
+        "device": "cpu",
+    }
     dm = ErasedDataModule(DataOptions.from_config(data, {"name": "none", "options": {}}))
     with pytest.raises(BadDataError, match="data_batch_5.*outside 0..9.*#0: -1"):
         dm.setup()
@@ -190,8 +195,10 @@ def test_cifarnet_label_out_of_range_names_the_split(tmp_path: Path) -> None:
 
     features = Features({"img": Image(), "label": ClassLabel(names=["a", "b"])})
     image = PILImage.fromarray(np.zeros((64, 64, 3), dtype=np.uint8))
-    splits = {s: Dataset.from_dict({"img": [image, image], "label": labels}, features=features)
-              for s, labels in (("train", [0, 1]), ("test", [1, -1]))}
+    splits = {
+        s: Dataset.from_dict({"img": [image, image], "label": labels}, features=features)
+        for s, labels in (("train", [0, 1]), ("test", [1, -1]))
+    }
     DatasetDict(splits).save_to_disk(str(tmp_path / "cifarnet"))
     with pytest.raises(BadDataError, match=r"cifarnet/test.*outside 0..1"):
         load_source("cifarnet", root=str(tmp_path))
@@ -252,13 +259,17 @@ def test_qda_probe_with_five_samples_per_class_is_skipped_not_fatal() -> None:
     x_test, y_test = torch.rand(6, 1, 8, 8, generator=g), torch.arange(6) % 2
     skipped: dict[str, str] = {}
     with pytest.warns(RuntimeWarning, match="probe result.*skipped"):
-        report = erasure_report(x, x, y, x_test, x_test, y_test, skipped=skipped, max_features=9)  # more dims than samples
+        report = erasure_report(
+            x, x, y, x_test, x_test, y_test, skipped=skipped, max_features=9
+        )  # more dims than samples
     assert "qda_acc_before" not in report and "qda_acc_before" in skipped and "samples" in skipped["qda_acc_before"]
     assert "linear_probe_acc_before" in report and "max_mean_gap_after" in report
 
 
 def test_data_module_records_skipped_probes(tmp_path: Path) -> None:
-    dm = synthetic_module(tmp_path, options={"num_classes": 3, "n_train": 16, "n_test": 10}, val_size=12)  # 4 rows, 3 classes
+    dm = synthetic_module(
+        tmp_path, options={"num_classes": 3, "n_train": 16, "n_test": 10}, val_size=12
+    )  # 4 rows, 3 classes
     with pytest.warns(RuntimeWarning, match="skipped"):
         dm.setup()
     assert "qda_acc_before" in dm.diagnostics["erasure_skipped"]
@@ -271,13 +282,17 @@ def test_erasure_shortfall() -> None:
         "max_mean_gap 1.687 -> 1.687"
     ]
     assert erasure_shortfall(before, {"max_mean_gap": 1e-9, "max_cov_gap": 2.0}, ("max_mean_gap",)) == []
-    assert erasure_shortfall({"max_mean_gap": 1e-9}, {"max_mean_gap": 1e-9}, ("max_mean_gap",)) == []  # nothing to erase
+    assert (
+        erasure_shortfall({"max_mean_gap": 1e-9}, {"max_mean_gap": 1e-9}, ("max_mean_gap",)) == []
+    )  # nothing to erase
 
 
 def test_gradient_eraser_that_did_not_erase_warns(tmp_path: Path) -> None:
     options = {"steps": 1, "value_range": None, "log_every": 0}
     dm = synthetic_module(tmp_path, eraser={"name": "gradient", "options": options})
-    with pytest.warns(RuntimeWarning, match=r"'gradient' eraser did not erase on the training split.*eraser.options.steps \(now 1\)"):
+    with pytest.warns(
+        RuntimeWarning, match=r"'gradient' eraser did not erase on the training split.*eraser.options.steps \(now 1\)"
+    ):
         dm.setup()
     assert any("val split" in m for m in dm.diagnostics["not_erased"])
     again = synthetic_module(tmp_path, eraser={"name": "gradient", "options": options})
@@ -326,8 +341,13 @@ def test_teacher_student_without_a_test_split(source: str) -> None:
 
 def test_covariance_power_that_overflows_names_the_setting(tmp_path: Path) -> None:
     """digits' covariance spans 2e-6..0.7: its 25th inverse power overflows float64."""
-    data = {"source": "digits", "val_size": 100, "test_size": 100, "device": "cpu",
-            "transform": {"name": "covariance_power", "p": -50, "eps": 1e-6, "order": "before_eraser"}}
+    data = {
+        "source": "digits",
+        "val_size": 100,
+        "test_size": 100,
+        "device": "cpu",
+        "transform": {"name": "covariance_power", "p": -50, "eps": 1e-6, "order": "before_eraser"},
+    }
     dm = ErasedDataModule(DataOptions.from_config(data, {"name": "leace", "options": {}}))
     with pytest.raises(ValueError, match=r"data\.transform.*p=-50.*closer to 0"):
         dm.setup()
@@ -335,10 +355,21 @@ def test_covariance_power_that_overflows_names_the_setting(tmp_path: Path) -> No
 
 def test_download_without_network_says_how_to_get_the_files(tmp_path: Path) -> None:
     """A real download through a proxy that refuses every connection, as a node without network does."""
-    script = "from datamodules import load_source; load_source('cifar10', root=r'%s', download=True)" % (tmp_path / "data")
-    env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9",
-           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "no_proxy": "", "NO_PROXY": ""}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    script = "from datamodules import load_source; load_source('cifar10', root=r'%s', download=True)" % (
+        tmp_path / "data"
+    )
+    env = {
+        **os.environ,
+        "https_proxy": "http://127.0.0.1:9",
+        "http_proxy": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "no_proxy": "",
+        "NO_PROXY": "",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()
     message = "\n".join(last[-4:])
@@ -392,9 +423,15 @@ def test_stale_temporaries_are_removed_on_next_access(tmp_path: Path) -> None:
 def lock_held_elsewhere(lock: Path) -> Iterator[None]:
     """Another process holds ``lock`` (a cache writer at work) while the block runs."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
-         "l.acquire(); print('held', flush=True); time.sleep(60)", str(lock)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from filelock import FileLock; l = FileLock(sys.argv[1]); "
+            "l.acquire(); print('held', flush=True); time.sleep(60)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -434,13 +471,19 @@ def test_temporary_names_carry_the_writer_pid(tmp_path: Path, monkeypatch: pytes
 
     names: list[str] = []
     real_save = safetensors.torch.save_file
-    monkeypatch.setattr(safetensors.torch, "save_file", lambda t, f, metadata=None: (names.append(f), real_save(t, f, metadata=metadata)))
+    monkeypatch.setattr(
+        safetensors.torch,
+        "save_file",
+        lambda t, f, metadata=None: (names.append(f), real_save(t, f, metadata=metadata)),
+    )
     ErasureCache(tmp_path).tensors(cache_key(what="pid"), make_data([]))
     assert len(names) == 1 and f".{os.getpid()}." in Path(names[0]).name
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS])
-def test_unwritable_cache_names_the_folder_and_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+def test_unwritable_cache_names_the_folder_and_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     import safetensors.torch
 
     def fail(tensors, filename, metadata=None):
@@ -472,8 +515,11 @@ def test_unwritable_cache_fails_before_the_build(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_probe_script_every_bad_input_ends_in_one_message() -> None:
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "probe_bad_inputs.py")], cwd=REPO,
-        capture_output=True, text=True, timeout=1800,
+        [sys.executable, str(REPO / "scripts" / "probe_bad_inputs.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -120,8 +120,10 @@ def test_launch_runs_balancing_on_digits(tmp_path: Path, method: str) -> None:
 
 
 def test_cache_keys_include_the_balancing() -> None:
-    keys = {b: DataOptions.from_config(dict(source="digits", balance=b, device="cpu"), {"name": "none"}).data_key()
-            for b in (None, "suby", "rwy")}
+    keys = {
+        b: DataOptions.from_config(dict(source="digits", balance=b, device="cpu"), {"name": "none"}).data_key()
+        for b in (None, "suby", "rwy")
+    }
     assert len(set(keys.values())) == 3
 
 
@@ -142,7 +144,9 @@ def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypat
             yield xb, yb
 
     monkeypatch.setattr(DeviceBatches, "__iter__", record)
-    cfg = compose_config([*FAST, "data.balance=rwy", "eraser=none", "mdl.engine=sequential", "skip_if_done=false"], tmp_path)
+    cfg = compose_config(
+        [*FAST, "data.balance=rwy", "eraser=none", "mdl.engine=sequential", "skip_if_done=false"], tmp_path
+    )
     results = run_experiment(cfg, tmp_path / "run")
     train = datamodule("rwy").train_set.x.flatten(1)
     position = {tuple(r.tolist()): i for i, r in enumerate(train)}

@@ -38,10 +38,16 @@ class CountingFit:
 
 
 def test_key_is_stable_and_sensitive() -> None:
-    a = cache_key(source={"name": "cifar10", "root": "/d"}, split={"data_seed": 0, "val_size": 2048}, eraser={"name": "leace"})
-    b = cache_key(eraser={"name": "leace"}, split={"val_size": 2048, "data_seed": 0}, source={"root": "/d", "name": "cifar10"})
+    a = cache_key(
+        source={"name": "cifar10", "root": "/d"}, split={"data_seed": 0, "val_size": 2048}, eraser={"name": "leace"}
+    )
+    b = cache_key(
+        eraser={"name": "leace"}, split={"val_size": 2048, "data_seed": 0}, source={"root": "/d", "name": "cifar10"}
+    )
     assert a == b
-    assert a != cache_key(source={"name": "cifar10", "root": "/d"}, split={"data_seed": 1, "val_size": 2048}, eraser={"name": "leace"})
+    assert a != cache_key(
+        source={"name": "cifar10", "root": "/d"}, split={"data_seed": 1, "val_size": 2048}, eraser={"name": "leace"}
+    )
 
 
 def test_second_run_fits_nothing_and_changed_option_refits(tmp_path: Path) -> None:
@@ -129,8 +135,14 @@ def test_two_processes_filling_one_key(tmp_path: Path) -> None:
     folder, counter, go = tmp_path / "cache", tmp_path / "built.txt", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     children = [
-        subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(counter), str(go)], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(folder), str(counter), str(go)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     time.sleep(0.5)
@@ -163,8 +175,15 @@ def sweep_job(cache_dir: Path, seed: int = 0, data_seed: int = 0, eraser_options
     from datamodules.options import DataOptions
 
     options = {"num_classes": 3, "shape": [1, 4, 4], "n_train": 400, "n_test": 100, "mean_shift": 2.0}
-    data = {"source": "synthetic", "options": options, "val_size": 100, "test_size": 0, "device": "cpu",
-            "cache_dir": str(cache_dir), **overrides}
+    data = {
+        "source": "synthetic",
+        "options": options,
+        "val_size": 100,
+        "test_size": 0,
+        "device": "cpu",
+        "cache_dir": str(cache_dir),
+        **overrides,
+    }
     eraser = {"name": "leace", "options": eraser_options or {}}
     dm = ErasedDataModule(DataOptions.from_config(data, eraser, data_seed=data_seed), seed=seed)
     dm.setup()

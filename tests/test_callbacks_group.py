@@ -25,8 +25,9 @@ class CountFits(L.Callback):
 @pytest.mark.parametrize("mode, fits", [("1", 3), ("all", 1)])
 def test_a_callback_added_on_the_command_line_joins_every_fit(tmp_path: Path, mode: str, fits: int) -> None:
     STARTS.clear()
-    cfg = compose_config([*FAST, f"mdl.members_per_fit={mode}", "+callbacks.count._target_=test_callbacks_group.CountFits"],
-                         tmp_path)
+    cfg = compose_config(
+        [*FAST, f"mdl.members_per_fit={mode}", "+callbacks.count._target_=test_callbacks_group.CountFits"], tmp_path
+    )
     run_experiment(cfg, tmp_path / "run")
     assert len(STARTS) == fits  # mdl.num_blocks=3: 3 members (2 blocks and the final fit), one fit each or one in all
 
@@ -44,7 +45,9 @@ def test_model_summary_prints_the_model(tmp_path: Path, caplog: pytest.LogCaptur
 
     quiet_lightning()
     with caplog.at_level(logging.INFO):
-        run_experiment(compose_config([*FAST, "callbacks=model_summary", "mdl.members_per_fit=1"], tmp_path), tmp_path / "r")
+        run_experiment(
+            compose_config([*FAST, "callbacks=model_summary", "mdl.members_per_fit=1"], tmp_path), tmp_path / "r"
+        )
     assert "Total params" in caplog.text
 
 

@@ -14,7 +14,10 @@ def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> N
     results = sorted((tmp_path / "multirun").rglob("results.json"))
     assert len(results) == 4
     assert len({r.parent for r in results}) == 4
-    combos = {(json.loads(r.read_text())["config"]["eraser"]["name"], json.loads(r.read_text())["config"]["seed"]) for r in results}
+    combos = {
+        (json.loads(r.read_text())["config"]["eraser"]["name"], json.loads(r.read_text())["config"]["seed"])
+        for r in results
+    }
     assert combos == {("none", 0), ("none", 1), ("leace", 0), ("leace", 1)}
     assert "paper MDL" in proc.stdout
     report = sweep_report(tmp_path)
@@ -46,8 +49,11 @@ def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None
 
     from mdl.sweeps.cost import main as cost_main
 
-    for args, message in ((["model=nope"], "Could not find 'model/nope'"), (["mdl.num_blocks=1"], "mdl.num_blocks=1: must be"),
-                          (["model.name=nope"], "unknown model 'nope'")):
+    for args, message in (
+        (["model=nope"], "Could not find 'model/nope'"),
+        (["mdl.num_blocks=1"], "mdl.num_blocks=1: must be"),
+        (["model.name=nope"], "unknown model 'nope'"),
+    ):
         with pytest.raises(SystemExit) as stop:
             cost_main(args)
         assert stop.value.code == 2 and message in capsys.readouterr().err
@@ -92,8 +98,16 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
 
 
 def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path) -> None:
-    proc = run_launch([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30", f"paths.output_root={tmp_path}",
-                       "print_config=full"], cwd=tmp_path)
+    proc = run_launch(
+        [
+            *FAST,
+            "trainer.kwargs.max_epochs=2",
+            "trainer.patience=30",
+            f"paths.output_root={tmp_path}",
+            "print_config=full",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "config (" in proc.stdout and "\neraser:\n" in proc.stdout  # the resolved config, before the run
     text = proc.stdout + proc.stderr
@@ -113,11 +127,19 @@ def test_debug_fast_is_the_fast_settings() -> None:
     from conftest import compose_config
     from mdl.run.identity import config_hash
 
-    typed = ["trainer.kwargs.max_epochs=3", "trainer.patience=2", "mdl.num_blocks=3", "data.first_block=100",
-             "width=32", "model.base_width=32"]
+    typed = [
+        "trainer.kwargs.max_epochs=3",
+        "trainer.patience=2",
+        "mdl.num_blocks=3",
+        "data.first_block=100",
+        "width=32",
+        "model.base_width=32",
+    ]
     assert FAST == ["debug=fast"]
     assert config_hash(compose_config(["debug=fast"])) == config_hash(compose_config(typed))
-    assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(compose_config([*typed, "model=lenet"]))
+    assert config_hash(compose_config(["debug=fast", "model=lenet"])) == config_hash(
+        compose_config([*typed, "model=lenet"])
+    )
     assert compose_config(["debug=fast", "mdl.num_blocks=8"]).mdl.num_blocks == 8
 
 
@@ -131,8 +153,9 @@ def test_debug_profile_writes_and_shows_the_profile(tmp_path: Path) -> None:
 def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
     ok = run_launch(["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
     assert ok.returncode == 0 and "the model fits it" in ok.stdout, ok.stdout[-1000:] + ok.stderr[-2000:]
-    stuck = run_launch(["debug=overfit", "optimizer.lr=1e-7", "print_config=false", f"paths.output_root={tmp_path}"],
-                       cwd=tmp_path)
+    stuck = run_launch(
+        ["debug=overfit", "optimizer.lr=1e-7", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path
+    )
     assert stuck.returncode == 1 and "does NOT fit it" in stuck.stdout and "optimizer.lr" in stuck.stdout
     assert not list(tmp_path.rglob("results.json"))  # a check, not a run
 
@@ -140,10 +163,15 @@ def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
 def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(tmp_path: Path) -> None:
     """debug=overfit on the default (an MLP) is import time more than training (7 s, 0.5 s of it the check): it no
     longer imports timm (ConvNeXt and Swin, about 0.7 s, and W&B through it), which registers when a run asks for it."""
-    proc = run_launch(["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path,
-                      python_flags=["-X", "importtime"])
+    proc = run_launch(
+        ["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"],
+        cwd=tmp_path,
+        python_flags=["-X", "importtime"],
+    )
     assert proc.returncode == 0 and "the model fits it" in proc.stdout, proc.stderr[-2000:]
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")}
+    imported = {
+        line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")
+    }
     assert "torch" in imported and not imported & {"timm", "wandb"}
 
 
@@ -175,7 +203,9 @@ def test_training_imports_are_frozen_once_and_the_collector_state_is_restored(mo
     from mdl.run.imports import imports_frozen
 
     for entry in (REPO / "launch.py", REPO / "hydra_plugins" / "mdl_packed" / "packed_launcher.py"):
-        assert re.search(r"with imports_frozen\(\):[^\n]*\n\s+from mdl\.run\.experiment import", entry.read_text()), entry
+        assert re.search(r"with imports_frozen\(\):[^\n]*\n\s+from mdl\.run\.experiment import", entry.read_text()), (
+            entry
+        )
     calls = []
     monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
     monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)

@@ -13,15 +13,18 @@ from conftest import CONF, FAST, compose_config, run_launch
 from mdl.run.config_checks import CHOICES, MODEL_OPTION_VALUES, NAMED_BY_GROUP, check_before_imports, conf_names
 
 
-@pytest.mark.parametrize("override, named", [
-    ("model.options.activation=tanh", "model.options.activation='tanh'"),
-    ("+model.options.activaton=gelu", "did you mean model.options.activation"),
-    ("eraser.name=lace", "did you mean leace"),
-    ("trainer.precision=fp16", "trainer.precision"),
-    ("data.source=cifar", "data.source"),
-    ("data.augment_order=foo", "data.augment_order='foo'"),
-    ("data.eval_labels=maybe", "data.eval_labels='maybe'"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("model.options.activation=tanh", "model.options.activation='tanh'"),
+        ("+model.options.activaton=gelu", "did you mean model.options.activation"),
+        ("eraser.name=lace", "did you mean leace"),
+        ("trainer.precision=fp16", "trainer.precision"),
+        ("data.source=cifar", "data.source"),
+        ("data.augment_order=foo", "data.augment_order='foo'"),
+        ("data.eval_labels=maybe", "data.eval_labels='maybe'"),
+    ],
+)
 def test_a_wrong_value_fails_before_torch_is_imported(tmp_path: Path, override: str, named: str) -> None:
     proc = run_launch([override, f"paths.output_root={tmp_path}"], cwd=tmp_path)
     assert proc.returncode == 2 and named in proc.stderr, proc.stderr[-2000:]
@@ -33,14 +36,24 @@ def test_a_logger_whose_extra_is_missing_fails_before_the_imports(monkeypatch) -
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("tensorboard", "tensorboardX") else real(name, *a),
+    )
     with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
         check_before_imports(compose_config(["logger=tensorboard"]))
 
 
 def test_the_defaults_presets_and_fast_settings_pass_the_early_checks() -> None:
-    for overrides in ([], FAST, ["model=lenet"], ["model=swin"], ["model=convnext"], ["+experiment=paper/table16/smoke"]):
+    for overrides in (
+        [],
+        FAST,
+        ["model=lenet"],
+        ["model=swin"],
+        ["model=convnext"],
+        ["+experiment=paper/table16/smoke"],
+    ):
         check_before_imports(compose_config(overrides))
 
 
@@ -64,14 +77,23 @@ def test_the_early_checks_tables_equal_their_owners() -> None:
     assert MODEL_OPTION_VALUES[("lenet", "variant")] == lenet.VARIANTS
     assert MODEL_OPTION_VALUES[("swin", "head_scaling")] == tuple(swin.HEAD_SCALINGS)
     assert MODEL_OPTION_VALUES[("lenet", "activation")] == lenet.ACTIVATIONS
-    registries = {"eraser.name": erasure.available_erasers(), "model.name": models.available_models(),
-                  "data.source": datamodules.available_sources()}
+    registries = {
+        "eraser.name": erasure.available_erasers(),
+        "model.name": models.available_models(),
+        "data.source": datamodules.available_sources(),
+    }
     # test modules register their own (tests/test_loader.py's test_class_shift, at collection): not the project's
     registries = {key: [n for n in names if not n.startswith("test_")] for key, names in registries.items()}
     for key in NAMED_BY_GROUP:
         assert conf_names(key) == sorted(registries[key]), key
     for name in models.available_models():  # each model's config file defines every option its builder takes
-        taken = set(inspect.signature(model_builder(name)).parameters) - {"width", "depth", "num_classes", "input_shape", "options"}
+        taken = set(inspect.signature(model_builder(name)).parameters) - {
+            "width",
+            "depth",
+            "num_classes",
+            "input_shape",
+            "options",
+        }
         assert set(OmegaConf.load(CONF / "model" / f"{name}.yaml").options) == taken, name
 
 

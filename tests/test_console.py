@@ -14,8 +14,9 @@ from mdl.run.console import show_config
 
 
 def test_a_run_prints_its_overrides_and_the_path_of_its_config(tmp_path: Path) -> None:
-    proc = run_launch([*FAST, "eraser=none", f"paths.output_root={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}"],
-                      cwd=tmp_path)
+    proc = run_launch(
+        [*FAST, "eraser=none", f"paths.output_root={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("config:")]
     assert line.startswith("config: debug=fast eraser=none") and "print_config=full prints it" in line
@@ -34,17 +35,27 @@ def test_print_config_full_and_false(tmp_path: Path, capsys) -> None:
 
 
 def test_warnings_are_one_line_each_and_printed_once() -> None:
-    code = ("from mdl.run.console import one_line_warnings; one_line_warnings(); import warnings\n"
-            "for _ in range(3):\n    warnings.warn('covariance has rank 60 of 64', RuntimeWarning)\n"
-            "warnings.warn('a temporary left behind', ResourceWarning)\n")  # hidden by Python's defaults: still hidden
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          env={"PATH": "", "PYTHONPATH": python_path()})
+    code = (
+        "from mdl.run.console import one_line_warnings; one_line_warnings(); import warnings\n"
+        "for _ in range(3):\n    warnings.warn('covariance has rank 60 of 64', RuntimeWarning)\n"
+        "warnings.warn('a temporary left behind', ResourceWarning)\n"
+    )  # hidden by Python's defaults: still hidden
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": "", "PYTHONPATH": python_path()},
+    )
     assert proc.stderr == "warning: covariance has rank 60 of 64 (RuntimeWarning)\n"
 
 
 def test_wandb_prints_no_history_block(tmp_path: Path) -> None:
-    proc = run_launch([*FAST, "logger=wandb", f"paths.output_root={tmp_path}"], cwd=tmp_path,
-                      env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    proc = run_launch(
+        [*FAST, "logger=wandb", f"paths.output_root={tmp_path}"],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = proc.stdout + proc.stderr
     assert "Run history" not in text and "Run summary" not in text

@@ -70,8 +70,9 @@ def test_the_conv_mlp_variant_is_stacked_by_vmap_with_the_same_results() -> None
     models = members(2, conv_mlp=True)
     assert not hasattr(models[0], "forward_stacked")
     x = torch.rand(2, 3, *SHAPE)
-    torch.testing.assert_close(StackedModel(models)(x), torch.stack([m(x[i]) for i, m in enumerate(models)]),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        StackedModel(models)(x), torch.stack([m(x[i]) for i, m in enumerate(models)]), rtol=1e-4, atol=1e-5
+    )
 
 
 def _step_kernels(models: list[torch.nn.Module], shape: tuple[int, ...] = SHAPE) -> tuple[int, int]:
@@ -82,8 +83,10 @@ def _step_kernels(models: list[torch.nn.Module], shape: tuple[int, ...] = SHAPE)
     stack = StackedClassifier(StackedModel(models), optimizer, 1e-2)
     x, y = torch.rand(count, 8, *shape), torch.randint(0, 10, (count, 8))
     counts = []
-    for module, group in ((single, BatchGroup([(x[0], y[0])])),
-                          (stack, StackedBatch(x[None], y[None], torch.ones(1, count, 8), list(range(count))))):
+    for module, group in (
+        (single, BatchGroup([(x[0], y[0])])),
+        (stack, StackedBatch(x[None], y[None], torch.ones(1, count, 8), list(range(count)))),
+    ):
         opt = module.configure_optimizers()
         opt.train()
         module.train_group(group, opt)  # the first step creates the optimizer's state
@@ -113,8 +116,12 @@ def lenets(count: int, shape: tuple[int, ...], **options) -> list[torch.nn.Modul
     return models
 
 
-LENETS = [((1, 8, 8), {}), ((3, 16, 16), {"padding": 0}), ((1, 8, 8), {"variant": "dense_stack", "activation": "gelu"}),
-          ((3, 12, 10), {"variant": "dense_stack", "channels": [3, 5]})]
+LENETS = [
+    ((1, 8, 8), {}),
+    ((3, 16, 16), {"padding": 0}),
+    ((1, 8, 8), {"variant": "dense_stack", "activation": "gelu"}),
+    ((3, 12, 10), {"variant": "dense_stack", "channels": [3, 5]}),
+]
 
 
 @pytest.mark.parametrize(("shape", "options"), LENETS)
@@ -130,7 +137,6 @@ def test_a_lenet_step_of_ten_members_launches_at_most_one_and_a_half_times_one_m
     assert _step_kernels(lenets(2, (1, 8, 8)), (1, 8, 8))[1] == ten
 
 
-
 def stack_of(model: str, seeds) -> StackedModel:
     made = []
     for s in seeds:
@@ -144,7 +150,10 @@ def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str
     """A pack's runs (StackedModel.run's ``chunks``): the outputs and gradients of each chunk of rows are those of a
     stack of just its members, bit for bit (one stack of all rows: only to rounding, grouped convolutions)."""
     chunks = [2, 3, 1]
-    whole, parts = stack_of(model, range(6)), [stack_of(model, range(0, 2)), stack_of(model, range(2, 5)), stack_of(model, [5])]
+    whole, parts = (
+        stack_of(model, range(6)),
+        [stack_of(model, range(0, 2)), stack_of(model, range(2, 5)), stack_of(model, [5])],
+    )
     x = torch.rand(6, 4, *SHAPE)
     out = whole(x, chunks)
     alone = [part(xi) for part, xi in zip(parts, x.split(chunks))]
@@ -155,8 +164,9 @@ def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str
     for name, p in whole.param_dict().items():
         assert torch.equal(p.grad, torch.cat([part.param_dict()[name].grad for part in parts])), name
     shared = whole.run(whole.param_dict(), whole.buffer_dict(), x[0], shared_input=True, chunks=chunks)
-    assert torch.equal(shared, torch.cat([part.run(part.param_dict(), part.buffer_dict(), x[0], shared_input=True)
-                                          for part in parts]))
+    assert torch.equal(
+        shared, torch.cat([part.run(part.param_dict(), part.buffer_dict(), x[0], shared_input=True) for part in parts])
+    )
 
 
 def test_chunks_are_ignored_only_on_a_gpu_and_only_where_members_do_not_depend_on_the_stack_size(monkeypatch) -> None:
@@ -195,5 +205,6 @@ def test_inductor_compiles_convnexts_stacked_form_on_one_channel_images(tmp_path
     compiled(x).sum().backward()
     with torch.no_grad():
         shared = compiled.run(compiled.param_dict(), compiled.buffer_dict(), x[0], shared_input=True)
-    torch.testing.assert_close(shared, eager.run(eager.param_dict(), eager.buffer_dict(), x[0], shared_input=True),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        shared, eager.run(eager.param_dict(), eager.buffer_dict(), x[0], shared_input=True), rtol=1e-4, atol=1e-5
+    )

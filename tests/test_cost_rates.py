@@ -25,10 +25,21 @@ def test_fit_rate_recovers_an_exact_overhead_and_rate() -> None:
     assert fit_rate([1e6], [0.5]) == Rate(0.0, 2e6)  # one row: through the origin
 
 
-def _rows(model: str, members: int, overhead: float, rate: float, setting: str = "fp32", val: float = 1e-3) -> list[dict]:
+def _rows(
+    model: str, members: int, overhead: float, rate: float, setting: str = "fp32", val: float = 1e-3
+) -> list[dict]:
     """Rows whose step of ``members`` members takes members x (overhead + per-member FLOPs / rate)."""
-    return [{"model": model, "fwd_flops": f / (3 * 128), "setting": setting, "members": members,
-             "step_s": members * (overhead + f / rate), **({"val_batch_s": val} if members == 1 else {})} for f in FLOPS]
+    return [
+        {
+            "model": model,
+            "fwd_flops": f / (3 * 128),
+            "setting": setting,
+            "members": members,
+            "step_s": members * (overhead + f / rate),
+            **({"val_batch_s": val} if members == 1 else {}),
+        }
+        for f in FLOPS
+    ]
 
 
 def test_a_stack_is_priced_at_its_members_share_of_a_measured_stacked_step() -> None:
@@ -40,15 +51,18 @@ def test_a_stack_is_priced_at_its_members_share_of_a_measured_stacked_step() -> 
     # no stacked rows for LeNet: a stack is priced at one member's rate, and says so
     rates = MeasuredRates(_rows("lenet", 1, 1e-3, 1e9), batch=128, eval_batch=1024)
     assert rates.rates("lenet", "fp32", stacked=True, where="t")[1:] == (rates.val[("lenet", "fp32")], False)
-    with pytest.raises(ValueError, match=r"no measured bf16 rate for model 'lenet' in t \(measured: \['lenet fp32'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"no measured bf16 rate for model 'lenet' in t \(measured: \['lenet fp32'\]\)"
+    ):
         rates.rates("lenet", "bf16", stacked=False, where="t")
 
 
 def _table(tmp_path: Path, gpu_points: list[dict], overheads: float = 0.0) -> Path:
     """conf/cost/epoch_times.yaml with measured GPU rows (and the given overheads)."""
     data = yaml.safe_load((CONF_DIR / "cost/epoch_times.yaml").read_text())
-    data["gpu"].update(points=gpu_points, batch=128, eval_batch=1024, fit_overhead_s=overheads, job_overhead_s=overheads,
-                       compile_s=0)
+    data["gpu"].update(
+        points=gpu_points, batch=128, eval_batch=1024, fit_overhead_s=overheads, job_overhead_s=overheads, compile_s=0
+    )
     path = tmp_path / "epoch_times.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -68,14 +82,22 @@ def test_measured_gpu_rows_replace_the_anchor_and_a_stacked_run_costs_its_stack_
     table = CostTable(_table(tmp_path, rows, overheads=1.0))
     fits_of_3 = compose_config(["model=mlp", "mdl.members_per_fit=3"])
     members = stacked.mdl.num_blocks  # one per prequential block, the last the final fit
-    assert table.job_seconds(fits_of_3, "gpu") - table.job_seconds(stacked, "gpu") == pytest.approx(-(-members // 3) - 1)
+    assert table.job_seconds(fits_of_3, "gpu") - table.job_seconds(stacked, "gpu") == pytest.approx(
+        -(-members // 3) - 1
+    )
 
 
 def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pack(tmp_path: Path, capsys) -> None:
     rows = _rows("mlp", 1, 0.0, 1e8, "fp32_highest", val=1e-30) + _rows("mlp", 10, 0.0, 2e8, "fp32_highest")
     path = _table(tmp_path, rows, overheads=100.0)
-    sweep = ["model=mlp", "data=digits", "eraser=none,leace", "seed=0,1", "mdl.members_per_fit=1",
-             f"hydra.callbacks.sweep_cost.table={path}"]
+    sweep = [
+        "model=mlp",
+        "data=digits",
+        "eraser=none,leace",
+        "seed=0,1",
+        "mdl.members_per_fit=1",
+        f"hydra.callbacks.sweep_cost.table={path}",
+    ]
     cost_main(sweep)
     alone = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours", capsys.readouterr().out).group(1))
     cost_main([*sweep[:-2], "mdl.members_per_fit=all", sweep[-1], "hydra/launcher=packed"])
@@ -92,11 +114,27 @@ def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pa
 def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
     """Preconditioned runs pack over seeds only; the paper presets set data_seed: ${seed}, so every seed is its own
     pack (the preset also sweeps 3 activations: 9 jobs); without preconditioning, one pack per activation."""
-    cost_main(["+experiment=paper/mlp_width", "+optimizer.precondition={p:-1,eps:1.0e-3}", "seed=0,1,2", "width=128",
-               "eraser=none", "hydra/launcher=packed"])
+    cost_main(
+        [
+            "+experiment=paper/mlp_width",
+            "+optimizer.precondition={p:-1,eps:1.0e-3}",
+            "seed=0,1,2",
+            "width=128",
+            "eraser=none",
+            "hydra/launcher=packed",
+        ]
+    )
     assert "9 jobs in 9 packs" in capsys.readouterr().out
-    cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed",
-               "protocol=sound"])
+    cost_main(
+        [
+            "+experiment=paper/mlp_width",
+            "seed=0,1,2",
+            "width=128",
+            "eraser=none,leace",
+            "hydra/launcher=packed",
+            "protocol=sound",
+        ]
+    )
     assert "18 jobs in 3 packs" in capsys.readouterr().out
     # the presets' own protocol=original backtracks, which trains every run alone (mdl/run/pack.py): no packing
     cost_main(["+experiment=paper/mlp_width", "seed=0,1,2", "width=128", "eraser=none,leace", "hydra/launcher=packed"])
@@ -104,8 +142,13 @@ def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
 
 
 def test_bench_epoch_times_prints_rows_the_cost_table_reads() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks/bench_epoch_times.py"), "--points", "0", "--members", "2"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks/bench_epoch_times.py"), "--points", "0", "--members", "2"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     section = yaml.safe_load(done.stdout)
     rows = section["points"]

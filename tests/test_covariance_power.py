@@ -136,8 +136,12 @@ def test_transform_and_optimizer_forms_give_the_same_trajectory_on_a_linear_mode
 @pytest.mark.parametrize("order,eraser", [("before_eraser", "qleace"), ("after_eraser", "leace")])
 def test_launch_runs_the_transform_on_digits(tmp_path: Path, order: str, eraser: str) -> None:
     proc = run_launch(
-        [f"eraser={eraser}", f"data.transform={{name:covariance_power,p:-0.5,eps:1.0e-6,order:{order}}}",
-         f"paths.output_root={tmp_path}", *FAST],
+        [
+            f"eraser={eraser}",
+            f"data.transform={{name:covariance_power,p:-0.5,eps:1.0e-6,order:{order}}}",
+            f"paths.output_root={tmp_path}",
+            *FAST,
+        ],
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -156,19 +160,23 @@ def test_a_transform_with_augment_then_erase_is_refused() -> None:
 
     transform = {"name": "covariance_power", "p": -1.0, "eps": 1e-6, "order": "before_eraser"}
     with pytest.raises(ValueError, match="augment_order=erase_then_augment"):
-        DataOptions.from_config(dict(source="digits", transform=transform, augment_order="augment_then_erase",
-                                     device="cpu"), {"name": "none"})
+        DataOptions.from_config(
+            dict(source="digits", transform=transform, augment_order="augment_then_erase", device="cpu"),
+            {"name": "none"},
+        )
     with pytest.raises(ValueError, match="missing keys"):
-        DataOptions.from_config(dict(source="digits", transform={"name": "covariance_power", "p": -1.0}, device="cpu"),
-                                {"name": "none"})
+        DataOptions.from_config(
+            dict(source="digits", transform={"name": "covariance_power", "p": -1.0}, device="cpu"), {"name": "none"}
+        )
 
 
 def test_cache_keys_include_the_transform_and_its_order() -> None:
     from datamodules.options import DataOptions
 
     def keys(transform):
-        options = DataOptions.from_config(dict(source="digits", transform=transform, device="cpu"),
-                                          {"name": "leace", "options": {}})
+        options = DataOptions.from_config(
+            dict(source="digits", transform=transform, device="cpu"), {"name": "leace", "options": {}}
+        )
         return options.eraser_key(), options.data_key()
 
     plain = keys(None)

@@ -9,7 +9,6 @@ one that restores the best weights onto the training device gives the numbers of
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,9 @@ NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "final_test_
 
 
 @pytest.mark.parametrize(("engine", "fits"), [("sequential", 3), ("stacked", 1)])
-def test_scoring_and_restore_do_not_trust_where_lightning_left_the_module(engine: str, fits: int, tmp_path: Path, monkeypatch) -> None:
+def test_scoring_and_restore_do_not_trust_where_lightning_left_the_module(
+    engine: str, fits: int, tmp_path: Path, monkeypatch
+) -> None:
     """Two prefix fits and the final fit (sequential) or the one stacked fit are each moved away."""
     settings = [*FAST, f"mdl.engine={engine}"]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
@@ -86,7 +87,9 @@ def test_data_device_and_accelerator_must_agree(monkeypatch) -> None:
         ("+trainer.kwargs.devices=2", "one device"),
     ],
 )
-def test_bad_device_and_precision_settings_are_refused_before_loading(tmp_path: Path, override: str, message: str) -> None:
+def test_bad_device_and_precision_settings_are_refused_before_loading(
+    tmp_path: Path, override: str, message: str
+) -> None:
     cfg = compose_config([*FAST, override], tmp_path)
     with pytest.raises(ValueError, match=message):
         run_experiment(cfg, tmp_path / "run")
@@ -166,11 +169,15 @@ def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() ->
     module = Classifier(create_model("mlp", 16, 1, 10, (1, 8, 8)), torch.optim.SGD, lr=0.1)
     moved = module.transfer_batch_to_device((x, y), meta, 0)
     assert all(t.device == meta for t in moved)
-    group = module.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), meta, 0)  # the sequential engine's groups
+    group = module.transfer_batch_to_device(
+        BatchGroup([(x, y), (x[:2], y[:2])]), meta, 0
+    )  # the sequential engine's groups
     assert isinstance(group, BatchGroup) and [b[0].shape[0] for b in group.batches] == [4, 2]
     assert all(t.device == meta for batch in group.batches for t in batch)
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
-    group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), meta, 0)
+    group = stack.transfer_batch_to_device(
+        StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), meta, 0
+    )
     assert isinstance(group, StackedBatch) and group.members == [0]
     assert all(t.device == meta for t in (group.x, group.y, group.weight))
 
@@ -205,8 +212,9 @@ def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
     stack.train_sums = stack.train_sums.to(meta)  # as on_train_start does
     opt = stack.configure_optimizers()
     opt.train()
-    groups = stacked_batches.StackedBatches([stacked_batches.TrainSource(x, y)], [20, 40, 64], 16, augment=Augmentation(),
-                                            steps_per_group=2)
+    groups = stacked_batches.StackedBatches(
+        [stacked_batches.TrainSource(x, y)], [20, 40, 64], 16, augment=Augmentation(), steps_per_group=2
+    )
     for _ in range(2):
         stack.train_group(groups.next(2), opt)
     drawn_before = groups.next(1)
@@ -225,7 +233,9 @@ def test_moving_a_stacked_module_moves_its_loss_sums_with_the_stack() -> None:
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
-    module = StackedClassifier(StackedModel([create_model("mlp", 8, 1, 10, (1, 8, 8)) for _ in range(2)]), torch.optim.SGD, lr=0.1)
+    module = StackedClassifier(
+        StackedModel([create_model("mlp", 8, 1, 10, (1, 8, 8)) for _ in range(2)]), torch.optim.SGD, lr=0.1
+    )
     module.to("meta")
     assert module.train_sums.device.type == "meta" and module.train_sums.dtype == torch.float64
     assert "train_sums" not in module.state_dict()
@@ -241,10 +251,18 @@ def test_members_with_their_own_training_sets_are_served_where_the_data_are(monk
     monkeypatch.setattr(stacked_batches, "epoch_generator", lambda seed, epoch, device: None)
     meta = torch.device("meta")
     x, y = torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta)
-    other = TrainSource(torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta),
-                        lambda xb, yb: xb * 2)
-    batches = StackedBatches([TrainSource(x, y), other], [32, 64, 64], 16, augment=Augmentation(), steps_per_group=2,
-                             seeds=[0, 0, 1], source_of=[0, 1, 1])
+    other = TrainSource(
+        torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta), lambda xb, yb: xb * 2
+    )
+    batches = StackedBatches(
+        [TrainSource(x, y), other],
+        [32, 64, 64],
+        16,
+        augment=Augmentation(),
+        steps_per_group=2,
+        seeds=[0, 0, 1],
+        source_of=[0, 1, 1],
+    )
     group = batches.next(2)
     assert all(t.device == meta for t in (group.x, group.y, group.weight)) and group.x.shape == (2, 3, 16, 3, 8, 8)
 

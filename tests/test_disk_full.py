@@ -5,7 +5,6 @@ message naming the folder and the setting when it fills mid-run, and never the c
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -37,12 +36,19 @@ def test_results_write_on_a_full_disk_keeps_the_checkpoint(tmp_path: Path, monke
     monkeypatch.setattr(experiment, "write_checked_json", full_disk)
     sizes: list[int] = []
     real_save = checkpoints.write_checksummed
-    monkeypatch.setattr(checkpoints, "write_checksummed", lambda path, payload, identity="": (
-        sizes.append(len(payload)), real_save(path, payload, identity))[1])
+    monkeypatch.setattr(
+        checkpoints,
+        "write_checksummed",
+        lambda path, payload, identity="": (sizes.append(len(payload)), real_save(path, payload, identity))[1],
+    )
     with pytest.raises(OSError) as err:
         run_experiment(cfg, tmp_path / "full" / "run")
     message = str(err.value)
-    assert "the disk is full" in message and "paths.output_root" in message and "resumes from its last checkpoint" in message
+    assert (
+        "the disk is full" in message
+        and "paths.output_root" in message
+        and "resumes from its last checkpoint" in message
+    )
     (checkpoint,) = (tmp_path / "full" / "store").glob("*/checkpoints/stacked.ckpt")
 
     # the estimate covers the largest checkpoint written (twice over for the write beside the old one), within 3x
@@ -62,7 +68,12 @@ def mount_tmpfs(folder: Path, size: str) -> bool:
     folder.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Path) -> None:
@@ -71,8 +82,17 @@ def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Pat
     if not mount_tmpfs(small, "1M"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        done = run_launch(FAST + ["mdl.engine=stacked", "width=256", "model.base_width=256", f"paths.output_root={small}",
-                                  f"paths.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path)
+        done = run_launch(
+            FAST
+            + [
+                "mdl.engine=stacked",
+                "width=256",
+                "model.base_width=256",
+                f"paths.output_root={small}",
+                f"paths.cache_dir={tmp_path / 'cache'}",
+            ],
+            cwd=tmp_path,
+        )
     finally:
         subprocess.run(["umount", str(small)], check=False)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -114,7 +134,9 @@ def test_cache_on_a_real_full_disk_is_one_message(tmp_path: Path) -> None:
     if not mount_tmpfs(small, "64k"):
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        done = run_launch([*FAST, f"paths.output_root={tmp_path / 'out'}", f"data.cache_dir={small / 'erased'}"], cwd=tmp_path)
+        done = run_launch(
+            [*FAST, f"paths.output_root={tmp_path / 'out'}", f"data.cache_dir={small / 'erased'}"], cwd=tmp_path
+        )
     finally:
         subprocess.run(["umount", str(small)], check=False)
     assert done.returncode == 2, done.stderr[-2000:]
@@ -122,8 +144,11 @@ def test_cache_on_a_real_full_disk_is_one_message(tmp_path: Path) -> None:
     assert "data.cache_dir=null" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_failing_logger_after_the_results_does_not_fail_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_logger_after_the_results_does_not_fail_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The results are written and the checkpoints removed before the logger runs; its failure is logged only."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("W&B is down")
 

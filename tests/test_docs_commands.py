@@ -60,7 +60,9 @@ def _sweep_with_a_report(root: Path) -> Path:
     from mdl.report.lr import LrChoice, write_best_lrs
 
     sweep = root / "sweep"
-    choices = [LrChoice("mlp", "", e, 3e-3, 1.0, 3, (1e-3, 3e-3, 1e-2), ("digits", "mlp", e)) for e in ("none", "leace")]
+    choices = [
+        LrChoice("mlp", "", e, 3e-3, 1.0, 3, (1e-3, 3e-3, 1e-2), ("digits", "mlp", e)) for e in ("none", "leace")
+    ]
     write_best_lrs(choices, sweep / "report")
     return sweep
 
@@ -100,8 +102,17 @@ def test_documented_launch_command_composes_and_passes_the_checks(page: str, com
 
 
 # A documented command holding one of these needs what this machine lacks: it is composed above, not run.
-NOT_ON_A_CPU = ("hydra/launcher=slurm", "hydra/launcher=packed_slurm", "device=cuda", "trainer=gpu", "data=cifar10",
-                "data=svhn", "data=cifarnet", "download=true", "+experiment=")
+NOT_ON_A_CPU = (
+    "hydra/launcher=slurm",
+    "hydra/launcher=packed_slurm",
+    "device=cuda",
+    "trainer=gpu",
+    "data=cifar10",
+    "data=svhn",
+    "data=cifarnet",
+    "download=true",
+    "+experiment=",
+)
 RUNNABLE = sorted({c for _, c in LAUNCH if not any(need in c for need in NOT_ON_A_CPU)})
 
 
@@ -110,10 +121,15 @@ RUNNABLE = sorted({c for _, c in LAUNCH if not any(need in c for need in NOT_ON_
 def test_documented_command_a_cpu_can_run_runs_every_job(command: str, tmp_path: Path) -> None:
     from conftest import run_launch
 
-    proc = run_launch([*_args(command, tmp_path), "debug=fast", f"paths.output_root={tmp_path}"], cwd=tmp_path,
-                      env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    proc = run_launch(
+        [*_args(command, tmp_path), "debug=fast", f"paths.output_root={tmp_path}"],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(list((tmp_path / "store").glob("*/results.json"))) == len(_jobs(command)), proc.stdout[-2000:]  # runs finished
+    assert len(list((tmp_path / "store").glob("*/results.json"))) == len(_jobs(command)), proc.stdout[
+        -2000:
+    ]  # runs finished
 
 
 def test_most_documented_commands_run_on_a_cpu() -> None:
@@ -123,8 +139,14 @@ def test_most_documented_commands_run_on_a_cpu() -> None:
 @pytest.mark.parametrize("module", MODULES)
 def test_documented_tool_starts(module: str) -> None:
     argv = [sys.executable, "-m", module] if module.startswith("mdl.") else [sys.executable, module]
-    done = subprocess.run([*argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [*argv, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": python_path(), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip(), "prints its help"
 
@@ -136,10 +158,14 @@ def test_the_readme_sweeps_on_digits_measure_what_they_say() -> None:
     from erasure.base import eraser_class
 
     readme = (REPO / "README.md").read_text()
-    sweeps = [c for p, c in LAUNCH if p == "README.md" and " -m " in f"{c} " and "data=" not in c and "+experiment" not in c]
+    sweeps = [
+        c for p, c in LAUNCH if p == "README.md" and " -m " in f"{c} " and "data=" not in c and "+experiment" not in c
+    ]
     assert sweeps
     for command in sweeps:
-        erasers = [e for arg in shlex.split(command) if arg.startswith("eraser=") for e in arg[len("eraser="):].split(",")]
+        erasers = [
+            e for arg in shlex.split(command) if arg.startswith("eraser=") for e in arg[len("eraser=") :].split(",")
+        ]
         quadratic = [e for e in erasers if eraser_class(e).erases_quadratic]
         assert not quadratic, f"{command}: {quadratic} warn on every digits job"
     assert "still reads 0.727" in readme and "`eraser.fit_scope=pool`" in readme

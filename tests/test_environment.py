@@ -51,7 +51,9 @@ def test_a_result_from_another_environment_is_not_reused_silently(tmp_path: Path
     assert not again.get("skipped")
     assert "made in another environment" in caplog.text and "0.0.1-elsewhere" in caplog.text and "NEON" in caplog.text
     assert again["paper_mdl"] == first["paper_mdl"]  # same machine, same numbers
-    assert read_checked_json(stored)["environment"] == current_environment("cpu", threads=1)  # the store now holds this one
+    assert read_checked_json(stored)["environment"] == current_environment(
+        "cpu", threads=1
+    )  # the store now holds this one
 
 
 def test_reuse_across_environments_reuses_it_with_a_warning(tmp_path: Path, caplog) -> None:
@@ -60,7 +62,9 @@ def test_reuse_across_environments_reuses_it_with_a_warning(tmp_path: Path, capl
     _pretend_made_elsewhere(Path(cfg.paths.store_dir) / first["config_hash"] / RESULTS_FILE)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        reused = run_experiment(compose_config([*SETTINGS, "mdl.reuse_across_environments=true"], tmp_path), tmp_path / "b")
+        reused = run_experiment(
+            compose_config([*SETTINGS, "mdl.reuse_across_environments=true"], tmp_path), tmp_path / "b"
+        )
     assert reused["skipped"] and reused["environment"]["torch"] == "0.0.1-elsewhere"
     assert "reusing the finished run of this config made in another environment" in caplog.text
 

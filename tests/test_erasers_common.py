@@ -12,8 +12,6 @@ from erasure.preprocess import Standardizer, shrink_covariances
 FAST_OPTIONS = {"gradient": {"steps": 3, "device": "cpu"}}
 
 
-
-
 def apply(eraser, x, y):
     return eraser(x, y) if eraser.requires_labels else eraser(x)
 
@@ -157,8 +155,13 @@ def test_qleace_grouped_by_class_gives_the_numbers_of_selecting_each_class_by_ma
     or of one example, and for any integer label type."""
     x, y = pixel_classes(k=4, d=24, n_per_class=50)
     eraser = fit_eraser("qleace", x, y)
-    batches = [torch.arange(len(y)).flip(0), torch.tensor([5]), torch.nonzero(y != 1).squeeze(1),
-               torch.nonzero(y == 2).squeeze(1), torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:77]]
+    batches = [
+        torch.arange(len(y)).flip(0),
+        torch.tensor([5]),
+        torch.nonzero(y != 1).squeeze(1),
+        torch.nonzero(y == 2).squeeze(1),
+        torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:77],
+    ]
     for rows in batches:
         xb, yb = x[rows].float(), y[rows]
         assert torch.equal(eraser.erase_checked(xb, yb.to(dtype)), _qleace_by_masks(eraser, xb, yb).float())

@@ -104,7 +104,9 @@ def test_target_loss_gradient_matches_autograd():
     target_mean = torch.rand(4, dtype=torch.float64, generator=gen)
     a = torch.randn(4, 4, dtype=torch.float64, generator=gen) * 0.1
     target_cov = a @ a.T
-    loss_fn = TargetLoss(start, target_mean, target_cov, lo=0.0, span=2.0, mean_weight=0.7, cov_weight=3.0, distance_weight=0.2)
+    loss_fn = TargetLoss(
+        start, target_mean, target_cov, lo=0.0, span=2.0, mean_weight=0.7, cov_weight=3.0, distance_weight=0.2
+    )
     z = torch.randn(start.shape, dtype=torch.float64, generator=gen)
     loss, grad, _ = loss_fn(z)
 
@@ -151,8 +153,11 @@ def _digits_setup(options: dict):
     from datamodules.datamodule import ErasedDataModule
     from datamodules.options import DataOptions
 
-    eraser = {"name": "gradient", "options": {"device": "cpu", "log_every": 0, **options},
-              "checks": {"max_relative_rms_change": 1.0}}  # as conf/eraser/gradient.yaml
+    eraser = {
+        "name": "gradient",
+        "options": {"device": "cpu", "log_every": 0, **options},
+        "checks": {"max_relative_rms_change": 1.0},
+    }  # as conf/eraser/gradient.yaml
     dm = ErasedDataModule(DataOptions.from_config({"source": "digits", "device": "cpu", "cache_dir": None}, eraser))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # 120 x 64 classes: one thread is 5-50x faster than two on a busy machine

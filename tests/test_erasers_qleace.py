@@ -103,7 +103,9 @@ def test_mean_squared_edit_is_the_barycenter_cost_and_beats_a_perturbed_target()
     moments = class_moments(x, y, 3)
     covs, w = moments.covariances(), moments.weights
     cost = ((eraser(x, y) - x) ** 2).sum(1).mean()
-    expected = sum(float(w[c]) * w2_squared(moments.means[c], covs[c], moments.mean, eraser.barycenter) for c in range(3))
+    expected = sum(
+        float(w[c]) * w2_squared(moments.means[c], covs[c], moments.mean, eraser.barycenter) for c in range(3)
+    )
     assert abs(float(cost) - expected) < 1e-9 * expected
     gen = torch.Generator().manual_seed(3)
     for _ in range(5):
@@ -158,15 +160,19 @@ def test_class_by_class_products_give_the_bits_of_the_batched_ones(name, monkeyp
     import erasure.qleace
 
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(600, 40, generator=gen, dtype=torch.float64) @ torch.randn(40, 40, generator=gen, dtype=torch.float64)
+    x = torch.randn(600, 40, generator=gen, dtype=torch.float64) @ torch.randn(
+        40, 40, generator=gen, dtype=torch.float64
+    )
     y = torch.arange(600) % 5
     one_by_one = fit_eraser(name, x, y)
     batched = lambda product, *stacks: product(*stacks)  # noqa: E731 - the products as they were: one call for all classes
     monkeypatch.setattr(erasure.qleace, "per_class", batched)
     monkeypatch.setattr(erasure.alf_qleace, "per_class", batched)
     at_once = fit_eraser(name, x, y)
-    assert torch.equal(one_by_one(x, y) if one_by_one.requires_labels else one_by_one(x),
-                       at_once(x, y) if at_once.requires_labels else at_once(x))
+    assert torch.equal(
+        one_by_one(x, y) if one_by_one.requires_labels else one_by_one(x),
+        at_once(x, y) if at_once.requires_labels else at_once(x),
+    )
     for field in ("maps", "directions"):
         if hasattr(at_once, field):
             assert torch.equal(getattr(one_by_one, field), getattr(at_once, field)), field

@@ -23,8 +23,11 @@ def options(eraser: dict, **data) -> DataOptions:
     return DataOptions.from_config({"source": "digits", "device": "cpu", **data}, eraser)
 
 
-GRADIENT_ONE_STEP = {"name": "gradient", "options": {"steps": 1, "log_every": 0},
-                     "checks": {"criterion_points": 0.02, "max_relative_rms_change": 1.0}}
+GRADIENT_ONE_STEP = {
+    "name": "gradient",
+    "options": {"steps": 1, "log_every": 0},
+    "checks": {"criterion_points": 0.02, "max_relative_rms_change": 1.0},
+}
 
 
 def test_a_gradient_fit_that_did_not_erase_fails_its_criterion() -> None:
@@ -65,8 +68,11 @@ def test_checks_are_not_part_of_the_cache_key_and_the_rms_bound_warns() -> None:
 def test_qleace_leaving_a_held_out_qda_far_above_chance_is_warned() -> None:
     """Digits' class covariances are singular: QLEACE equalises them on their span, and a QDA scored on the
     validation split, outside a fit on the training split, still reads about 96% (chance 10%). Nothing flagged it."""
-    with pytest.warns(RuntimeWarning, match=r"quadratic probe \(QDA\) .* still reads 0\.9\d+ of the validation "
-                                            r"split, outside the eraser's fit \(eraser.fit_scope=split\)"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"quadratic probe \(QDA\) .* still reads 0\.9\d+ of the validation "
+        r"split, outside the eraser's fit \(eraser.fit_scope=split\)",
+    ):
         datamodule({"name": "qleace", "options": {}, "checks": {"qda_warning_points": 0.1}})
 
 
@@ -78,8 +84,10 @@ def test_the_qda_warning_says_its_rows_were_in_the_fit_of_a_pooled_eraser() -> N
         dm = datamodule({"name": "qleace", "options": {}, "checks": {"qda_warning_points": 0.1}, "fit_scope": "pool"})
     [message] = [str(w.message) for w in caught if "quadratic probe" in str(w.message)]
     assert "held-out" not in message
-    assert (f"still reads {dm.diagnostics['erasure']['qda_acc_after']:.3f} of the validation split, which the eraser "
-            "was fitted on too (eraser.fit_scope=pool)") in message
+    assert (
+        f"still reads {dm.diagnostics['erasure']['qda_acc_after']:.3f} of the validation split, which the eraser "
+        "was fitted on too (eraser.fit_scope=pool)"
+    ) in message
     assert "not learning without it" in message
 
 

@@ -67,7 +67,9 @@ def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
 
     torch.manual_seed(0)
     models = [create_model("lenet", 16, 1, 10, (3, 16, 16), base_width=16).cuda() for _ in range(3)]
-    module = StackedClassifier(StackedModel(models), lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), lr=1e-2)
+    module = StackedClassifier(
+        StackedModel(models), lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), lr=1e-2
+    )
     module.train_sums = module.train_sums.cuda()
     optimizer = module.configure_optimizers()
     optimizer.train()
@@ -96,10 +98,21 @@ def test_cifar10_format_convnext_qleace_bf16_compiled(tmp_path: Path) -> None:
     """The issue's command: a CIFAR-10-format folder, ConvNeXt, QLEACE fitted on the GPU, trainer=gpu."""
     write_cifar10(tmp_path / "data", per_batch=120)
     args = [
-        *GPU, "data=cifar10", f"paths.data_root={tmp_path / 'data'}", "data.options.verify_checksums=false",
-        "data.val_size=100", "data.first_block=100", "model=convnext", "width=16", "model.base_width=16",
-        "eraser=qleace", "eraser.options.shrinkage=0.1", "trainer=gpu", f"paths.output_root={tmp_path / 'out'}",
-        "trainer.kwargs.max_epochs=3", "trainer.patience=2",
+        *GPU,
+        "data=cifar10",
+        f"paths.data_root={tmp_path / 'data'}",
+        "data.options.verify_checksums=false",
+        "data.val_size=100",
+        "data.first_block=100",
+        "model=convnext",
+        "width=16",
+        "model.base_width=16",
+        "eraser=qleace",
+        "eraser.options.shrinkage=0.1",
+        "trainer=gpu",
+        f"paths.output_root={tmp_path / 'out'}",
+        "trainer.kwargs.max_epochs=3",
+        "trainer.patience=2",
     ]
     proc = run_launch(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -240,7 +253,9 @@ def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
     group = module.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), cuda, 0)
     assert all(t.is_cuda for batch in group.batches for t in batch) and torch.equal(group.batches[1][0].cpu(), x[:2])
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
-    group = stack.transfer_batch_to_device(StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0)
+    group = stack.transfer_batch_to_device(
+        StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0
+    )
     assert all(t.is_cuda for t in (group.x, group.y, group.weight)) and torch.equal(group.x.cpu(), x[None, None])
 
 
@@ -273,15 +288,21 @@ def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:
     models = [m.cuda() for m in members(4, width=16)]
     x = torch.rand(4, 8, *SHAPE, device="cuda")
     stack = StackedModel(models)
-    set_float32_precision("highest")  # true fp32: with cuDNN's default TF32 the two differed by 3.9e-3 (H200, 2026-11-26)
+    set_float32_precision(
+        "highest"
+    )  # true fp32: with cuDNN's default TF32 the two differed by 3.9e-3 (H200, 2026-11-26)
     with torch.no_grad():
         torch.testing.assert_close(stack(x), torch.stack([m(x[i]) for i, m in enumerate(models)]), rtol=1e-3, atol=1e-3)
-    module = StackedClassifier(stack, lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), 1e-3, precision="bf16")
+    module = StackedClassifier(
+        stack, lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), 1e-3, precision="bf16"
+    )
     stack.compile("inductor")
     before = [p.detach().clone() for p in stack.param_dict().values()]
     opt = module.configure_optimizers()
     opt.train()
-    batch = StackedBatch(x[None], torch.randint(0, 10, (1, 4, 8), device="cuda"), torch.ones(1, 4, 8, device="cuda"), [0, 1, 2, 3])
+    batch = StackedBatch(
+        x[None], torch.randint(0, 10, (1, 4, 8), device="cuda"), torch.ones(1, 4, 8, device="cuda"), [0, 1, 2, 3]
+    )
     module.train_group(batch, opt)
     moved = [(p.detach() - b).flatten(1).abs().amax(1) for p, b in zip(stack.param_dict().values(), before)]
     assert torch.stack(moved).amax(0).gt(0).all()  # every member's weights moved
@@ -296,10 +317,16 @@ def test_a_pack_of_erasers_and_seeds_trains_on_cuda_with_each_runs_numbers(tmp_p
 
     variants = [["eraser=none"], ["eraser=leace"], ["eraser=leace", "seed=1"]]
     settings = [*GPU, f"mdl.members_per_fit={fits}"]
-    alone = [run_experiment(compose_config([*settings, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
-             for i, v in enumerate(variants)]
-    packed = run_pack([Job.checked(compose_config([*settings, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
-                       for i, v in enumerate(variants)])
+    alone = [
+        run_experiment(compose_config([*settings, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
+    packed = run_pack(
+        [
+            Job.checked(compose_config([*settings, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+            for i, v in enumerate(variants)
+        ]
+    )
     for one, other in zip(alone, packed):  # cuBLAS, like CPU BLAS, may pick its batched kernel by the stack's size
         assert other["config"]["device"] == "cuda" and len(other["blocks"]) == len(one["blocks"])
         for key in ("paper_mdl", "online_codelength_bits", "final_val_loss"):

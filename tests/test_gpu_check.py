@@ -18,16 +18,29 @@ from gpu_check import STEPS, pytest_tally, trained_examples  # noqa: E402
 
 
 def test_pytest_tally_counts_each_outcome_even_when_cut_short() -> None:
-    output = ("tests/test_gpu.py::test_a[mlp] PASSED  [ 10%]\ntests/test_gpu.py::test_b FAILED  [ 20%]\n"
-              "tests/test_x.py::test_c SKIPPED (no CUDA)  [ 30%]\n")
-    assert pytest_tally(output) == {"passed": 1, "failed": 1, "skipped": 1, "not_passed": ["tests/test_gpu.py::test_b"],
-                                    "summary": "no summary line (cut short)"}
-    assert pytest_tally(output + "==== 1 failed, 1 passed, 1 skipped in 3.1s ====\n")["summary"] == "1 failed, 1 passed, 1 skipped in 3.1s"
+    output = (
+        "tests/test_gpu.py::test_a[mlp] PASSED  [ 10%]\ntests/test_gpu.py::test_b FAILED  [ 20%]\n"
+        "tests/test_x.py::test_c SKIPPED (no CUDA)  [ 30%]\n"
+    )
+    assert pytest_tally(output) == {
+        "passed": 1,
+        "failed": 1,
+        "skipped": 1,
+        "not_passed": ["tests/test_gpu.py::test_b"],
+        "summary": "no summary line (cut short)",
+    }
+    assert (
+        pytest_tally(output + "==== 1 failed, 1 passed, 1 skipped in 3.1s ====\n")["summary"]
+        == "1 failed, 1 passed, 1 skipped in 3.1s"
+    )
 
 
 def test_trained_examples_counts_every_members_epochs() -> None:
-    result = {"blocks": [{"n_train": 100, "epochs": 3}, {"n_train": 200, "epochs": 2}], "boundaries": [100, 200, 400],
-              "final_epochs": 5}
+    result = {
+        "blocks": [{"n_train": 100, "epochs": 3}, {"n_train": 200, "epochs": 2}],
+        "boundaries": [100, 200, 400],
+        "final_epochs": 5,
+    }
     assert trained_examples(result) == 100 * 3 + 200 * 2 + 400 * 5
 
 
@@ -35,14 +48,24 @@ def test_trained_examples_counts_every_members_epochs() -> None:
 def test_the_dry_run_runs_every_step_and_writes_its_records(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": python_path(), "PYTHON": sys.executable, "OUT": str(out)}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--work", str(tmp_path / "work")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--work", str(tmp_path / "work")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     record = json.loads((out / "gpu_check.json").read_text())
     steps = {s["name"]: s for s in record["steps"]}
-    assert tuple(steps) == STEPS == ("versions", "default", "mlp1024", "pack", "convnext", "epochs", "pytest"), done.stdout[-3000:]
+    assert tuple(steps) == STEPS == ("versions", "default", "mlp1024", "pack", "convnext", "epochs", "pytest"), (
+        done.stdout[-3000:]
+    )
     failed = {name: (s["error"], s["tail"][-800:]) for name, s in steps.items() if not s["ok"]}
     assert not failed and done.returncode == 0, failed
-    assert steps["pytest"]["metrics"]["skipped"] > 0 and not steps["pytest"]["metrics"]["not_passed"]  # no CUDA: skipped
+    assert (
+        steps["pytest"]["metrics"]["skipped"] > 0 and not steps["pytest"]["metrics"]["not_passed"]
+    )  # no CUDA: skipped
     assert steps["mlp1024"]["metrics"]["ratio_all_over_1"] > 0
     assert steps["pack"]["metrics"]["equal_to_the_bit"] is True and steps["pack"]["metrics"]["runs"] == 4
     assert (out / "gpu_check.md").read_text().startswith("# GPU check")

@@ -23,7 +23,9 @@ def test_objective_at_a_hand_computed_point() -> None:
         start=torch.tensor([[0.2, 0.6], [0.4, 0.4]], dtype=torch.float64),  # squared steps 0, 0, 0, 0.16: MSE 0.04
         target_mean=torch.tensor([0.3, 0.3], dtype=torch.float64),  # ||(0, 0.4)||_2 = 0.4 (unsquared)
         target_cov=torch.tensor([[0.02, 0.02], [0.02, 0.05]], dtype=torch.float64),  # ||C - S||_F = 0.03 (unsquared)
-        mean_weight=0.01, cov_weight=0.01, distance_weight=1.0,
+        mean_weight=0.01,
+        cov_weight=0.01,
+        distance_weight=1.0,
     )
     value, grad, terms = loss(torch.logit(x))
     assert terms == pytest.approx({"mean_term": 0.4, "cov_term": 0.03, "distance_term": 0.04}, rel=1e-12)
@@ -90,6 +92,7 @@ def test_zscore_after_the_eraser_standardises_the_erased_splits_and_keys_only_th
     x = after.train_set.x.double().flatten(1)
     assert torch.allclose(x.mean(0), torch.zeros_like(x.mean(0)), atol=1e-5)
     assert after.diagnostics["zscore"]["statistics"] == "erased training split"
+
     def leace(**data) -> DataOptions:
         return DataOptions.from_config({"source": "digits", "device": "cpu", **data}, {"name": "leace"})
 

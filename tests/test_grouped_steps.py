@@ -43,12 +43,16 @@ def test_grouping_changes_no_result(tmp_path: Path) -> None:
     """steps_per_group 1 (Lightning's automatic optimization) and 5 (manual, 5 steps per Lightning
     step) train the same batches with the same steps: on this CPU the same numbers to the bit."""
     results = [
-        run_experiment(compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"],
-                                      tmp_path / str(g)), tmp_path / str(g) / "run")
+        run_experiment(
+            compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"], tmp_path / str(g)),
+            tmp_path / str(g) / "run",
+        )
         for g in (1, 5)
     ]
-    ungrouped, grouped = ([(b["epochs"], b["eval_bits"], b["val_loss_curve"], b["train_loss_curve"]) for b in r["blocks"]]
-                          for r in results)
+    ungrouped, grouped = (
+        [(b["epochs"], b["eval_bits"], b["val_loss_curve"], b["train_loss_curve"]) for b in r["blocks"]]
+        for r in results
+    )
     assert grouped == ungrouped
     assert results[1]["val_loss_curve"] == results[0]["val_loss_curve"]
     assert results[1]["paper_mdl"] == results[0]["paper_mdl"]
@@ -58,8 +62,16 @@ class CountSteps(L.Callback):
     """Counts optimizer steps (through the per-step hooks) and Lightning's training steps."""
 
     def __init__(self) -> None:
-        self.calls = dict.fromkeys(("on_before_backward", "on_after_backward", "on_before_optimizer_step",
-                                    "on_before_zero_grad", "on_train_batch_end"), 0)
+        self.calls = dict.fromkeys(
+            (
+                "on_before_backward",
+                "on_after_backward",
+                "on_before_optimizer_step",
+                "on_before_zero_grad",
+                "on_train_batch_end",
+            ),
+            0,
+        )
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:
         assert loss.requires_grad
@@ -99,8 +111,12 @@ def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) ->
     """Lightning clips only under automatic optimization: a run that asks for clipping runs
     ungrouped (and equals the run that asked for single steps itself)."""
     runs = [
-        run_experiment(compose_config([*SEQUENTIAL, "+trainer.kwargs.gradient_clip_val=0.01", f"mdl.steps_per_group={g}"],
-                                      tmp_path / str(g)), tmp_path / str(g) / "run")
+        run_experiment(
+            compose_config(
+                [*SEQUENTIAL, "+trainer.kwargs.gradient_clip_val=0.01", f"mdl.steps_per_group={g}"], tmp_path / str(g)
+            ),
+            tmp_path / str(g) / "run",
+        )
         for g in (1, 4)
     ]
     assert runs[0]["blocks"] == runs[1]["blocks"]
@@ -108,17 +124,32 @@ def test_gradient_clipping_trains_one_step_per_lightning_step(tmp_path: Path) ->
     assert unclipped["blocks"][0]["train_loss_curve"] != runs[0]["blocks"][0]["train_loss_curve"]  # clipping acted
 
 
-@pytest.mark.parametrize(("kwargs", "named"), [
-    ({}, []),
-    ({"gradient_clip_val": 0, "accumulate_grad_batches": 1, "limit_train_batches": 1.0, "fast_dev_run": False,
-      "overfit_batches": 0.0, "max_epochs": 50}, []),
-    ({"gradient_clip_val": 1.0}, ["gradient_clip_val"]),
-    ({"accumulate_grad_batches": 2, "fast_dev_run": True}, ["accumulate_grad_batches", "fast_dev_run"]),
-    ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
-    ({"overfit_batches": 2}, ["overfit_batches"]),
-    ({"gradient_clip_val": None, "limit_train_batches": None}, []),  # Lightning's own defaults
-    ({"accumulate_grad_batches": None}, ["accumulate_grad_batches"]),  # not its default: Lightning's error, not ours
-])
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({}, []),
+        (
+            {
+                "gradient_clip_val": 0,
+                "accumulate_grad_batches": 1,
+                "limit_train_batches": 1.0,
+                "fast_dev_run": False,
+                "overfit_batches": 0.0,
+                "max_epochs": 50,
+            },
+            [],
+        ),
+        ({"gradient_clip_val": 1.0}, ["gradient_clip_val"]),
+        ({"accumulate_grad_batches": 2, "fast_dev_run": True}, ["accumulate_grad_batches", "fast_dev_run"]),
+        ({"limit_train_batches": 1}, ["limit_train_batches"]),  # an int counts batches: one, not all
+        ({"overfit_batches": 2}, ["overfit_batches"]),
+        ({"gradient_clip_val": None, "limit_train_batches": None}, []),  # Lightning's own defaults
+        (
+            {"accumulate_grad_batches": None},
+            ["accumulate_grad_batches"],
+        ),  # not its default: Lightning's error, not ours
+    ],
+)
 def test_settings_that_act_on_lightning_steps_are_found(kwargs: dict, named: list[str]) -> None:
     assert sorted(settings_needing_single_steps(kwargs)) == named
 
@@ -139,10 +170,14 @@ def test_a_group_of_steps_reads_nothing_back_to_the_host() -> None:
 def test_a_group_of_steps_launches_no_kernel_a_hand_written_loop_would_not() -> None:
     """The framework's steps (loss curve on the device, per-step hooks) add no GPU work: the same
     kernels as the plain loop ``loss.backward(); step(); zero_grad(); total += loss * n``."""
+
     def make() -> tuple[Classifier, torch.optim.Optimizer]:
         torch.manual_seed(0)
-        module = Classifier(create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32),
-                            lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
+        module = Classifier(
+            create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32),
+            lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0),
+            lr=1e-2,
+        )
         optimizer = module.configure_optimizers()
         optimizer.train()
         return module, optimizer
@@ -170,10 +205,16 @@ def test_a_group_of_steps_launches_no_kernel_a_hand_written_loop_would_not() -> 
     assert framework.kernels and sorted(framework.kernels) == sorted(hand.kernels)
 
 
-@pytest.mark.parametrize(("setting", "reason"), [
-    ("check_val_every_n_epoch=2", "validates every model"), ("limit_val_batches=0.5", "validates every model"),
-    ("val_check_interval=0.25", "validates every model"), ("max_steps=100", "use max_epochs"), ("min_steps=10", "use max_epochs"),
-])
+@pytest.mark.parametrize(
+    ("setting", "reason"),
+    [
+        ("check_val_every_n_epoch=2", "validates every model"),
+        ("limit_val_batches=0.5", "validates every model"),
+        ("val_check_interval=0.25", "validates every model"),
+        ("max_steps=100", "use max_epochs"),
+        ("min_steps=10", "use max_epochs"),
+    ],
+)
 def test_protocol_breaking_settings_are_refused(setting: str, reason: str, tmp_path: Path) -> None:
     """The sequential engine validates in place at every epoch end, so a setting of Lightning's
     validation loop would be silently ignored; a step limit does not resume from epoch-end
@@ -196,13 +237,22 @@ def test_validation_end_hooks_see_an_eval_mode_model_without_gradients(tmp_path:
     class Look(L.Callback):
         def on_validation_end(self, trainer, pl_module) -> None:
             grads = [p.grad for p in pl_module.parameters()]
-            seen.append((pl_module.training, torch.is_grad_enabled(), all(g is None for g in grads),
-                         trainer.optimizers[0].param_groups[0]["train_mode"]))
+            seen.append(
+                (
+                    pl_module.training,
+                    torch.is_grad_enabled(),
+                    all(g is None for g in grads),
+                    trainer.optimizers[0].param_groups[0]["train_mode"],
+                )
+            )
 
     monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([Look()], None))
     for group in (1, 4):
         seen.clear()
-        run_experiment(compose_config([*SEQUENTIAL, f"mdl.steps_per_group={group}"], tmp_path / str(group)), tmp_path / str(group) / "run")
+        run_experiment(
+            compose_config([*SEQUENTIAL, f"mdl.steps_per_group={group}"], tmp_path / str(group)),
+            tmp_path / str(group) / "run",
+        )
         assert seen and set(seen) == {(False, False, True, False)}
 
 
@@ -233,10 +283,16 @@ def test_in_place_early_stopping_follows_lightnings_rule() -> None:
         patience = 1 + trial % 4
         ours, lightning = EpochProtocol(lambda: [], patience, "cpu"), EarlyStopping("val_loss", patience=patience)
         module, trainer = Scripted(losses), SimpleNamespace(should_stop=False)
-        expected_stop = next(e for e in range(40) if lightning._evaluate_stopping_criteria(torch.tensor(losses[e], dtype=torch.float32))[0])
+        expected_stop = next(
+            e
+            for e in range(40)
+            if lightning._evaluate_stopping_criteria(torch.tensor(losses[e], dtype=torch.float32))[0]
+        )
         for epoch in range(expected_stop + 1):
             assert not trainer.should_stop
             ours.on_train_epoch_end(trainer, module)
-        assert trainer.should_stop and ours.best_epoch == min(range(expected_stop + 1), key=lambda e: (float(torch.tensor(losses[e], dtype=torch.float32)), e))
+        assert trainer.should_stop and ours.best_epoch == min(
+            range(expected_stop + 1), key=lambda e: (float(torch.tensor(losses[e], dtype=torch.float32)), e)
+        )
         ours.restore(module)
         assert module.weight.item() == ours.best_epoch

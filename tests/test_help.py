@@ -12,8 +12,14 @@ from mdl.run.help import GROUPS, INTERNAL_GROUPS
 
 
 def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": python_path(), **(env or {})})
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": python_path(), **(env or {})},
+    )
 
 
 def test_help_lists_the_groups_a_line_each_and_the_presets_without_torch() -> None:
@@ -27,7 +33,9 @@ def test_help_lists_the_groups_a_line_each_and_the_presets_without_torch() -> No
         assert f"\n  {preset} " in text, preset
     for internal in ("_base", "common", "paths:", "cost:", "epoch_times", "== Config =="):
         assert internal not in text, internal
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")}
+    imported = {
+        line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")
+    }
     assert not imported & {"torch", "lightning", "erasure", "models", "datamodules"}  # what made it take 9 s
 
 

@@ -22,7 +22,9 @@ def exclude_keys() -> list[str]:
 def test_job_folder_names_leave_out_exactly_the_bookkeeping_settings() -> None:
     excluded = exclude_keys()
     for key in excluded:
-        assert key in GROUP_CHOICES or is_bookkeeping(key), f"{key}: excluded from folder names but part of a run's identity"
+        assert key in GROUP_CHOICES or is_bookkeeping(key), (
+            f"{key}: excluded from folder names but part of a run's identity"
+        )
     cfg = OmegaConf.to_container(compose_config(FAST), resolve=False)
     for dotted in BOOKKEEPING_KEYS:
         node = OmegaConf.select(OmegaConf.create(cfg), dotted)
@@ -35,12 +37,26 @@ def test_job_folder_names_leave_out_exactly_the_bookkeeping_settings() -> None:
 
 def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
     base = config_hash(compose_config(FAST))
-    for override in ("mdl.checkpoint_every_s=5", "mdl.steps_per_group=4", "mdl.lock_lease_s=60", "trainer.profiler=simple",
-                     "print_config=false", "skip_if_done=false", "paths.output_root=/elsewhere", "logger=wandb"):
+    for override in (
+        "mdl.checkpoint_every_s=5",
+        "mdl.steps_per_group=4",
+        "mdl.lock_lease_s=60",
+        "trainer.profiler=simple",
+        "print_config=false",
+        "skip_if_done=false",
+        "paths.output_root=/elsewhere",
+        "logger=wandb",
+    ):
         assert config_hash(compose_config([*FAST, override])) == base, override
         key = override.split("=")[0]
         assert is_ignored_key(key, '"x"'), key
-    for override in ("width=64", "eraser=qleace", "mdl.engine=sequential", "trainer.patience=3", "data.options.n_test=5"):
+    for override in (
+        "width=64",
+        "eraser=qleace",
+        "mdl.engine=sequential",
+        "trainer.patience=3",
+        "data.options.n_test=5",
+    ):
         assert not is_bookkeeping(override.split("=")[0]), override
 
 

@@ -44,7 +44,7 @@ def test_damaged_checkpoint_is_discarded_and_its_block_retrained(reference, tmp_
     assert run_killed_after(cfg, tmp_path / "a", 3, monkeypatch)
     (ckpt,) = _store(tmp_path).glob("checkpoints/*.ckpt")
     blob = bytearray(ckpt.read_bytes())
-    blob[len(blob) // 2: len(blob) // 2 + 8] = bytes(b ^ 0xFF for b in blob[len(blob) // 2: len(blob) // 2 + 8])
+    blob[len(blob) // 2 : len(blob) // 2 + 8] = bytes(b ^ 0xFF for b in blob[len(blob) // 2 : len(blob) // 2 + 8])
     ckpt.write_bytes(bytes(blob))
     with caplog.at_level(logging.WARNING):
         _same(run_experiment(cfg, tmp_path / "b"), reference)
@@ -58,7 +58,9 @@ def test_damaged_progress_file_is_redone(damage: str, reference, tmp_path, monke
     assert run_killed_after(cfg, tmp_path / "a", saves, monkeypatch)
     progress = _store(tmp_path) / "progress.json"
     text = progress.read_text()
-    progress.write_text(text[: len(text) // 2] if damage == "truncate" else text.replace('"epochs": ', '"epochs": 1', 1))
+    progress.write_text(
+        text[: len(text) // 2] if damage == "truncate" else text.replace('"epochs": ', '"epochs": 1', 1)
+    )
     with caplog.at_level(logging.WARNING):
         _same(run_experiment(cfg, tmp_path / "b"), reference)
     assert "discarding the earlier progress" in caplog.text
@@ -143,8 +145,10 @@ def test_undefined_test_score_is_null_not_zero(tmp_path) -> None:
 def test_two_identical_runs_started_together_never_share_a_fit(tmp_path) -> None:
     args = [sys.executable, str(REPO / "launch.py"), *SETTINGS, f"paths.output_root={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": python_path()}
-    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert sum("skipped: a finished run" in out for out in outputs) == 1, outputs
@@ -153,7 +157,9 @@ def test_two_identical_runs_started_together_never_share_a_fit(tmp_path) -> None
     assert not list((tmp_path / "store").rglob("*.tmp"))
 
 
-def test_temporaries_of_killed_checkpoint_writes_are_removed_on_the_next_attempt(reference, tmp_path, monkeypatch, caplog) -> None:
+def test_temporaries_of_killed_checkpoint_writes_are_removed_on_the_next_attempt(
+    reference, tmp_path, monkeypatch, caplog
+) -> None:
     """A kill during a checkpoint write leaves its unique temporary (as large as the checkpoint); it was never removed."""
     cfg = compose_config(SETTINGS, tmp_path)
     assert run_killed_after(cfg, tmp_path / "a", 2, monkeypatch)

@@ -30,8 +30,11 @@ def _imports() -> dict[str, set[str]]:
         for path in (REPO / package).rglob("*.py"):
             deps = set()
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else (
-                    [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                names = (
+                    [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                )
                 deps |= {n for n in names if n.split(".")[0] in PACKAGES}
             found[_module_name(path)] = deps
     return found
@@ -58,7 +61,7 @@ def test_no_import_cycles() -> None:
         state[m] = 1
         for d in sorted(graph[m]):
             if state.get(d) == 1:
-                cycles.append(path[path.index(d):] + [d])
+                cycles.append(path[path.index(d) :] + [d])
             elif d not in state:
                 visit(d, [*path, d])
         state[m] = 2
@@ -70,6 +73,10 @@ def test_no_import_cycles() -> None:
 
 
 def test_no_module_is_too_long() -> None:
-    long = {str(p.relative_to(REPO)): n for package in PACKAGES for p in (REPO / package).rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(REPO)): n
+        for package in PACKAGES
+        for p in (REPO / package).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"

@@ -171,8 +171,16 @@ SYNTHETIC = {"num_classes": 3, "shape": [1, 6, 6], "n_train": 600, "n_test": 300
 
 
 def data_module(eraser: str, **overrides: Any) -> ErasedDataModule:
-    data = {"source": "synthetic", "options": SYNTHETIC, "val_size": 200, "test_size": 0, "batch_size": 50,
-            "device": "cpu", "cache_dir": None, **overrides}
+    data = {
+        "source": "synthetic",
+        "options": SYNTHETIC,
+        "val_size": 200,
+        "test_size": 0,
+        "batch_size": 50,
+        "device": "cpu",
+        "cache_dir": None,
+        **overrides,
+    }
     dm = ErasedDataModule(DataOptions.from_config(data, {"name": eraser, "options": {}}), seed=0)
     dm.setup()
     return dm

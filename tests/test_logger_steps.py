@@ -22,11 +22,16 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[int]]:
 
 
 def test_tensorboard_csv_and_wandb_share_one_advancing_step(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="logger=tensorboard needs the tensorboard extra: pip install -e '.[tensorboard]'")
+    pytest.importorskip(
+        "tensorboard", reason="logger=tensorboard needs the tensorboard extra: pip install -e '.[tensorboard]'"
+    )
     from wandb_records import history
 
-    proc = run_launch(["logger=[csv,tensorboard,wandb]", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path,
-                      env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    proc = run_launch(
+        ["logger=[csv,tensorboard,wandb]", f"paths.output_root={tmp_path}", *FAST],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = tmp_path.glob("runs/*/*")
 

@@ -20,8 +20,15 @@ from test_resume import EXACT, assert_resumes_exactly, run_killed_after
 PROBES = ["probes=maxent"]
 CURVES = ("maxent_probe_accuracy_curve", "maxent_probe_loss_curve", "val_accuracy_curve")
 # Gaussian classes that an MLP separates in a few epochs (synthetic source: means and covariances differ)
-GAUSSIAN = ["data=synthetic", "data.options.mean_shift=1.0", "data.val_size=900", "mdl.num_blocks=2",
-            "width=32", "model.base_width=32", "trainer.patience=100"]
+GAUSSIAN = [
+    "data=synthetic",
+    "data.options.mean_shift=1.0",
+    "data.val_size=900",
+    "mdl.num_blocks=2",
+    "width=32",
+    "model.base_width=32",
+    "trainer.patience=100",
+]
 
 
 def binomial_tolerance(p: float, n: int, sigmas: float = 4.0) -> float:
@@ -29,6 +36,7 @@ def binomial_tolerance(p: float, n: int, sigmas: float = 4.0) -> float:
 
 
 # --- sampling ----------------------------------------------------------------------------------
+
 
 def gaussian_data(n_per_class: int = 4000, d: int = 5, k: int = 3, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
@@ -50,7 +58,9 @@ def test_samples_match_each_class_mean_and_covariance_and_keep_the_shape():
         scale = real.covariances()[c].diagonal().sqrt()
         # mean within 5 standard errors per coordinate; covariance within a relative 5%
         assert ((probe.means[c] - real.means[c]).abs() / scale < 5 / math.sqrt(20000)).all()
-        rel = torch.linalg.matrix_norm(probe.covariances()[c] - real.covariances()[c]) / torch.linalg.matrix_norm(real.covariances()[c])
+        rel = torch.linalg.matrix_norm(probe.covariances()[c] - real.covariances()[c]) / torch.linalg.matrix_norm(
+            real.covariances()[c]
+        )
         assert rel < 0.05, (c, float(rel))
     assert max(info["ridges"]) < 1e-12 * float(real.covariances().diagonal(dim1=1, dim2=2).max())
 
@@ -88,6 +98,7 @@ def test_after_qleace_every_class_gaussian_is_the_same():
 
 # --- end to end --------------------------------------------------------------------------------
 
+
 def test_probes_off_keep_the_config_hash():
     assert config_hash(compose_config([])) == config_hash(compose_config(["probes=none"]))
     assert config_hash(compose_config([])) != config_hash(compose_config(PROBES))
@@ -104,7 +115,9 @@ def test_digits_run_writes_the_curves_and_trains_as_without_probes(engine: str, 
     for key in CURVES:
         assert len(on[key]) == len(on["val_loss_curve"]) == 4, key
     info = on["maxent_probes"]
-    assert info["n"] == 300 and sum(info["n_per_class"]) == 300  # the validation split's class counts (digits val_size=300)
+    assert (
+        info["n"] == 300 and sum(info["n_per_class"]) == 300
+    )  # the validation split's class counts (digits val_size=300)
     assert all(0 <= a <= 1 for key in ("maxent_probe_accuracy_curve", "val_accuracy_curve") for a in on[key])
     assert all(math.isfinite(v) and v > 0 for v in on["maxent_probe_loss_curve"])
 
@@ -112,8 +125,10 @@ def test_digits_run_writes_the_curves_and_trains_as_without_probes(engine: str, 
 def test_engines_record_the_same_curves(tmp_path: Path):
     """The stacked engine mirrors the sequential one (same init, batches, protocol), probes included."""
     settings = [*FAST, "trainer.kwargs.max_epochs=3", *PROBES]
-    runs = {e: run_experiment(compose_config([*settings, f"mdl.engine={e}"], tmp_path / e), tmp_path / e)
-            for e in ("stacked", "sequential")}
+    runs = {
+        e: run_experiment(compose_config([*settings, f"mdl.engine={e}"], tmp_path / e), tmp_path / e)
+        for e in ("stacked", "sequential")
+    }
     for key in CURVES:
         assert runs["stacked"][key] == pytest.approx(runs["sequential"][key], abs=2 / 300), key
 
@@ -121,7 +136,9 @@ def test_engines_record_the_same_curves(tmp_path: Path):
 def test_on_gaussian_classes_probe_accuracy_equals_real_accuracy(tmp_path: Path):
     """The real data ARE class Gaussians: probes and validation are samples of (almost) the same
     distribution, so their accuracies agree within binomial error at every epoch."""
-    cfg = compose_config([*GAUSSIAN, "eraser=none", "mdl.engine=stacked", "trainer.kwargs.max_epochs=8", *PROBES], tmp_path)
+    cfg = compose_config(
+        [*GAUSSIAN, "eraser=none", "mdl.engine=stacked", "trainer.kwargs.max_epochs=8", *PROBES], tmp_path
+    )
     r = run_experiment(cfg, tmp_path / "run")
     n = r["maxent_probes"]["n"]
     assert n == 900
@@ -146,15 +163,27 @@ def test_after_qleace_probes_are_at_chance_from_the_first_epoch(tmp_path: Path):
 
 
 def test_stacked_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
-    settings = [*FAST, "mdl.engine=stacked", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=5",
-                "trainer.patience=3", *PROBES]
+    settings = [
+        *FAST,
+        "mdl.engine=stacked",
+        "mdl.checkpoint_every_s=0",
+        "trainer.kwargs.max_epochs=5",
+        "trainer.patience=3",
+        *PROBES,
+    ]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     assert_resumes_exactly(settings, reference, (1, 3), tmp_path, monkeypatch, keys=(*EXACT, *CURVES))
 
 
 def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
-    settings = [*FAST, "mdl.engine=sequential", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=3",
-                "trainer.patience=3", *PROBES]
+    settings = [
+        *FAST,
+        "mdl.engine=sequential",
+        "mdl.checkpoint_every_s=0",
+        "trainer.kwargs.max_epochs=3",
+        "trainer.patience=3",
+        *PROBES,
+    ]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     assert reference["final_epochs"] == 3
     saves = sum(b["epochs"] for b in reference["blocks"]) + 2  # killed in the final fit after its second epoch
@@ -168,6 +197,7 @@ def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypa
 
 # --- the report ----------------------------------------------------------------------------------
 
+
 def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path, monkeypatch):
     import mdl.report.figures as figs
     from mdl.report.build import build_report
@@ -178,12 +208,23 @@ def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path,
         for seed in (0, 1):
             d = tmp_path / "sweep" / f"{eraser}{seed}"
             runs[eraser, seed] = run_experiment(
-                compose_config([*FAST, f"eraser={eraser}", f"seed={seed}", "trainer.kwargs.max_epochs=3", *PROBES], d), d)
+                compose_config([*FAST, f"eraser={eraser}", f"seed={seed}", "trainer.kwargs.max_epochs=3", *PROBES], d),
+                d,
+            )
     drawn = []
     original = figs._save
 
     def keep(fig, path):
-        drawn.append((path.name, [(line.get_label(), [float(v) for v in line.get_ydata()]) for ax in fig.axes for line in ax.get_lines()]))
+        drawn.append(
+            (
+                path.name,
+                [
+                    (line.get_label(), [float(v) for v in line.get_ydata()])
+                    for ax in fig.axes
+                    for line in ax.get_lines()
+                ],
+            )
+        )
         return original(fig, path)
 
     monkeypatch.setattr(figs, "_save", keep)

@@ -89,8 +89,11 @@ def single_token_attention_parameters(model) -> set[str]:
     dead = set()
     for name, module in model.named_modules():
         if getattr(module, "window_area", None) == 1:
-            dead |= {f"{name}.attn.{n}" for n, _ in module.attn.named_parameters()
-                     if n.startswith(("logit_scale", "q_bias", "cpb_mlp"))}
+            dead |= {
+                f"{name}.attn.{n}"
+                for n, _ in module.attn.named_parameters()
+                if n.startswith(("logit_scale", "q_bias", "cpb_mlp"))
+            }
     return dead
 
 
@@ -132,7 +135,9 @@ def test_base_shapes_survive_deepcopy(name):
     twin = copy.deepcopy(model)
     assert not hasattr(next(twin.parameters()), "infshape")  # what deepcopy does to mup...
     assert torch.equal(twin(x), model(x))  # ...and the forward hook puts it back
-    assert [g["lr"] for g in mup_param_groups(copy.deepcopy(model), 1.0)] == [g["lr"] for g in mup_param_groups(model, 1.0)]
+    assert [g["lr"] for g in mup_param_groups(copy.deepcopy(model), 1.0)] == [
+        g["lr"] for g in mup_param_groups(model, 1.0)
+    ]
     bare = copy.deepcopy(model)
     restore_base_shapes(bare)
     assert all(p.infshape == q.infshape for p, q in zip(bare.parameters(), model.parameters()))
@@ -170,8 +175,14 @@ def test_lightning_checkpoint_round_trip(tmp_path):
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     opt = partial(schedulefree.AdamWScheduleFree, warmup_steps=0)
     module = Classifier(build("lenet"), opt, lr=1e-2)
-    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, loader, loader)
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     state = torch.load(tmp_path / "last.ckpt", weights_only=False)["state_dict"]

@@ -45,8 +45,10 @@ def layer_outputs(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     hooks = []
     for name, module in model.named_modules():
         if any(True for _ in module.parameters(recurse=False)):
+
             def record(mod, inputs, out, name=name):
                 values[name] = out.detach().abs().mean().item()
+
             hooks.append(module.register_forward_hook(record))
     with torch.no_grad():
         model(x)
@@ -87,12 +89,16 @@ def check(name: str, widths: list[int], lr: float, steps: int, depth: int = 2, b
     learning rate where training itself turns chaotic (where no parametrisation is stable)."""
     mup = coordinates(name, widths, True, lr, steps, depth=depth, batch=batch)
     bad = {layer: v for layer, v in mup.items() if spread(v) > FACTOR}
-    assert not bad, f"muP {name}: layers whose mean |activation| varies by more than {FACTOR}x over widths {widths}: {bad}"
+    assert not bad, (
+        f"muP {name}: layers whose mean |activation| varies by more than {FACTOR}x over widths {widths}: {bad}"
+    )
     standard = coordinates(name, widths, False, lr, steps, depth=depth, batch=batch)
     # the same check fails in standard parametrisation: the logits (no 1 / width_mult, lr not
     # divided by width) grow several-fold from the narrowest to the widest model
     logits = standard["head" if name == "mlp" else "head.fc"]
-    assert logits[-1] / logits[0] > FACTOR, f"standard parametrisation {name}: logits should grow with width, got {logits}"
+    assert logits[-1] / logits[0] > FACTOR, (
+        f"standard parametrisation {name}: logits should grow with width, got {logits}"
+    )
 
 
 def test_mlp_coordinates_stay_put_under_mup_only():

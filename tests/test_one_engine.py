@@ -47,13 +47,19 @@ def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path,
         for key in STORED["keys"]:
             assert results[key] == record["runs"][engine][key], key
         return
-    nearest = min(STORED["records"], key=lambda r: len(environment_differences(r["environment"], results["environment"])))
-    warnings.warn(f"no stored numbers of this environment ({'; '.join(environment_differences(nearest['environment'], results['environment']))}"
-                  f" against the nearest record): checked within {ACROSS_ENVIRONMENTS_BITS} bits, not to the bit; "
-                  "python scripts/make_reference.py stores this environment's")
+    nearest = min(
+        STORED["records"], key=lambda r: len(environment_differences(r["environment"], results["environment"]))
+    )
+    warnings.warn(
+        f"no stored numbers of this environment ({'; '.join(environment_differences(nearest['environment'], results['environment']))}"
+        f" against the nearest record): checked within {ACROSS_ENVIRONMENTS_BITS} bits, not to the bit; "
+        "python scripts/make_reference.py stores this environment's"
+    )
     for record in STORED["records"]:
         assert abs(results["paper_mdl"] - record["runs"][engine]["paper_mdl"]) < ACROSS_ENVIRONMENTS_BITS
-        assert math.isclose(results["online_codelength_bits"], record["runs"][engine]["online_codelength_bits"], rel_tol=0.01)
+        assert math.isclose(
+            results["online_codelength_bits"], record["runs"][engine]["online_codelength_bits"], rel_tol=0.01
+        )
 
 
 def test_every_stored_record_names_its_environment_and_one_is_the_readmes() -> None:
@@ -66,11 +72,28 @@ def test_engine_names_and_members_per_fit_name_the_same_runs(tmp_path: Path) -> 
     def key(*overrides: str) -> str:
         return config_hash(compose_config(["trainer.torch_threads=1", *overrides], tmp_path))
 
-    assert key("mdl.engine=stacked") == key("mdl.members_per_fit=all") == key("mdl.engine=sequential", "mdl.members_per_fit=all")
-    assert key("mdl.engine=sequential") == key("mdl.members_per_fit=1") == key("mdl.engine=stacked", "mdl.members_per_fit=1")
+    assert (
+        key("mdl.engine=stacked")
+        == key("mdl.members_per_fit=all")
+        == key("mdl.engine=sequential", "mdl.members_per_fit=all")
+    )
+    assert (
+        key("mdl.engine=sequential")
+        == key("mdl.members_per_fit=1")
+        == key("mdl.engine=stacked", "mdl.members_per_fit=1")
+    )
     assert key("mdl.members_per_fit=10") == key("mdl.members_per_fit=all")  # 10 blocks: 10 members, all in one fit
-    assert len({key("mdl.members_per_fit=3"), key("mdl.members_per_fit=4"), key("mdl.members_per_fit=all"),
-                key("mdl.members_per_fit=1")}) == 4
+    assert (
+        len(
+            {
+                key("mdl.members_per_fit=3"),
+                key("mdl.members_per_fit=4"),
+                key("mdl.members_per_fit=all"),
+                key("mdl.members_per_fit=1"),
+            }
+        )
+        == 4
+    )
 
 
 def test_members_per_fit_is_read_and_checked() -> None:
@@ -114,9 +137,18 @@ def test_the_stopping_rule_is_lightnings_early_stopping_and_max_epochs() -> None
 def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path) -> None:
     """The MLP's stacked form is a batched matmul per member, so a member's numbers do not depend on which
     other members share its fit: two fits of 4 members equal one fit of all 8, block by block."""
-    fast = ["mdl.num_blocks=8", "data.first_block=64", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
-            "width=32", "model.base_width=32", "trainer.torch_threads=1"]
-    together = run_experiment(compose_config([*fast, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run")
+    fast = [
+        "mdl.num_blocks=8",
+        "data.first_block=64",
+        "trainer.kwargs.max_epochs=8",
+        "trainer.patience=3",
+        "width=32",
+        "model.base_width=32",
+        "trainer.torch_threads=1",
+    ]
+    together = run_experiment(
+        compose_config([*fast, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run"
+    )
     in_fits = run_experiment(compose_config([*fast, "mdl.members_per_fit=4"], tmp_path / "b"), tmp_path / "b" / "run")
     assert in_fits["engine"] == "fits of 4" and in_fits["members_per_fit"] == 4
     for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
@@ -148,8 +180,15 @@ def test_auto_count_comes_from_the_measured_memory_of_one_and_two_members(monkey
     assert memory.members_that_fit(torch.device("cuda"), 10, {1: 900, 2: 1800}.get) == 1  # not even two
 
 
-FEW = ["mdl.num_blocks=8", "data.first_block=64", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
-       "width=32", "model.base_width=32", "trainer.torch_threads=1"]
+FEW = [
+    "mdl.num_blocks=8",
+    "data.first_block=64",
+    "trainer.kwargs.max_epochs=8",
+    "trainer.patience=3",
+    "width=32",
+    "model.base_width=32",
+    "trainer.torch_threads=1",
+]
 
 
 def _small_device(monkeypatch, most: int) -> list[int]:
@@ -178,7 +217,9 @@ def test_auto_halves_a_fit_that_runs_out_of_memory_and_goes_on(tmp_path: Path, m
     together = run_experiment(compose_config([*FEW, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run")
     sizes = _small_device(monkeypatch, most=2)
     with caplog.at_level(logging.WARNING):
-        halved = run_experiment(compose_config([*FEW, "mdl.members_per_fit=auto"], tmp_path / "b"), tmp_path / "b" / "run")
+        halved = run_experiment(
+            compose_config([*FEW, "mdl.members_per_fit=auto"], tmp_path / "b"), tmp_path / "b" / "run"
+        )
     assert sizes == [8, 4, 2, 2, 4, 2, 2]
     assert "out of memory with 8 members in one fit: going on with fits of 4" in caplog.text
     assert halved["engine"] == "fits by memory" and halved["members_per_fit"] == "auto"
@@ -188,8 +229,11 @@ def test_auto_halves_a_fit_that_runs_out_of_memory_and_goes_on(tmp_path: Path, m
 
 def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path, monkeypatch) -> None:
     _small_device(monkeypatch, most=2)
-    with pytest.raises(RuntimeError, match=r"out of memory training 4 members in one fit .*mdl.members_per_fit \(e.g. 2\)"
-                                           r".*mdl.members_per_fit=auto"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"out of memory training 4 members in one fit .*mdl.members_per_fit \(e.g. 2\)"
+        r".*mdl.members_per_fit=auto",
+    ):
         run_experiment(compose_config([*FEW, "mdl.members_per_fit=4"], tmp_path), tmp_path / "run")
 
 
@@ -197,15 +241,24 @@ def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("num_blocks", "model"), [(5, []), (9, []), (5, ["model=convnext", "width=8"])])
-def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(tmp_path: Path, num_blocks: int, model: list[str]) -> None:
+def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(
+    tmp_path: Path, num_blocks: int, model: list[str]
+) -> None:
     """trainer.compile in a fit of all members: the member axis is symbolic, so a whole run compiles the same
     few graphs (training and evaluation, each for a stack of several members and of one) for 5 members or 9,
     instead of one per stack size; the numbers are those of the uncompiled fit (the eager backend runs the
     same kernels)."""
     from torch._dynamo.utils import counters
 
-    base = [*FAST, *model, f"mdl.num_blocks={num_blocks}", "trainer.kwargs.max_epochs=6", "trainer.patience=2",
-            "mdl.members_per_fit=all", "trainer.torch_threads=1"]
+    base = [
+        *FAST,
+        *model,
+        f"mdl.num_blocks={num_blocks}",
+        "trainer.kwargs.max_epochs=6",
+        "trainer.patience=2",
+        "mdl.members_per_fit=all",
+        "trainer.torch_threads=1",
+    ]
     plain = run_experiment(compose_config(base, tmp_path / "a"), tmp_path / "a" / "run")
     counters.clear()
     compiled = run_experiment(compose_config([*base, "trainer.compile=eager"], tmp_path / "b"), tmp_path / "b" / "run")
@@ -220,7 +273,14 @@ def test_bf16_applies_to_a_fit_of_several_members(tmp_path: Path, model: list[st
     matmuls and ConvNeXt's grouped convolutions alike): the numbers move by bf16's rounding, and not far."""
     import math
 
-    base = [*FAST, *model, "mdl.num_blocks=3", "trainer.kwargs.max_epochs=4", "mdl.members_per_fit=all", "trainer.torch_threads=1"]
+    base = [
+        *FAST,
+        *model,
+        "mdl.num_blocks=3",
+        "trainer.kwargs.max_epochs=4",
+        "mdl.members_per_fit=all",
+        "trainer.torch_threads=1",
+    ]
     fp32 = run_experiment(compose_config(base, tmp_path / "a"), tmp_path / "a" / "run")
     bf16 = run_experiment(compose_config([*base, "trainer.precision=bf16"], tmp_path / "b"), tmp_path / "b" / "run")
     assert math.isfinite(bf16["paper_mdl"]) and bf16["members_per_fit"] == "all"
@@ -242,7 +302,10 @@ def test_the_printed_example_is_the_lock_environments_default_run(document: str)
 
 def test_the_lock_pins_the_torch_the_printed_example_was_made_with() -> None:
     (readme_record,) = [r for r in STORED["records"] if r.get("readme")]
-    pins = dict(line.split("==") for line in (REPO / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+    pins = dict(
+        line.split("==")
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     assert readme_record["environment"]["torch"].split("+")[0] == pins["torch"]
     assert readme_record["environment"]["numpy"] == pins["numpy"]

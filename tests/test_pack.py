@@ -13,8 +13,18 @@ from mdl.run.experiment import Job, run_experiment
 from mdl.run.pack import data_key, pack_folder, pack_key, run_pack
 
 BASE = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=6", "trainer.torch_threads=1"]
-NUMBERS = ("config_hash", "paper_mdl", "paper_mdl_val_min", "online_codelength_bits", "blocks", "final_val_loss",
-           "final_epochs", "final_test_bits_per_example", "val_loss_curve", "train_loss_curve")
+NUMBERS = (
+    "config_hash",
+    "paper_mdl",
+    "paper_mdl_val_min",
+    "online_codelength_bits",
+    "blocks",
+    "final_val_loss",
+    "final_epochs",
+    "final_test_bits_per_example",
+    "val_loss_curve",
+    "train_loss_curve",
+)
 
 
 def jobs(root: Path, seeds=(0, 1, 2), extra=()) -> list[Job]:
@@ -22,7 +32,10 @@ def jobs(root: Path, seeds=(0, 1, 2), extra=()) -> list[Job]:
 
 
 def test_packed_runs_give_each_run_its_own_numbers_to_the_bit(tmp_path: Path) -> None:
-    alone = [run_experiment(compose_config([*BASE, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}") for s in (0, 1, 2)]
+    alone = [
+        run_experiment(compose_config([*BASE, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}")
+        for s in (0, 1, 2)
+    ]
     packed = run_pack(jobs(tmp_path / "b"))
     assert len({r["paper_mdl"] for r in alone}) == 3  # the seeds differ, so a mix-up would show
     for one, other in zip(alone, packed):
@@ -45,8 +58,10 @@ def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path
 def test_a_job_repeating_a_run_in_its_pack_is_skipped_as_the_basic_launcher_skips_it(tmp_path: Path) -> None:
     """Jobs that differ only in bookkeeping keys are one run: the pack trains it once; the repeat, after it, is skipped
     as done with the same numbers and its own folder's results.json (before: the whole pack failed)."""
-    listed = [Job.checked(compose_config([*BASE, *extra], tmp_path), tmp_path / f"job{i}")
-              for i, extra in enumerate([["seed=0"], ["seed=0", "print_config=false"], ["seed=1"]])]
+    listed = [
+        Job.checked(compose_config([*BASE, *extra], tmp_path), tmp_path / f"job{i}")
+        for i, extra in enumerate([["seed=0"], ["seed=0", "print_config=false"], ["seed=1"]])
+    ]
     results = run_pack(listed)
     assert not results[0].get("skipped") and not results[2].get("skipped") and results[1]["skipped"]
     assert results[1]["paper_mdl"] == results[0]["paper_mdl"] != results[2]["paper_mdl"]
@@ -71,14 +86,20 @@ def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_pat
     preset = lambda s: compose_config(["+experiment=paper/mlp_width", f"seed={s}"], tmp_path)  # noqa: E731
     assert preset(0).data_seed == 0 and preset(1).data_seed == 1
     assert data_key(preset(0)) != data_key(preset(1)) and pack_key(preset(0)) == pack_key(preset(1))
-    lr = ["+paper.lr_by_eraser.none=5.0e-4", "+paper.lr_by_eraser.leace=5.0e-2",
-          "optimizer.lr='${oc.select:paper.lr_by_eraser.${eraser.name},5.0e-4}'"]
+    lr = [
+        "+paper.lr_by_eraser.none=5.0e-4",
+        "+paper.lr_by_eraser.leace=5.0e-2",
+        "optimizer.lr='${oc.select:paper.lr_by_eraser.${eraser.name},5.0e-4}'",
+    ]
     key = lambda *o: pack_key(compose_config([*BASE, *lr, *o], tmp_path))  # noqa: E731
     assert key("eraser=none") != key("eraser=leace") and key("eraser=none") == key("eraser=qleace")  # 5e-4: the default
 
 
-@pytest.mark.parametrize("fits", [[], ["mdl.members_per_fit=3"], ["mdl.members_per_fit=2"]],
-                         ids=["one fit", "fits of 3 and a plain final fit", "fits of 2"])
+@pytest.mark.parametrize(
+    "fits",
+    [[], ["mdl.members_per_fit=3"], ["mdl.members_per_fit=2"]],
+    ids=["one fit", "fits of 3 and a plain final fit", "fits of 2"],
+)
 def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path, fits) -> None:
     """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone,
     in one fit of the whole pack or in fits of k members: each run's members in the fits they have alone (debug=fast's
@@ -86,8 +107,14 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
     Before, a pack's fits of k mixed the runs' members block by block: other stacks, a stacked final fit where the run
     alone trains a plain one, other final fits (issue 34)."""
     variants = [[*fits, *v] for v in ([], ["eraser=none"], ["seed=1"], ["data_seed=1"], ["eraser=qleace"])]
-    alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
-    together = [Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}") for i, v in enumerate(variants)]
+    alone = [
+        run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
+    together = [
+        Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
     packed = run_pack(together)
     assert len({r["paper_mdl"] for r in alone}) == len(variants)  # all differ, so a mix-up would show
     for one, other in zip(alone, packed):
@@ -95,7 +122,9 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
             assert other[key] == one[key], key
 
 
-def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numbers(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numbers(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
     """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_fraction`` of the memory: one data module at
     a time here, each part a pack of its own trained after the last one's data is freed; the numbers of the runs alone."""
     import gc
@@ -104,7 +133,10 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     from datamodules.datamodule import ErasedDataModule
 
     variants = [["eraser=none"], ["eraser=none", "seed=1"], ["data_seed=1"], ["eraser=qleace"]]
-    alone = [run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
+    alone = [
+        run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
     resident, parts = [], []
     original = mdl.run.pack._train_prepared
 
@@ -115,7 +147,10 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
 
     monkeypatch.setattr(mdl.run.pack, "_train_prepared", train_prepared)
     tight = [*BASE, "mdl.pack_data_fraction=1e-12"]
-    listed = [Job.checked(compose_config([*tight, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}") for i, v in enumerate(variants)]
+    listed = [
+        Job.checked(compose_config([*tight, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
     gc.collect()
     gc.disable()  # only the pack's own collection frees what the last part's fit left in reference cycles
     try:
@@ -130,7 +165,9 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
 
 
-def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(tmp_path: Path, monkeypatch, caplog) -> None:
+def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
     """Parts are made from the whole pack, finished runs included, and the split is kept in the pack's folder, so the
     relaunch (here with a memory share that would hold every data set at once, as on a larger GPU) finds the killed
     part's folder and resumes it."""
@@ -144,7 +181,8 @@ def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
     variants = [["seed=0"], ["seed=1"], ["eraser=none"], ["eraser=none", "seed=1"]]
     listed = lambda root, share="1e-12": [  # noqa: E731
         Job.checked(compose_config([*BASE, *settings, f"mdl.pack_data_fraction={share}", *v], root), root / f"run{i}")
-        for i, v in enumerate(variants)]
+        for i, v in enumerate(variants)
+    ]
     reference = run_pack(listed(tmp_path / "ref"))
     parts, saves = [0], [0]
     train_prepared, save = mdl.run.pack._train_prepared, SaveLastCheckpoint.on_train_epoch_end
@@ -196,17 +234,25 @@ def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurm
         data_modules_at_once(1, cpu, 0)
 
 
-@pytest.mark.parametrize("model", ["lenet", pytest.param("convnext", marks=pytest.mark.slow),
-                                   pytest.param("swin", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "model", ["lenet", pytest.param("convnext", marks=pytest.mark.slow), pytest.param("swin", marks=pytest.mark.slow)]
+)
 def test_conv_nets_packed_keep_their_numbers_to_the_bit(tmp_path: Path, model: str) -> None:
     """Grouped convolutions (LeNet's and ConvNeXt's own stacked forms, Swin's under vmap) give a member other last
     bits in a stack of another size; a pack runs each run's members as a stack of their own (StackedModel.run's
     chunks), so every run keeps its numbers alone. Before: LeNet's paper MDL moved in the 6th digit."""
     base = [*BASE, f"model={model}", "mdl.engine=stacked"]
     variants = [["seed=0"], ["seed=1"], ["eraser=none"]]
-    alone = [run_experiment(compose_config([*base, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}") for i, v in enumerate(variants)]
-    packed = run_pack([Job.checked(compose_config([*base, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
-                       for i, v in enumerate(variants)])
+    alone = [
+        run_experiment(compose_config([*base, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
+        for i, v in enumerate(variants)
+    ]
+    packed = run_pack(
+        [
+            Job.checked(compose_config([*base, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
+            for i, v in enumerate(variants)
+        ]
+    )
     assert len({r["paper_mdl"] for r in alone}) == len(variants)
     for one, other in zip(alone, packed):
         for key in NUMBERS:
@@ -214,7 +260,9 @@ def test_conv_nets_packed_keep_their_numbers_to_the_bit(tmp_path: Path, model: s
 
 
 @pytest.mark.slow
-def test_inductor_compiles_lenets_stacked_fit_alone_and_packed_with_the_same_numbers(tmp_path: Path, monkeypatch) -> None:
+def test_inductor_compiles_lenets_stacked_fit_alone_and_packed_with_the_same_numbers(
+    tmp_path: Path, monkeypatch
+) -> None:
     """trainer.compile=true (inductor) on LeNet's grouped form with one-channel images (digits) failed before: one
     compiled function saw the shared evaluation batch (B, C, H, W) and then a batch per member (M, B, C, H, W), so
     dynamo made every axis symbolic, and the one-channel fold was a view whose strides depend on the member count;
@@ -225,9 +273,13 @@ def test_inductor_compiles_lenets_stacked_fit_alone_and_packed_with_the_same_num
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no shapes remembered from other runs
     base = [*BASE, "model=lenet", "mdl.num_blocks=3", "trainer.kwargs.max_epochs=3", "trainer.compile=true"]
     torch._dynamo.reset()
-    alone = [run_experiment(compose_config([*base, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}") for s in (0, 1)]
+    alone = [
+        run_experiment(compose_config([*base, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}") for s in (0, 1)
+    ]
     torch._dynamo.reset()
-    packed = run_pack([Job.checked(compose_config([*base, f"seed={s}"], tmp_path / "b"), tmp_path / "b" / f"run{s}") for s in (0, 1)])
+    packed = run_pack(
+        [Job.checked(compose_config([*base, f"seed={s}"], tmp_path / "b"), tmp_path / "b" / f"run{s}") for s in (0, 1)]
+    )
     assert alone[0]["paper_mdl"] != alone[1]["paper_mdl"]
     for one, other in zip(alone, packed):
         for key in NUMBERS:
@@ -269,8 +321,12 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
     class Killed(Exception):
         pass
 
-    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3",
-                f"mdl.members_per_fit={members_per_fit}"]
+    settings = [
+        "mdl.checkpoint_every_s=0",
+        "trainer.kwargs.max_epochs=8",
+        "trainer.patience=3",
+        f"mdl.members_per_fit={members_per_fit}",
+    ]
     reference = run_pack(jobs(tmp_path / "ref", extra=settings))
     original, saves = SaveLastCheckpoint.on_train_epoch_end, [0]
 

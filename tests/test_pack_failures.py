@@ -21,18 +21,40 @@ from mdl.run.storage import NotEnoughRoom, StalledLockHolder
 
 def _checked(root: Path) -> list[JobReturn]:
     job = Job.checked(compose_config([*FAST, "seed=0"], root), root / "run0")
-    return [JobReturn(overrides=["seed=0"], cfg=job.cfg, hydra_cfg=None, working_dir=str(root), task_name="launch",
-                      status=JobStatus.COMPLETED, _return_value=job)]
+    return [
+        JobReturn(
+            overrides=["seed=0"],
+            cfg=job.cfg,
+            hydra_cfg=None,
+            working_dir=str(root),
+            task_name="launch",
+            status=JobStatus.COMPLETED,
+            _return_value=job,
+        )
+    ]
 
 
-@pytest.mark.parametrize("error, code, line", [
-    (ValueError("data.val_size=0: too small"), 2, "error: data.val_size=0: too small"),
-    (NotEnoughRoom(28, "not enough room in /x: this run's checkpoints need about 4.1 MiB"), 2, "error: [Errno 28] not enough room"),
-    (PermissionError(13, "read-only store"), 2, "error: [Errno 13] read-only store"),
-    (StalledLockHolder("the holder of /x stopped renewing its lease"), 2, "error: the holder of /x"),
-    (Preempted("SIGTERM received"), EXIT_CODE, "preempted: SIGTERM received. Run the same command again to resume."),
-])
-def test_an_error_of_a_pack_ends_the_process_as_launch_py_ends_a_run(tmp_path: Path, monkeypatch, capsys, error, code, line) -> None:
+@pytest.mark.parametrize(
+    "error, code, line",
+    [
+        (ValueError("data.val_size=0: too small"), 2, "error: data.val_size=0: too small"),
+        (
+            NotEnoughRoom(28, "not enough room in /x: this run's checkpoints need about 4.1 MiB"),
+            2,
+            "error: [Errno 28] not enough room",
+        ),
+        (PermissionError(13, "read-only store"), 2, "error: [Errno 13] read-only store"),
+        (StalledLockHolder("the holder of /x stopped renewing its lease"), 2, "error: the holder of /x"),
+        (
+            Preempted("SIGTERM received"),
+            EXIT_CODE,
+            "preempted: SIGTERM received. Run the same command again to resume.",
+        ),
+    ],
+)
+def test_an_error_of_a_pack_ends_the_process_as_launch_py_ends_a_run(
+    tmp_path: Path, monkeypatch, capsys, error, code, line
+) -> None:
     """Before, ``train_checked`` recorded every error as the pack's jobs' failure and Hydra re-raised it: exit 1 and
     a traceback for what launch.py reports in one line."""
     import mdl.run.pack
@@ -71,7 +93,9 @@ def test_a_sigterm_in_a_sweeps_guard_is_not_cleared_by_the_next_run() -> None:
         with pytest.raises(Preempted, match="before this run started"):
             with sigterm_guard():
                 pass  # a pack's run_pack: never started
-    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler) or callable(signal.getsignal(signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler) or callable(
+        signal.getsignal(signal.SIGTERM)
+    )
 
 
 @pytest.mark.parametrize("value", ["0", "2", "x", "nan", "-0.5", "true"])
@@ -83,9 +107,14 @@ def test_pack_data_fraction_is_refused_before_the_data_load_in_every_run(tmp_pat
     validate_config(compose_config([*FAST, "mdl.pack_data_fraction=1"], tmp_path))
 
 
-@pytest.mark.parametrize("args, named", [(["-m", "seed=abc"], "seed='abc'"),
-                                         (["-m", "seed=0,1", "mdl.pack_data_fraction=2"], "mdl.pack_data_fraction=2"),
-                                         (["-m", "seed=0,1", "data_seed=x"], "data_seed='x'")])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["-m", "seed=abc"], "seed='abc'"),
+        (["-m", "seed=0,1", "mdl.pack_data_fraction=2"], "mdl.pack_data_fraction=2"),
+        (["-m", "seed=0,1", "data_seed=x"], "data_seed='x'"),
+    ],
+)
 def test_the_cost_estimate_refuses_what_launch_py_refuses(capsys, args, named) -> None:
     """Seed and bookkeeping keys do not change a job's cost, so the estimate used to leave them unchecked."""
     from mdl.sweeps.cost import main
@@ -97,9 +126,17 @@ def test_the_cost_estimate_refuses_what_launch_py_refuses(capsys, args, named) -
 
 # --- SIGTERM, a real signal to a real packed sweep (as tests/test_preemption.py does for single runs) ----------------
 
-PACKED_RUN = ["-m", "hydra/launcher=packed", "trainer.kwargs.max_epochs=100", "trainer.patience=100",
-              "mdl.checkpoint_every_s=1000", "mdl.num_blocks=3", "data.first_block=100", "model.base_width=32",
-              "trainer.torch_threads=1"]
+PACKED_RUN = [
+    "-m",
+    "hydra/launcher=packed",
+    "trainer.kwargs.max_epochs=100",
+    "trainer.patience=100",
+    "mdl.checkpoint_every_s=1000",
+    "mdl.num_blocks=3",
+    "data.first_block=100",
+    "model.base_width=32",
+    "trainer.torch_threads=1",
+]
 EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve", "blocks")
 
 
@@ -120,13 +157,21 @@ def _wait_for(condition, process, timeout: float = 300) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sweep, killed_in", [
-    (["seed=0,1", "width=16,32"], "first of two packs"),
-    (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "first part"),  # a part per eraser, 2 runs each
-    (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
-], ids=["two-packs", "part-1", "part-2"])
+@pytest.mark.parametrize(
+    "sweep, killed_in",
+    [
+        (["seed=0,1", "width=16,32"], "first of two packs"),
+        (
+            ["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"],
+            "first part",
+        ),  # a part per eraser, 2 runs each
+        (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
+    ],
+    ids=["two-packs", "part-1", "part-2"],
+)
 def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and_resumes_exactly(
-        tmp_path: Path, sweep: list[str], killed_in: str) -> None:
+    tmp_path: Path, sweep: list[str], killed_in: str
+) -> None:
     """Before: exit 1 with Hydra's "Error executing job" and a Preempted traceback, and the launcher started the next
     pack two seconds later and trained it to the end."""
     from test_preemption import launch, terminate
@@ -230,13 +275,21 @@ def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempte
 
 # A synthetic data set of CIFAR-10's size and shape (3x32x32, 50000 + 10000 images, 10 classes): the eraser's
 # statistics and maps are 3072 x 3072, as on CIFAR-10 (conf/data/synthetic.yaml).
-CIFAR_SIZED = ["data=synthetic", "data.options.shape=[3,32,32]", "data.options.n_train=50000", "data.options.n_test=10000",
-               "data.options.num_classes=10", "data.val_size=5000"]
+CIFAR_SIZED = [
+    "data=synthetic",
+    "data.options.shape=[3,32,32]",
+    "data.options.n_train=50000",
+    "data.options.n_test=10000",
+    "data.options.num_classes=10",
+    "data.val_size=5000",
+]
 SLURM_GRACE_S = 30  # Slurm's usual KillWait between SIGTERM and SIGKILL
 
 
 @pytest.mark.slow
-def test_sigterm_during_a_cifar_sized_eraser_fit_is_honoured_within_slurms_grace_and_the_rerun_finishes(tmp_path: Path) -> None:
+def test_sigterm_during_a_cifar_sized_eraser_fit_is_honoured_within_slurms_grace_and_the_rerun_finishes(
+    tmp_path: Path,
+) -> None:
     """Before: honoured 435 s later on a busy 2-core machine (one eigh of a 3072 x 3072 matrix took 77-160 s there, one
     uninterruptible call); Slurm would have killed the job mid-write."""
     from test_preemption import launch

@@ -23,14 +23,24 @@ STEPS = ("epoch", "trainer/global_step")
 TABLES = ("blocks",)
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None  # the tensorboard extra
 LOGGERS = "logger=[csv,wandb,tensorboard]" if TENSORBOARD else "logger=[csv,wandb]"
-MEDIA_PLACES = ("path", "artifact_path", "_latest_artifact_path")  # where W&B put a table or image: by step or a random id
+MEDIA_PLACES = (
+    "path",
+    "artifact_path",
+    "_latest_artifact_path",
+)  # where W&B put a table or image: by step or a random id
 
 
-def logged(rows: Iterable[dict[str, Any]], ignored: Callable[[str], bool], epochs: bool = True) -> list[tuple[str, str, str]]:
+def logged(
+    rows: Iterable[dict[str, Any]], ignored: Callable[[str], bool], epochs: bool = True
+) -> list[tuple[str, str, str]]:
     """Every value logged, as (key, the epoch of its row, value), sorted: a run's series whatever the order of the
     calls (a relaunch logs the epochs finished before a kill first); a value logged twice shows twice."""
-    return sorted((key, str(row.get("epoch", "")) if epochs else "", str(value)) for row in rows
-                  for key, value in row.items() if not ignored(key) and value not in ("", None))
+    return sorted(
+        (key, str(row.get("epoch", "")) if epochs else "", str(value))
+        for row in rows
+        for key, value in row.items()
+        if not ignored(key) and value not in ("", None)
+    )
 
 
 def csv_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -62,8 +72,11 @@ def wandb_summary(run_dir: Path) -> dict[str, Any]:
     """The run's W&B summary, less the last step logged (the last call's, whichever series it was)."""
     from wandb_records import summary
 
-    return {k: v for k, v in summary(wandb_file(run_dir)).items()
-            if not wandb_own(k) and k not in STEPS and k.split("/", 1)[0] not in TABLES}
+    return {
+        k: v
+        for k, v in summary(wandb_file(run_dir)).items()
+        if not wandb_own(k) and k not in STEPS and k.split("/", 1)[0] not in TABLES
+    }
 
 
 def tensorboard_series(run_dir: Path) -> list[tuple[str, float]]:
@@ -85,7 +98,9 @@ def tensorboard_values(run_dir: Path) -> dict[str, list[float]]:
     return values
 
 
-def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensorboard(tmp_path: Path, monkeypatch) -> None:
+def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensorboard(
+    tmp_path: Path, monkeypatch
+) -> None:
     """Two runs' loggers made in one process (as a pack makes them) and logged to in turns, epoch by epoch: each
     W&B run, CSV and TensorBoard log (if installed) holds its own run's values only. Before: the second run's W&B
     logger reused the first run's W&B run (W&B's global run), and the first run's close left the second's "finished"."""
@@ -95,8 +110,10 @@ def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensor
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_API_KEY", "")
     runs = [tmp_path / "seed0", tmp_path / "seed1"]
-    loggers = [make_logger(compose_config([*FAST, LOGGERS, f"seed={s}"], tmp_path), run_dir, [f"seed={s}"])
-               for s, run_dir in enumerate(runs)]
+    loggers = [
+        make_logger(compose_config([*FAST, LOGGERS, f"seed={s}"], tmp_path), run_dir, [f"seed={s}"])
+        for s, run_dir in enumerate(runs)
+    ]
     hooks = [live_epochs(logger, 2) for logger in loggers]
     for epoch in range(3):
         for s, hook in enumerate(hooks):  # in turns, as a pack's fit finishes its runs' epochs
@@ -114,8 +131,17 @@ def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensor
 
 # --- a packed sweep against the same runs launched alone ---------------------------------------------------------
 
-SWEEP = ["-m", "seed=0,1", "eraser=none,leace", LOGGERS, *FAST, "trainer.torch_threads=1",
-         "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=40", "trainer.patience=40"]  # every member 40 epochs:
+SWEEP = [
+    "-m",
+    "seed=0,1",
+    "eraser=none,leace",
+    LOGGERS,
+    *FAST,
+    "trainer.torch_threads=1",
+    "mdl.checkpoint_every_s=0",
+    "trainer.kwargs.max_epochs=40",
+    "trainer.patience=40",
+]  # every member 40 epochs:
 # block 1 (one batch an epoch) ends long before the final fit (ten): a kill finds finished and unfinished members
 WANDB_ENV = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
 
@@ -144,14 +170,23 @@ def killed_once_blocks_finished(args: list[str], root: Path) -> None:
             return 0
 
     with open(root / "killed.err", "w") as err:
-        process = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=root, stdout=err, stderr=err,
-                                   env={**os.environ, "PYTHONPATH": python_path(), **WANDB_ENV})
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "launch.py"), *args],
+            cwd=root,
+            stdout=err,
+            stderr=err,
+            env={**os.environ, "PYTHONPATH": python_path(), **WANDB_ENV},
+        )
         deadline = time.time() + 600
         while time.time() < deadline and process.poll() is None:
             progress = list(root.glob("store/*/progress.json"))
             checkpoint = list(root.glob("store/packs/*/checkpoints/stacked.ckpt"))
-            if (len(progress) == 4 and all(map(blocks_done, progress)) and checkpoint
-                    and checkpoint[0].stat().st_mtime > max(p.stat().st_mtime for p in progress)):
+            if (
+                len(progress) == 4
+                and all(map(blocks_done, progress))
+                and checkpoint
+                and checkpoint[0].stat().st_mtime > max(p.stat().st_mtime for p in progress)
+            ):
                 process.send_signal(signal.SIGKILL)
                 process.wait()
                 assert not list(root.glob("multirun/*/*/*/results.json")), "killed after the pack finished: kill sooner"
@@ -171,7 +206,9 @@ def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_
 
     alone = run_launch([*SWEEP, f"paths.output_root={tmp_path / 'alone'}"], cwd=tmp_path, env=WANDB_ENV)
     assert alone.returncode == 0, alone.stderr[-3000:]
-    packed = run_launch([*SWEEP, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path, env=WANDB_ENV)
+    packed = run_launch(
+        [*SWEEP, "hydra/launcher=packed", f"paths.output_root={tmp_path / 'packed'}"], cwd=tmp_path, env=WANDB_ENV
+    )
     assert packed.returncode == 0, packed.stderr[-3000:]
     relaunched = tmp_path / "relaunched"
     relaunched.mkdir()
@@ -196,17 +233,23 @@ def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_
                 assert tensorboard_series(job) == tensorboard_series(reference[name]), (root.name, name)
 
 
-def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps_its_own_launch_log(tmp_path: Path) -> None:
+def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps_its_own_launch_log(
+    tmp_path: Path,
+) -> None:
     """Each run's block lines carry its label, each run ends with its own ``paper MDL`` summary (as launch.py prints a
     run's), and each job folder's launch.log holds that job's lines and none of the other job's. Before: unlabelled
     block lines of both runs, no summary, and a launch.log holding the next job's launch line (the last one empty)."""
     from conftest import run_launch
 
-    proc = run_launch(["-m", "seed=0,1", *FAST, "trainer.torch_threads=1", "hydra/launcher=packed",
-                       f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    proc = run_launch(
+        ["-m", "seed=0,1", *FAST, "trainer.torch_threads=1", "hydra/launcher=packed", f"paths.output_root={tmp_path}"],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
-    assert "] block 1/" not in out and "] final fit" not in out and "] block 1, " not in out  # every run's lines are named
+    assert (
+        "] block 1/" not in out and "] final fit" not in out and "] block 1, " not in out
+    )  # every run's lines are named
     jobs = {f"seed {s}": job for s in (0, 1) for job in tmp_path.glob(f"multirun/*/*/{s}_*")}
     for label, job in jobs.items():
         other = next(name for name in jobs if name != label)
@@ -239,8 +282,11 @@ def test_each_jobs_log_file_gets_its_own_lines_and_the_packs(tmp_path: Path) -> 
             log.info("data of a and c")
     log.info("after the pack")
     lines = {job: (tmp_path / f"{job}.log").read_text().splitlines() for job in files}
-    assert lines == {"a": ["the pack", "a's line", "data of a and c"], "b": ["the pack", "b's line"],
-                     "c": ["the pack", "data of a and c"]}
+    assert lines == {
+        "a": ["the pack", "a's line", "data of a and c"],
+        "b": ["the pack", "b's line"],
+        "c": ["the pack", "data of a and c"],
+    }
 
 
 def test_a_failing_wandb_run_leaves_the_csv_complete(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import FAST, compose_config
+from conftest import compose_config
 from mdl.engine.single_fit import EpochProtocol
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
 from mdl.run.experiment import run_experiment, summary
@@ -42,11 +42,17 @@ def test_paper_mdl_weights_each_models_loss_on_the_last_block(tmp_path: Path, en
     res = run(tmp_path, engine, f"mdl.engine={engine}")
     bounds, blocks = res["boundaries"], res["blocks"]
     assert res["paper_loss"] == "last_block"
-    assert res["paper_mdl"] == res["paper_mdl_last_block"] == paper_mdl(bounds, [b["heldout_bits_per_example"] for b in blocks])
+    assert (
+        res["paper_mdl"]
+        == res["paper_mdl_last_block"]
+        == paper_mdl(bounds, [b["heldout_bits_per_example"] for b in blocks])
+    )
     assert res["paper_mdl_val_min"] == paper_mdl(bounds, [b["val_bits_per_example"] for b in blocks])
     # the last prefix model's next block is the held-out chunk: its two scores are one measurement
     assert blocks[-1]["heldout_bits_per_example"] == blocks[-1]["eval_bits"] / blocks[-1]["n_eval"]
-    assert "paper MDL: " in summary(res, Path("r.json")) and "(last_block, mdl.paper_loss; val_min: " in summary(res, Path("r.json"))
+    assert "paper MDL: " in summary(res, Path("r.json")) and "(last_block, mdl.paper_loss; val_min: " in summary(
+        res, Path("r.json")
+    )
 
 
 @pytest.mark.parametrize("engine", ["stacked", "sequential"])

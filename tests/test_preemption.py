@@ -19,15 +19,28 @@ from mdl.engine.preemption import EXIT_CODE
 
 # Long enough to be interrupted (hundreds of epochs), checkpointing only at the first epoch end
 # unless a SIGTERM forces one: a checkpoint newer than the signal proves it was written for it.
-LONG_RUN = ["trainer.kwargs.max_epochs=300", "trainer.patience=300", "mdl.checkpoint_every_s=1000",
-            "mdl.num_blocks=3", "data.first_block=100", "width=32", "model.base_width=32"]
+LONG_RUN = [
+    "trainer.kwargs.max_epochs=300",
+    "trainer.patience=300",
+    "mdl.checkpoint_every_s=1000",
+    "mdl.num_blocks=3",
+    "data.first_block=100",
+    "width=32",
+    "model.base_width=32",
+]
 EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "val_loss_curve", "blocks")
 
 
 def launch(args: list[str], root: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": python_path(), "SLOWING_OUTPUT_ROOT": str(root)}
-    return subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=root.parent, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), *args],
+        cwd=root.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def first_checkpoint(root: Path, process: subprocess.Popen, timeout: float = 120) -> Path:
@@ -56,7 +69,9 @@ def results_of(root: Path) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
-def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_finishes_as_if_uninterrupted(tmp_path: Path, engine: str) -> None:
+def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_finishes_as_if_uninterrupted(
+    tmp_path: Path, engine: str
+) -> None:
     args = [*LONG_RUN, f"mdl.engine={engine}"]
     reference = launch(args, tmp_path / "ref")
     assert reference.wait(timeout=600) == 0, reference.communicate()[1][-2000:]
@@ -70,7 +85,9 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_finishes_as_if_uninterr
     assert "preempted: SIGTERM received" in err and "Run the same command again to resume" in err
     checkpoints = sorted(root.glob("store/*/checkpoints/*.ckpt"))
     assert checkpoints, "no checkpoint left to resume from"
-    assert max(p.stat().st_mtime for p in checkpoints) >= sent or checkpoints != [first], "no checkpoint written for the signal"
+    assert max(p.stat().st_mtime for p in checkpoints) >= sent or checkpoints != [first], (
+        "no checkpoint written for the signal"
+    )
     assert not list(root.glob("runs/*/*/results.json")), "a preempted run must not write results"
 
     rerun = launch(args, root)

@@ -151,7 +151,10 @@ def test_smoke_preset_is_the_same_sweep_on_digits_and_small(name: str) -> None:
         cfg = compose_preset([f"+experiment=paper/{name}/smoke", *job])
         assert cfg.data.source == "digits" and cfg.data_seed == cfg.seed
         assert cfg.optimizer.lr == pytest.approx(expected_lr(cfg.model.name, cfg.eraser.name, PRESETS[name][0]))
-        assert (cfg.model.base_width, cfg.optimizer.warmup_steps) == (BASE_WIDTH[cfg.model.name], WARMUP[cfg.model.name])
+        assert (cfg.model.base_width, cfg.optimizer.warmup_steps) == (
+            BASE_WIDTH[cfg.model.name],
+            WARMUP[cfg.model.name],
+        )
         assert cfg.trainer.kwargs.max_epochs <= 4 and cfg.mdl.num_blocks <= 3 and cfg.width <= 16
 
 
@@ -167,19 +170,26 @@ def _undocumented_values(path: Path) -> list[str]:
         parents = [p for p in parents if p[0] < indent]
         if code.endswith(":"):
             parents.append((indent, "#" in line))
-        elif not code.lstrip().startswith("-") and "${" not in code and "#" not in line and not any(c for _, c in parents):
+        elif (
+            not code.lstrip().startswith("-")
+            and "${" not in code
+            and "#" not in line
+            and not any(c for _, c in parents)
+        ):
             missing.append(line.strip())
     return missing
 
 
-@pytest.mark.parametrize("path", sorted(p for p in PAPER.glob("*.yaml") if p.name != "common_smoke.yaml"), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted(p for p in PAPER.glob("*.yaml") if p.name != "common_smoke.yaml"), ids=lambda p: p.stem
+)
 def test_every_preset_value_says_where_it_comes_from(path: Path) -> None:
     undocumented = _undocumented_values(path)
     assert not undocumented, f"{path.name}: values without a provenance comment: {undocumented}"
 
 
 def test_no_unsourced_paper_claims_in_conf_or_readme() -> None:
-    """"(paper: X)" was used for values the paper does not state; provenance now names paper sections."""
+    """ "(paper: X)" was used for values the paper does not state; provenance now names paper sections."""
     for path in [*CONF.rglob("*.yaml"), REPO / "README.md", *(REPO / "docs").glob("*.md")]:
         assert not re.search(r"\(paper: ", path.read_text()), path
 
@@ -195,7 +205,9 @@ def test_cost_only_cli_prints_jobs_and_gpu_hours(capsys: pytest.CaptureFixture[s
 
 def test_cost_grows_with_the_model() -> None:
     table = CostTable("cost/epoch_times.yaml")
-    small, large = (compose_preset(["+experiment=paper/convnext_grid", "eraser=leace", f"width={w}", "depth=2"]) for w in (40, 96))
+    small, large = (
+        compose_preset(["+experiment=paper/convnext_grid", "eraser=leace", f"width={w}", "depth=2"]) for w in (40, 96)
+    )
     for device in ("gpu", "cpu"):
         assert table.job_seconds(large, device) > 2 * table.job_seconds(small, device) > 0
 
@@ -236,7 +248,9 @@ def test_every_smoke_preset_runs(tmp_path: Path) -> None:
             for r in results:
                 c = r["config"]
                 assert c["data"]["source"] == "digits", name
-                assert c["optimizer"]["lr"] == pytest.approx(expected_lr(c["model"]["name"], c["eraser"]["name"], PRESETS[name][0]))
+                assert c["optimizer"]["lr"] == pytest.approx(
+                    expected_lr(c["model"]["name"], c["eraser"]["name"], PRESETS[name][0])
+                )
 
 
 def test_lr_search_preset_trains_the_base_width_over_an_lr_grid() -> None:

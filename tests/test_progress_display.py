@@ -16,7 +16,9 @@ from mdl.engine.progress_display import MemberProgress
 
 
 def _protocol(patience: int = 5) -> StackedProtocol:
-    loader = StackedBatches([TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))], [20, 50, 100], batch_size=10)
+    loader = StackedBatches(
+        [TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))], [20, 50, 100], batch_size=10
+    )
     protocol = StackedProtocol(loader, lambda m: [], lambda m: [], patience=patience, max_epochs=None, lr=1e-3)
     protocol.members[1].epoch, protocol.members[1].best_score, protocol.members[1].wait = 7, 0.4321, 2
     return protocol
@@ -40,7 +42,12 @@ def test_log_lines_name_every_member_still_training(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="mdl.engine.progress_display"):
         display.on_train_batch_end(None, None)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "2/3 members training" in line and "block 2 e7 best 0.4321" in line and "block 1 " not in line and "final e0" in line
+    assert (
+        "2/3 members training" in line
+        and "block 2 e7 best 0.4321" in line
+        and "block 1 " not in line
+        and "final e0" in line
+    )
 
 
 def test_live_table_shows_members_epochs_and_best_losses() -> None:
@@ -52,8 +59,12 @@ def test_live_table_shows_members_epochs_and_best_losses() -> None:
 
 
 def test_speed_counts_every_optimizer_step_of_a_group() -> None:
-    loader = StackedBatches([TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))], [20, 50, 100], batch_size=10,
-                            steps_per_group=4)
+    loader = StackedBatches(
+        [TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))],
+        [20, 50, 100],
+        batch_size=10,
+        steps_per_group=4,
+    )
     display = MemberProgress(_protocol(), interval=1e9, live=False)
     display.on_train_start(None, None)
     for group in loader:  # one pass: 10 steps, in groups cut short at the 2- and 5-step epoch ends
@@ -78,10 +89,18 @@ def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_p
 
     def recording_live(logger, num_blocks):
         hook = real_live(logger, num_blocks)
-        return lambda m, e, tr, va, acc: (events.append(("epoch", m, e, tr, va)), accuracies.append(acc), hook(m, e, tr, va, acc))
+        return lambda m, e, tr, va, acc: (
+            events.append(("epoch", m, e, tr, va)),
+            accuracies.append(acc),
+            hook(m, e, tr, va, acc),
+        )
 
     monkeypatch.setattr(experiment, "live_epochs", recording_live)
-    monkeypatch.setattr(experiment, "log_block", lambda logger, i, b, curves=False: (events.append(("block", i)), real_block(logger, i, b, curves)))
+    monkeypatch.setattr(
+        experiment,
+        "log_block",
+        lambda logger, i, b, curves=False: (events.append(("block", i)), real_block(logger, i, b, curves)),
+    )
     results = experiment.run_experiment(compose_config([*FAST, f"mdl.engine={engine}"], tmp_path), tmp_path / "run")
     num_blocks = len(results["blocks"])
     for m in range(num_blocks + 1):
@@ -106,7 +125,9 @@ def test_one_model_fit_logs_a_progress_line(caplog) -> None:
     module = SimpleNamespace(train_loss_curve=[], val_loss_curve=[])
     trainer = SimpleNamespace(callbacks=[protocol])
     seen: list = []
-    progress = FitProgress(2, "block 3/9", patience=10, max_epochs=200, on_epoch=lambda *a: seen.append(a), interval=0.0)
+    progress = FitProgress(
+        2, "block 3/9", patience=10, max_epochs=200, on_epoch=lambda *a: seen.append(a), interval=0.0
+    )
     progress.on_train_start(trainer, module)
     module.train_loss_curve += [0.9, 0.7]
     module.val_loss_curve += [0.8, 0.6]
@@ -140,8 +161,12 @@ def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
     single = Classifier(favours_zero(), lambda params, lr: torch.optim.SGD(params, lr=lr), lr=0.1)
     single.validate([(x[:4], y[:4]), (x[4:], y[4:])])
     assert single.val_accuracy_curve == [0.3]
-    stacked = StackedClassifier(StackedModel([favours_zero(), favours_zero()]), lambda p: torch.optim.SGD(p, lr=0.1), lr=0.1)
-    _, count, correct = stacked.loss_sums(stacked.eval_weights([0, 1]), [(x[:4], y[:4]), (x[4:], y[4:])], with_correct=True)
+    stacked = StackedClassifier(
+        StackedModel([favours_zero(), favours_zero()]), lambda p: torch.optim.SGD(p, lr=0.1), lr=0.1
+    )
+    _, count, correct = stacked.loss_sums(
+        stacked.eval_weights([0, 1]), [(x[:4], y[:4]), (x[4:], y[4:])], with_correct=True
+    )
     assert count == 10 and (correct / count).tolist() == [0.3, 0.3]
 
 

@@ -12,7 +12,6 @@ from copy import deepcopy
 from functools import partial
 
 import lightning as L
-import pytest
 import torch
 import torch.nn.functional as F
 from schedulefree import AdamWScheduleFree
@@ -99,9 +98,16 @@ def project_fit(rules: LoopRules, x, y, x_val, y_val) -> tuple[list[float], torc
         def on_train_end(self, trainer, pl_module):
             stopped.update({k: v.detach().clone() for k, v in pl_module.model.state_dict().items()})
 
-    trainer = L.Trainer(max_epochs=MAX_EPOCHS, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        callbacks=[protocol, KeepStopped()])
+    trainer = L.Trainer(
+        max_epochs=MAX_EPOCHS,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[protocol, KeepStopped()],
+    )
     trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False))
     protocol.restore(module)
     curve = [protocol.state.initial_val_loss, *module.val_loss_curve]
@@ -161,7 +167,8 @@ def test_protocol_groups_name_their_loops() -> None:
         assert LoopRules.of(compose("config").protocol) == LoopRules()
         original = compose("config", overrides=["protocol=original"])
         assert LoopRules.of(original.protocol) == LoopRules(
-            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True)
+            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True
+        )
         from mdl.run.pack import pack_key
 
         assert pack_key(original) is None  # a packed sweep trains it alone (one member per fit)

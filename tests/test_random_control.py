@@ -34,7 +34,9 @@ def datamodule(cache_dir, **options) -> ErasedDataModule:
     overrides = ["eraser=random", "device=cpu", f"data.cache_dir={cache_dir}", "data.diagnostics=false"]
     cfg = compose_config(overrides + [f"eraser.options.{k}={v}" for k, v in options.items()])
     data = OmegaConf.to_container(cfg.data, resolve=True)
-    for key in DATA_KEYS_READ_ELSEWHERE:  # the optimizer's and the block schedule's (mdl/run/experiment.py make_datamodule)
+    for (
+        key
+    ) in DATA_KEYS_READ_ELSEWHERE:  # the optimizer's and the block schedule's (mdl/run/experiment.py make_datamodule)
         data.pop(key)
     return ErasedDataModule(DataOptions.from_config(data, OmegaConf.to_container(cfg.eraser, resolve=True)), seed=0)
 
@@ -45,7 +47,9 @@ def test_rank_from_matches_the_other_erasers_edit_rank_and_is_cached(tmp_path) -
     splits = load_splits(dm.options)
     train = splits.train
     # fitted as a run of alf_qleace fits it: on the training and validation splits (its fit_scope: pool)
-    alf = fit_eraser("alf_qleace", torch.cat([train.x, splits.val.x]), torch.cat([train.y, splits.val.y]), num_classes=10)
+    alf = fit_eraser(
+        "alf_qleace", torch.cat([train.x, splits.val.x]), torch.cat([train.y, splits.val.y]), num_classes=10
+    )
     assert dm.eraser.rank == alf.edit_rank != 2 * 10 - 1  # 28 on digits, not 19
     assert edit_dimension(train.x.reshape(len(train.x), -1).double(), dm.eraser) == alf.edit_rank
 

@@ -32,8 +32,8 @@ CROSSING_CURVE = CONTROL_CURVE + 0.5 - 0.06 * np.arange(EPOCHS)
 MIRROR_CURVE = 2 * CONTROL_CURVE - CROSSING_CURVE
 # paper MDL of MLP / width 128 / depth 2 / control, seeds 0, 1, 2:
 CONTROL_MDL = (7.0, 7.5, 8.5)
-CONTROL_MDL_MEAN = 23 / 3                 # 7.6667
-CONTROL_MDL_STD = math.sqrt(7 / 12)       # deviations -2/3, -1/6, 5/6: squares sum to 7/6, / (3 - 1)
+CONTROL_MDL_MEAN = 23 / 3  # 7.6667
+CONTROL_MDL_STD = math.sqrt(7 / 12)  # deviations -2/3, -1/6, 5/6: squares sum to 7/6, / (3 - 1)
 
 
 def paper_mdl(arch: str, eraser: str, width: int, depth: int, seed: int) -> float:
@@ -53,15 +53,29 @@ def curve(arch: str, eraser: str, width: int, depth: int, seed: int) -> list[flo
     return list(CONTROL_CURVE + shift + noise)
 
 
-def write_run(root: Path, job: int, arch: str, eraser: str, width: int, depth: int, seed: int,
-              eraser_path: str | None = None, activation: str = "relu", eraser_options: dict | None = None,
-              code_version: str | None = None, environment: dict | None = None) -> Path:
+def write_run(
+    root: Path,
+    job: int,
+    arch: str,
+    eraser: str,
+    width: int,
+    depth: int,
+    seed: int,
+    eraser_path: str | None = None,
+    activation: str = "relu",
+    eraser_options: dict | None = None,
+    code_version: str | None = None,
+    environment: dict | None = None,
+) -> Path:
     run_dir = root / f"{job}_eraser={eraser},model={arch},seed={seed},width={width}"
     run_dir.mkdir(parents=True)
     online = paper_mdl(arch, eraser, width, depth, seed) / 2
     results = {
         "config": {
-            "seed": seed, "data_seed": seed, "width": width, "depth": depth,
+            "seed": seed,
+            "data_seed": seed,
+            "width": width,
+            "depth": depth,
             "data": {"source": "synthetic-test", "val_size": 16, "root": f"/tmp/data-{seed}"},
             "eraser": {"name": eraser, "options": eraser_options or {}},
             "model": {"name": arch, "options": {"activation": activation}},
@@ -162,7 +176,8 @@ def test_activation_and_eraser_options_split_labels_not_rows(tmp_path: Path):
     assert sweep.row_keys == []
     cells = build_cells(sweep)
     assert sorted((c.arch, c.eraser, c.n) for c in cells) == [
-        (arch, e, 2) for arch in ("mlp-gelu", "mlp-relu") for e in ("leace (rank=1)", "leace (rank=2)", "none")]
+        (arch, e, 2) for arch in ("mlp-gelu", "mlp-relu") for e in ("leace (rank=1)", "leace (rank=2)", "none")
+    ]
 
 
 def test_settings_differing_between_erasers_of_a_row_are_reported(tmp_path: Path):
@@ -221,9 +236,13 @@ def test_partial_and_missing_cells_are_flagged(report: Path, sweep_dir: Path):
     cov = coverage(sweep, build_cells(sweep))
     assert cov.max_seeds == 3
     assert [(c.arch, c.row, c.eraser, lacking) for c, lacking in cov.partial] == [
-        ("mlp", (128, 2), "qleace", ["data_seed=2,seed=2"])]
-    assert sorted(cov.missing) == [("lenet", (64, 2), "qleace"), ("lenet", (128, 2), "qleace"),
-                                   ("mlp", (128, 4), "qleace")]
+        ("mlp", (128, 2), "qleace", ["data_seed=2,seed=2"])
+    ]
+    assert sorted(cov.missing) == [
+        ("lenet", (64, 2), "qleace"),
+        ("lenet", (128, 2), "qleace"),
+        ("mlp", (128, 4), "qleace"),
+    ]
     rows = read_csv(report.parent / "table.csv")
     partial = find_row(rows, architecture="mlp", width=128, depth=2, eraser="qleace")
     assert partial["n_seeds"] == "2" and partial["missing_seeds"] == "data_seed=2,seed=2"
@@ -254,9 +273,15 @@ def test_every_figure_written_and_not_blank(report: Path):
     import matplotlib.image as mpimg
 
     out = report.parent
-    expected = {"mdl_vs_width_mlp-relu.png", "mdl_vs_width_lenet-relu.png", "mdl_vs_depth_mlp-relu.png",
-                "val_loss_mlp-relu.png", "val_loss_lenet-relu.png", "figure1_synthetic-test.png",
-                "figure3_mdl_increase.png"}
+    expected = {
+        "mdl_vs_width_mlp-relu.png",
+        "mdl_vs_width_lenet-relu.png",
+        "mdl_vs_depth_mlp-relu.png",
+        "val_loss_mlp-relu.png",
+        "val_loss_lenet-relu.png",
+        "figure1_synthetic-test.png",
+        "figure3_mdl_increase.png",
+    }
     expected = {e.replace("-relu", "") for e in expected}  # one activation: the label is the bare name
     written = {p.name for p in out.glob("*.png")}
     assert written == expected
@@ -309,8 +334,9 @@ def test_figure1_degrades_when_images_unavailable(sweep_dir: Path, tmp_path: Pat
 
     figures, notes = figure1(load_sweep([sweep_dir]), tmp_path, broken)
     assert figures == [] and not list(tmp_path.glob("*.png"))
-    assert notes == ["Figure 1 (synthetic-test): skipped, the images could not be loaded "
-                     "(ImportError: no module named datamodules)."]
+    assert notes == [
+        "Figure 1 (synthetic-test): skipped, the images could not be loaded (ImportError: no module named datamodules)."
+    ]
 
 
 def test_default_image_loader_reads_the_runs_data_source():
@@ -329,8 +355,13 @@ def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
     for job, (eraser, seed) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1)):
         write_run(sweep, job, "mlp", eraser, 128, 2, seed)
     out = tmp_path / "cli-report"
-    proc = subprocess.run([sys.executable, "-m", "mdl.report", str(sweep), "--out", str(out), "--images", "0"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mdl.report", str(sweep), "--out", str(out), "--images", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"report: {out / 'report.md'}" in proc.stdout
     for name in ("report.md", "table.csv", "runs.csv", "loss_curves.csv", "backfiring.csv", "val_loss_mlp.png"):
@@ -354,13 +385,21 @@ def test_report_over_two_real_sweeps_and_over_their_parent_folder(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": python_path()}
     for name, folders in (("together", [str(s) for s in sweeps]), ("parent", [str(tmp_path / "multirun")])):
         out = tmp_path / name
-        proc = subprocess.run([sys.executable, "-m", "mdl.report", *folders, "--out", str(out), "--images", "0"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "mdl.report", *folders, "--out", str(out), "--images", "0"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert len(read_csv(out / "runs.csv")) == 3, name
         table = read_csv(out / "table.csv")
         assert {r["optimizer.betas"] for r in table} == {"(0.9, 0.999)", "(0.95, 0.99)"}, name  # the key that differs
-        assert len(parse_plain_tabular((out / "table.tex").read_text())) == 1 + sum(r["n_seeds"] != "0" for r in table), name
+        assert len(parse_plain_tabular((out / "table.tex").read_text())) == 1 + sum(
+            r["n_seeds"] != "0" for r in table
+        ), name
 
 
 def test_cli_clear_error_on_empty_dir(tmp_path: Path, capsys):
@@ -409,8 +448,13 @@ def test_code_version_cli_line_in_subprocess(tmp_path: Path):
     sweep = tmp_path / "multirun"
     for job, (seed, version) in enumerate(((0, "c0de0000aaaa"), (1, "c0de1111bbbb"), (2, None))):
         write_run(sweep, job, "mlp", "none", 128, 2, seed, code_version=version)
-    proc = subprocess.run([sys.executable, "-m", "mdl.report", str(sweep), "--out", str(tmp_path / "r"), "--images", "0"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mdl.report", str(sweep), "--out", str(tmp_path / "r"), "--images", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     # the run without code_version falls back to its git_sha
     assert "runs come from 3 code versions (abc123, c0de0000aaaa, c0de1111bbbb); cells were split" in proc.stdout
@@ -440,7 +484,10 @@ def test_copies_counted_once_with_several_code_versions(tmp_path: Path):
     assert split.copies == 2 and split.duplicates == []
     assert split.code_versions == ["0ld0ld0ld0ld", "new0new0new0", "unknown"]
     assert sorted((c.row, c.n, c.runs[0].metric("paper_mdl")) for c in build_cells(split)) == [
-        (("0ld0ld0ld0ld",), 1, CONTROL_MDL[0]), (("new0new0new0",), 1, 9.0), (("unknown",), 1, CONTROL_MDL[1])]
+        (("0ld0ld0ld0ld",), 1, CONTROL_MDL[0]),
+        (("new0new0new0",), 1, 9.0),
+        (("unknown",), 1, CONTROL_MDL[1]),
+    ]
     assert not split.runs[0].results.get("skipped")
 
     os.utime(new, (old.stat().st_mtime + 10,) * 2)
@@ -457,7 +504,10 @@ def test_one_code_version_no_column_no_console_line(tmp_path: Path, capsys):
     assert "code version" not in capsys.readouterr().out
     [row] = read_csv(tmp_path / "r" / "table.csv")
     assert row["n_seeds"] == "2" and "code_version" not in row
-    assert "Code version (results.json `code_version`, else `git_sha`): `c0de0000aaaa`." in (tmp_path / "r" / "report.md").read_text()
+    assert (
+        "Code version (results.json `code_version`, else `git_sha`): `c0de0000aaaa`."
+        in (tmp_path / "r" / "report.md").read_text()
+    )
 
 
 def test_report_over_an_interrupted_sweep_names_the_missing_jobs(tmp_path: Path, capsys):
@@ -468,12 +518,27 @@ def test_report_over_an_interrupted_sweep_names_the_missing_jobs(tmp_path: Path,
 
     from conftest import FAST, python_path
 
-    args = [sys.executable, str(REPO / "launch.py"), "-m", *FAST, "trainer.torch_threads=1",
-            "eraser=none,leace", "seed=0,1", f"paths.output_root={tmp_path}"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": python_path()},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        sys.executable,
+        str(REPO / "launch.py"),
+        "-m",
+        *FAST,
+        "trainer.torch_threads=1",
+        "eraser=none,leace",
+        "seed=0,1",
+        f"paths.output_root={tmp_path}",
+    ]
+    proc = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and len(list(tmp_path.glob("multirun/*/*/*/results.json"))) < 2:
+    while (
+        time.time() < deadline and proc.poll() is None and len(list(tmp_path.glob("multirun/*/*/*/results.json"))) < 2
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -482,8 +547,11 @@ def test_report_over_an_interrupted_sweep_names_the_missing_jobs(tmp_path: Path,
     assert len(finished) >= 2 and len(finished) < 4, "the sweep ended before it could be interrupted"
 
     assert main([str(sweep), "--images", "0"]) == 0
-    expected = [f"job #{n}: eraser={e} seed={s}" for n, (e, s) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1))
-                if str(n) not in finished]
+    expected = [
+        f"job #{n}: eraser={e} seed={s}"
+        for n, (e, s) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1))
+        if str(n) not in finished
+    ]
     text = (sweep / "report" / "report.md").read_text()
     assert "## Missing jobs" in text
     for job in expected:
@@ -512,12 +580,29 @@ def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path:
         (run / "results.json").write_text(json.dumps(results))
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     rows = read_csv(path.parent / "table.csv")
-    assert len(rows) == 2 and {r["n_seeds"] for r in rows} == {"2"} and {r["optimizer.betas"] for r in rows} == {"(0.9, 0.999)", "(0.95, 0.99)"}
+    assert (
+        len(rows) == 2
+        and {r["n_seeds"] for r in rows} == {"2"}
+        and {r["optimizer.betas"] for r in rows} == {"(0.9, 0.999)", "(0.95, 0.99)"}
+    )
 
 
 # What a plain LaTeX tabular may hold without any package: the escapes latex_escape writes, \\pm in math, \\hline.
-LATEX_TEXT_ESCAPES = ("\\&", "\\%", "\\$", "\\#", "\\_", "\\{", "\\}", "\\textasciitilde{}", "\\textasciicircum{}",
-                      "\\textbackslash{}", "\\textless{}", "\\textgreater{}", "\\textbar{}")
+LATEX_TEXT_ESCAPES = (
+    "\\&",
+    "\\%",
+    "\\$",
+    "\\#",
+    "\\_",
+    "\\{",
+    "\\}",
+    "\\textasciitilde{}",
+    "\\textasciicircum{}",
+    "\\textbackslash{}",
+    "\\textless{}",
+    "\\textgreater{}",
+    "\\textbar{}",
+)
 
 
 def parse_plain_tabular(tex: str) -> list[list[str]]:
@@ -569,8 +654,10 @@ def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
     from mdl.report.tables import latex_escape
 
     nasty = "a_b%c&d~e^f\\g{h}#i$j<k>l|m\nn"
-    assert latex_escape(nasty) == ("a\\_b\\%c\\&d\\textasciitilde{}e\\textasciicircum{}f\\textbackslash{}g\\{h\\}\\#i\\$j"
-                                   "\\textless{}k\\textgreater{}l\\textbar{}m n")
+    assert latex_escape(nasty) == (
+        "a\\_b\\%c\\&d\\textasciitilde{}e\\textasciicircum{}f\\textbackslash{}g\\{h\\}\\#i\\$j"
+        "\\textless{}k\\textgreater{}l\\textbar{}m n"
+    )
     sweep = tmp_path / "multirun"
     for job, (note, seed) in enumerate((n, s) for n in (nasty, "plain") for s in (0, 1)):
         run = write_run(sweep, job, "mlp", "leace", 128, 2, seed)
@@ -621,7 +708,9 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
     assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its grid starts at 1e-3
     text = path.read_text()
-    assert "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.001 (at the edge of the grid" in text
+    assert (
+        "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.001 (at the edge of the grid" in text
+    )
     # written where a sweep uses it: +lr=best from the report folder sets optimizer.lr per data set, model and eraser
     assert (tmp_path / "out" / "lr" / "best.yaml").is_file() and "+lr=best" in text
     from conftest import compose_config
@@ -633,7 +722,9 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     from mdl.run.config_checks import validate_config
     from mdl.run.identity import config_hash
 
-    with pytest.raises(ValueError, match="the lr search's table, \\+lr=best, has none for data digits, model mlp, eraser qleace"):
+    with pytest.raises(
+        ValueError, match="the lr search's table, \\+lr=best, has none for data digits, model mlp, eraser qleace"
+    ):
         validate_config(compose_config([searchpath, "+lr=best", "eraser=qleace"]))
     by_table = compose_config([searchpath, "+lr=best", "eraser=leace"])
     assert config_hash(by_table) == config_hash(compose_config(["eraser=leace", "optimizer.lr=0.001"]))  # the same run
@@ -647,8 +738,14 @@ def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):
 
     sweep = tmp_path / "multirun"
     job = 0
-    optimum = {("none", 64): 3e-3, ("none", 256): 3e-3, ("none", 1024): 3e-3,
-               ("leace", 64): 3e-3, ("leace", 256): 3e-3, ("leace", 1024): 1e-2}
+    optimum = {
+        ("none", 64): 3e-3,
+        ("none", 256): 3e-3,
+        ("none", 1024): 3e-3,
+        ("leace", 64): 3e-3,
+        ("leace", 256): 3e-3,
+        ("leace", 1024): 1e-2,
+    }
     for (eraser, width), best in optimum.items():
         for lr in (1e-3, 3e-3, 1e-2, 3e-2):
             for seed in (0, 1):
@@ -682,7 +779,7 @@ def test_a_cell_whose_seeds_mix_environments_is_flagged(tmp_path: Path, capsys):
     write_run(sweep, 2, "mlp", "leace", 128, 2, 0, environment=base)
     out = tmp_path / "report"
     assert main([str(sweep), "--out", str(out), "--images", "0"]) == 0
-    (line,) = [l for l in capsys.readouterr().out.splitlines() if "mix environments" in l]
+    (line,) = [text for text in capsys.readouterr().out.splitlines() if "mix environments" in text]
     assert "1 cell(s) mix environments" in line and "none" in line and "leace" not in line.split("mix environments")[1]
     text = (out / "report.md").read_text()
     assert "`torch 2.14.1 cpu/AVX512 1t` (2 runs)" in text and "`torch 2.15.0 cpu/AVX512 1t` (1 runs)" in text
@@ -698,6 +795,7 @@ def test_runs_of_one_environment_say_so_without_a_flag(tmp_path: Path):
 
 
 # --- figures a paper can use (mdl/report/style.py) ----------------------------------------------
+
 
 @pytest.fixture
 def drawn_figures(monkeypatch):
@@ -769,8 +867,9 @@ def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Pat
 
     from mdl.report.style import ERASER_COLORS, ERASER_NAMES, FONT_SIZE, SMALL_FONT_SIZE
 
-    figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(),
-                                                              echo=None))
+    figures = drawn_figures(
+        lambda: build_report([sweep_dir], tmp_path, image_loader=lambda c: tiny_images(), echo=None)
+    )
     names = {name for name, _ in figures}
     assert {"figure1_synthetic-test.png", "figure3_mdl_increase.png", "val_loss_mlp.png"} <= names
     expected = {ERASER_NAMES[e]: to_hex(ERASER_COLORS[e]) for e in ("none", "leace", "qleace", "random")}
@@ -809,8 +908,12 @@ def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path
 def paper_lookup_tables() -> dict:
     """A paper preset's lookup tables (conf/experiment/paper/common.yaml): many keys a plain sweep lacks."""
     archs, erasers = ("mlp", "lenet", "convnext", "swin"), ("none", "leace", "qleace", "alf_qleace", "gradient")
-    return {"lr": {a: 5e-4 for a in archs}, "beta1": {a: 0.9 for a in archs},
-            "lr_by_eraser": {"convnext": {e: 1e-4 for e in erasers}}, "augment_order": {e: "erase_then_augment" for e in erasers}}
+    return {
+        "lr": {a: 5e-4 for a in archs},
+        "beta1": {a: 0.9 for a in archs},
+        "lr_by_eraser": {"convnext": {e: 1e-4 for e in erasers}},
+        "augment_order": {e: "erase_then_augment" for e in erasers},
+    }
 
 
 def write_mixed_folder(root: Path) -> Path:
@@ -902,8 +1005,11 @@ def write_lr_search(root: Path, max_epochs: int = 200) -> Path:
 def test_capped_fits_are_the_fits_that_reached_max_epochs():
     from mdl.results import capped_fits
 
-    results = {"config": {"trainer": {"kwargs": {"max_epochs": 200}}}, "blocks": [{"epochs": 200}, {"epochs": 12}],
-               "final_epochs": 200}
+    results = {
+        "config": {"trainer": {"kwargs": {"max_epochs": 200}}},
+        "blocks": [{"epochs": 200}, {"epochs": 12}],
+        "final_epochs": 200,
+    }
     assert capped_fits(results) == ["block 1", "the final fit"]
     assert capped_fits(results, max_epochs=300) == []
     assert capped_fits({**results, "config": {"trainer": {"kwargs": {"max_epochs": -1}}}}) == []  # until early stopping
@@ -927,8 +1033,10 @@ def test_lr_search_draws_mdl_against_lr_and_flags_capped_fits(tmp_path: Path, dr
     text = (out / "report.md").read_text()
     assert "](lr_mlp.png)" in text
     assert "| mlp | - | none | 0.003 | " in text and "| 0.0003: 3/3, 0.001: 3/3 |" in text
-    assert ("**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = 200 before early stopping ended them, "
-            "at lr 0.0003: 6 of 6 runs; 0.001: 6 of 6 runs.") in text
+    assert (
+        "**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = 200 before early stopping ended them, "
+        "at lr 0.0003: 6 of 6 runs; 0.001: 6 of 6 runs."
+    ) in text
 
 
 def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
@@ -939,8 +1047,15 @@ def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
         assert (tmp_path / "out" / f"lr_mlp.{fmt}").stat().st_size > 0
 
 
-@pytest.mark.parametrize("damage", ["hydra:\n  run: {dir: [", "[]", "hydra: {sweeper: {_target_: hydra._internal.core_plugins."
-                                    "basic_sweeper.BasicSweeper}, overrides: {task: ['seed=0,,']}}"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "hydra:\n  run: {dir: [",
+        "[]",
+        "hydra: {sweeper: {_target_: hydra._internal.core_plugins."
+        "basic_sweeper.BasicSweeper}, overrides: {task: ['seed=0,,']}}",
+    ],
+)
 def test_a_damaged_multirun_record_is_named_and_the_report_still_made(tmp_path: Path, caplog, damage: str):
     """A multirun.yaml cut short or garbled used to end `python -m mdl.report` in a yaml traceback."""
     from mdl.sweeps.jobs import missing_jobs

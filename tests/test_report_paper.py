@@ -29,11 +29,26 @@ PAPER_ROWS = """
 | Swin V2 | 8.18 ± 0.03 | 9.00 ± 0.13 | 8.67 ± 1.20 | 9.29 ± 0.06 | 9.08 ± 0.13 |
 """
 ARCHS = {"MLP": "mlp", "LeNet": "lenet", "ConvNeXtV2": "convnext", "Swin V2": "swin"}
-ERASERS = ("none", "leace", "alf_qleace", "gradient", "qleace")  # Control, LEACE, ALF-QLEACE, Gradient Quadratic, QLEACE
+ERASERS = (
+    "none",
+    "leace",
+    "alf_qleace",
+    "gradient",
+    "qleace",
+)  # Control, LEACE, ALF-QLEACE, Gradient Quadratic, QLEACE
 
 
-def run(root: Path, job: int, arch: str, eraser: str, seed: int, mdl: float, source: str = "cifar10",
-        width: int = 128, zscore: bool = True) -> Path:
+def run(
+    root: Path,
+    job: int,
+    arch: str,
+    eraser: str,
+    seed: int,
+    mdl: float,
+    source: str = "cifar10",
+    width: int = 128,
+    zscore: bool = True,
+) -> Path:
     """A results.json of data set ``source`` (z-scored before erasure, as the paper's table, unless
     ``zscore`` is false) whose paper MDL is ``mdl``."""
     path = write_run(root, job, arch, eraser, width, 2, seed) / "results.json"
@@ -46,6 +61,7 @@ def run(root: Path, job: int, arch: str, eraser: str, seed: int, mdl: float, sou
 
 
 # --- the shipped values ------------------------------------------------------------------------
+
 
 def test_table16_ships_4_architectures_by_5_erasers_as_printed():
     """The one printed table sits under Figure 16's caption: z-scored CIFAR-10 at base model sizes."""
@@ -60,7 +76,9 @@ def test_table16_ships_4_architectures_by_5_erasers_as_printed():
             cell = table.get("cifar10+zscore", ARCHS[label], eraser)
             mean, sd = (float(v) for v in text.split(" ± "))
             assert (cell.printed, cell.mean, cell.sd, cell.arch_paper) == (text, mean, sd, label)
-    assert {(c.metric, c.unit, c.n_seeds, c.dataset_paper) for c in table.cells} == {("paper_mdl", "bits/sample", 5, "CIFAR-10 z-scored")}
+    assert {(c.metric, c.unit, c.n_seeds, c.dataset_paper) for c in table.cells} == {
+        ("paper_mdl", "bits/sample", 5, "CIFAR-10 z-scored")
+    }
     assert all(c.location.startswith("Appendix C") for c in table.cells)
     assert any("arXiv:2502.02820" in note for note in table.notes)
     assert table.get("cifar10+zscore", "mlp", "none").rounding == pytest.approx(0.005)
@@ -76,10 +94,11 @@ def test_unknown_table_is_refused(tmp_path: Path, capsys):
 
 # --- the flag rule -----------------------------------------------------------------------------
 
+
 def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
     """MLP control 1 paper sd above the paper (inside), MLP LEACE 4 sd above (outside), 3 seeds each."""
     sweep = tmp_path / "multirun"
-    for seed, d in enumerate((-0.01, 0.0, 0.01)):   # sample std 0.01, se 0.01 / sqrt(3)
+    for seed, d in enumerate((-0.01, 0.0, 0.01)):  # sample std 0.01, se 0.01 / sqrt(3)
         run(sweep, seed, "mlp", "none", seed, 7.14 + 0.05 + d)
         run(sweep, 10 + seed, "mlp", "leace", seed, 8.49 + 0.41 + d)
     out = tmp_path / "report"
@@ -89,7 +108,7 @@ def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
     se = 0.01 / math.sqrt(3)
     for eraser, delta, sd_paper, flagged in (("none", 0.05, 0.05, "0"), ("leace", 0.41, 0.10, "1")):
         row = by_eraser[eraser]
-        sigma = math.sqrt(sd_paper ** 2 + se ** 2 + 0.005 ** 2)
+        sigma = math.sqrt(sd_paper**2 + se**2 + 0.005**2)
         assert float(row["delta"]) == pytest.approx(delta, abs=1e-9)
         assert float(row["delta_over_paper_std"]) == pytest.approx(delta / sd_paper, rel=1e-6)
         assert float(row["sigma"]) == pytest.approx(sigma, rel=1e-9)
@@ -97,7 +116,10 @@ def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
         assert row["flagged"] == flagged and row["dataset"] == row["paper_dataset"] == "cifar10+zscore"
     assert "## Comparison with the paper" in text and "Data sets differ" not in text  # matched automatically
     assert "| cifar10+zscore | mlp | none | 7.19 ± 0.01 (n=3) | 7.14 ± 0.05 (n=5) | +0.05 | +1.0 | +1.0 | no |" in text
-    assert "| cifar10+zscore | mlp | leace | 8.90 ± 0.01 (n=3) | 8.49 ± 0.10 (n=5) | +0.41 | +4.1 | +4.1 | **yes** |" in text
+    assert (
+        "| cifar10+zscore | mlp | leace | 8.90 ± 0.01 (n=3) | 8.49 ± 0.10 (n=5) | +0.41 | +4.1 | +4.1 | **yes** |"
+        in text
+    )
     assert "1 of 2 compared cell(s) beyond 2σ: mlp leace." in text
     assert "|Δ| > 2·σ" in text and "Paper cells with no run here: MLP × ALF-QLEACE" in text
 
@@ -148,6 +170,7 @@ def test_raw_cifar10_is_not_compared_with_the_z_scored_table(tmp_path: Path):
 
 # --- Figure 3 ----------------------------------------------------------------------------------
 
+
 def test_figure3_draws_the_increase_over_the_control_per_width(tmp_path: Path, monkeypatch):
     """test_report's sweep: paper MDL = base(eraser) - 1 (LeNet) + 0.01 width/64 + 0.1 depth + 0.2 seed,
     except MLP / 128 / 2 / control = 7.0, 7.5, 8.5. Per (architecture, depth) panel, one line per eraser."""
@@ -161,8 +184,10 @@ def test_figure3_draws_the_increase_over_the_control_per_width(tmp_path: Path, m
         for ax in fig.axes:
             if ax.get_visible():
                 handles, labels = ax.get_legend_handles_labels()
-                drawn[ax.get_title()] = {label: (list(h.lines[0].get_xdata()), list(h.lines[0].get_ydata()))
-                                         for h, label in zip(handles, labels)}
+                drawn[ax.get_title()] = {
+                    label: (list(h.lines[0].get_xdata()), list(h.lines[0].get_ydata()))
+                    for h, label in zip(handles, labels)
+                }
         return path
 
     monkeypatch.setattr(figs, "_save", capture)
@@ -171,8 +196,10 @@ def test_figure3_draws_the_increase_over_the_control_per_width(tmp_path: Path, m
     control_128 = (7.0 + 7.5 + 8.5) / 3
     expected = {  # mean over seeds 0, 1, 2 adds 0.2 to every generated value
         "lenet: depth=2": {"leace": ([64, 128], [1.0, 1.0])},
-        "mlp: depth=2": {"leace": ([64, 128], [1.0, 8.0 + 0.02 + 0.2 + 0.2 - control_128]),
-                         "qleace": ([64, 128], [4.0, 11.0 + 0.02 + 0.2 + 0.1 - control_128])},  # partial: seeds 0, 1
+        "mlp: depth=2": {
+            "leace": ([64, 128], [1.0, 8.0 + 0.02 + 0.2 + 0.2 - control_128]),
+            "qleace": ([64, 128], [4.0, 11.0 + 0.02 + 0.2 + 0.1 - control_128]),
+        },  # partial: seeds 0, 1
         "mlp: depth=4": {"leace": ([128], [1.0])},
     }
     assert set(drawn) == set(expected)
@@ -194,11 +221,14 @@ def test_report_writes_figure3_and_its_data(tmp_path: Path):
     with open(out / "mdl_increase.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 + 2 + 1 + 2  # lenet leace x 2 widths, mlp leace x 3 settings, mlp qleace x 2 widths
-    row = next(r for r in rows if (r["architecture"], r["width"], r["depth"], r["eraser"]) == ("mlp", "64", "2", "qleace"))
+    row = next(
+        r for r in rows if (r["architecture"], r["width"], r["depth"], r["eraser"]) == ("mlp", "64", "2", "qleace")
+    )
     assert float(row["increase_bits_per_sample"]) == pytest.approx(4.0) and row["n_control"] == "3"
 
 
 # --- the config path: report after a multirun ----------------------------------------------------
+
 
 def test_report_group_composes_to_the_callback():
     from hydra import compose, initialize_config_dir
@@ -223,13 +253,24 @@ def test_callback_refuses_unknown_table_and_writes_the_report(tmp_path: Path):
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}})
     ReportAfterMultirun(compare_to="table16", images=0).on_multirun_end(config)
     assert "Data sets differ" in (sweep / "report" / "report.md").read_text()
-    ReportAfterMultirun(enabled=False).on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "x")}}}))
+    ReportAfterMultirun(enabled=False).on_multirun_end(
+        OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "x")}}})
+    )
     assert not (tmp_path / "x").exists()
 
 
 def test_multirun_with_report_group_writes_the_comparison(tmp_path: Path):
-    proc = run_launch(["-m", "report=table16", "hydra.callbacks.report.images=0", "eraser=none,leace",
-                       f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
+    proc = run_launch(
+        [
+            "-m",
+            "report=table16",
+            "hydra.callbacks.report.images=0",
+            "eraser=none,leace",
+            f"paths.output_root={tmp_path}",
+            *FAST,
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = sweep_report(tmp_path)
     text = report.read_text()

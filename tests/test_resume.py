@@ -13,8 +13,15 @@ from pathlib import Path
 from conftest import REPO, python_path, run_launch
 
 SETTINGS = [  # the sequential engine's per-block checkpoints (tests/test_stacked.py: the stacked engine's)
-    "mdl.engine=sequential", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=30", "trainer.patience=10", "mdl.num_blocks=3", "data.first_block=300",
-    "width=32", "model.base_width=32", "seed=3",
+    "mdl.engine=sequential",
+    "mdl.checkpoint_every_s=0",
+    "trainer.kwargs.max_epochs=30",
+    "trainer.patience=10",
+    "mdl.num_blocks=3",
+    "data.first_block=300",
+    "width=32",
+    "model.base_width=32",
+    "seed=3",
 ]
 NUMBERS = ("online_codelength_bits", "paper_mdl", "final_val_loss", "val_loss_curve", "train_loss_curve")
 
@@ -67,10 +74,26 @@ import pytest  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
 from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
-from mdl.run.experiment import run_experiment# noqa: E402
+from mdl.run.experiment import run_experiment  # noqa: E402
 
-KILL_SETTINGS = ["mdl.engine=sequential", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=25", "mdl.num_blocks=3", "data.first_block=100", "width=32", "model.base_width=32"]
-EXACT = ("paper_mdl", "online_codelength_bits", "final_val_loss", "blocks", "val_loss_curve", "train_loss_curve", "final_epochs")
+KILL_SETTINGS = [
+    "mdl.engine=sequential",
+    "mdl.checkpoint_every_s=0",
+    "trainer.kwargs.max_epochs=25",
+    "mdl.num_blocks=3",
+    "data.first_block=100",
+    "width=32",
+    "model.base_width=32",
+]
+EXACT = (
+    "paper_mdl",
+    "online_codelength_bits",
+    "final_val_loss",
+    "blocks",
+    "val_loss_curve",
+    "train_loss_curve",
+    "final_epochs",
+)
 
 
 class Killed(Exception):
@@ -171,8 +194,17 @@ def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, 
     """mdl.members_per_fit=2 with 5 members: stacked fits of 2, 2 and a plain fit of the last one. Killed after
     a checkpoint in any of them (blocks of an earlier fit recorded, the fit in progress in its checkpoint) and
     re-run, the run equals an uninterrupted one."""
-    settings = ["mdl.members_per_fit=2", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=12", "trainer.patience=3",
-                "mdl.num_blocks=5", "data.first_block=100", "width=32", "model.base_width=32", "trainer.torch_threads=1"]
+    settings = [
+        "mdl.members_per_fit=2",
+        "mdl.checkpoint_every_s=0",
+        "trainer.kwargs.max_epochs=12",
+        "trainer.patience=3",
+        "mdl.num_blocks=5",
+        "data.first_block=100",
+        "width=32",
+        "model.base_width=32",
+        "trainer.torch_threads=1",
+    ]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     assert reference["engine"] == "fits of 2"
     saves = count_saves(compose_config(settings, tmp_path / "count"), tmp_path / "count", monkeypatch)

@@ -27,8 +27,12 @@ with run_lock(Path(sys.argv[1]), lease_s=float(sys.argv[2])):
 
 
 def hold(store: Path, lease_s: float, seconds: float) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(store), str(lease_s), str(seconds)], cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(store), str(lease_s), str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -92,7 +96,9 @@ def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
     holder = hold(store, lease_s=1.0, seconds=120)
     try:
         os.kill(holder.pid, signal.SIGSTOP)
-        done = subprocess.run([sys.executable, "launch.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "launch.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300
+        )
     finally:
         os.kill(holder.pid, signal.SIGCONT)
         holder.kill()
@@ -115,9 +121,17 @@ def test_a_dead_holders_leftover_record_is_not_blamed(tmp_path: Path) -> None:
     record = {"host": __import__("socket").gethostname(), "pid": dead.pid, "slurm_job": None, "started": 0.0}
     (tmp_path / HOLDER_FILE).write_text(json.dumps(record))
     os.utime(tmp_path / HOLDER_FILE, (time.time() - 3600, time.time() - 3600))  # an hour old
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from filelock import FileLock; "
-                               "l = FileLock(sys.argv[1]); l.acquire(); print('held', flush=True); time.sleep(3)",
-                               str(tmp_path / LOCK_FILE)], stdout=subprocess.PIPE, text=True)  # holds, writes no record
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from filelock import FileLock; "
+            "l = FileLock(sys.argv[1]); l.acquire(); print('held', flush=True); time.sleep(3)",
+            str(tmp_path / LOCK_FILE),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # holds, writes no record
     try:
         assert holder.stdout.readline().strip() == "held"
         with run_lock(tmp_path, lease_s=0.5):  # waits for the live holder instead of raising

@@ -40,7 +40,9 @@ def test_missing_store_is_one_message(tmp_path: Path, capsys) -> None:
     assert "no run store at" in capsys.readouterr().err
 
 
-def test_a_failed_run_is_listed_as_failed_with_its_error_until_it_runs_again(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_failed_run_is_listed_as_failed_with_its_error_until_it_runs_again(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     import mdl.run.experiment as experiment
 
     def broken(job, dm=None):
@@ -63,8 +65,12 @@ def test_a_failed_run_is_listed_as_failed_with_its_error_until_it_runs_again(tmp
 
 
 def test_columns_show_lr_tags_date_path_and_swept_keys_and_csv_keeps_full_precision(tmp_path: Path, capsys) -> None:
-    results = {act: run_experiment(compose_config(FAST + [f"model.options.activation={act}", "tags=[v2]"], tmp_path),
-                                   tmp_path / act) for act in ("relu", "gelu")}
+    results = {
+        act: run_experiment(
+            compose_config(FAST + [f"model.options.activation={act}", "tags=[v2]"], tmp_path), tmp_path / act
+        )
+        for act in ("relu", "gelu")
+    }
     out = tmp_path / "runs.csv"
     assert main([f"paths.output_root={tmp_path}", "--csv", str(out)]) == 0
     header = capsys.readouterr().out.splitlines()[0].split()
@@ -101,12 +107,17 @@ def test_a_failed_pack_lists_its_unfinished_runs_as_failed(tmp_path: Path, monke
         raise RuntimeError("CUDA out of memory\nTried to allocate 2 GiB")
 
     monkeypatch.setattr(pack, "_train_together", out_of_memory)
-    checked = [JobReturn(status=JobStatus.COMPLETED, _return_value=Job.checked(cfg, tmp_path / f"pack{i}"))
-               for i, cfg in enumerate(cfgs)]
+    checked = [
+        JobReturn(status=JobStatus.COMPLETED, _return_value=Job.checked(cfg, tmp_path / f"pack{i}"))
+        for i, cfg in enumerate(cfgs)
+    ]
     assert {r.status for r in train_checked(checked)} == {JobStatus.FAILED}
     listed = {r.values["seed"]: (r.status, r.values["error"]) for r in list_runs(tmp_path / "store")}
-    assert listed == {0: ("finished", None), 1: ("failed", "RuntimeError: CUDA out of memory"),
-                      2: ("failed", "RuntimeError: CUDA out of memory")}
+    assert listed == {
+        0: ("finished", None),
+        1: ("failed", "RuntimeError: CUDA out of memory"),
+        2: ("failed", "RuntimeError: CUDA out of memory"),
+    }
 
 
 def test_a_run_with_a_truncated_record_is_listed_as_damaged(tmp_path: Path, capsys) -> None:

@@ -33,7 +33,9 @@ def test_the_estimator_is_concept_erasures() -> None:
 
     ours = optimal_linear_shrinkage(covs, n)
     assert torch.allclose(ours, theirs(covs, n.view(-1, 1, 1)), rtol=1e-12, atol=1e-14)
-    assert torch.equal(optimal_linear_shrinkage(torch.zeros(3, 3, dtype=torch.float64), 10), torch.zeros(3, 3, dtype=torch.float64))
+    assert torch.equal(
+        optimal_linear_shrinkage(torch.zeros(3, 3, dtype=torch.float64), 10), torch.zeros(3, 3, dtype=torch.float64)
+    )
 
 
 def test_leace_with_optimal_shrinkage_erases_as_concept_erasure() -> None:

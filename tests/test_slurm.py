@@ -155,7 +155,12 @@ def test_slurm_resources_come_from_environment(monkeypatch):
     monkeypatch.setenv("MDL_SLURM_MEM_GB", "64")
     monkeypatch.setenv("MDL_SLURM_TIMEOUT_MIN", "90")
     launcher = compose_hydra(["hydra/launcher=slurm"]).hydra.launcher
-    assert (launcher.partition, launcher.gpus_per_node, launcher.mem_gb, launcher.timeout_min) == ("gpu-long", 4, 64, 90)
+    assert (launcher.partition, launcher.gpus_per_node, launcher.mem_gb, launcher.timeout_min) == (
+        "gpu-long",
+        4,
+        64,
+        90,
+    )
     flags = sbatch_flags({k: launcher[k] for k in ("partition", "gpus_per_node", "mem_gb", "timeout_min")})
     assert flags == {"partition": "gpu-long", "gpus_per_node": 4, "mem": "64GB", "time": 90}
 
@@ -189,7 +194,8 @@ def test_missing_sbatch_is_explained(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "case", ["unknown_key", "no_sbatch"],
+    "case",
+    ["unknown_key", "no_sbatch"],
 )
 def test_launch_stops_before_submission(case, env, tmp_path, tag):
     """The real entry point exits 1 with the message, creates no sweep folder, submits nothing."""
@@ -215,7 +221,9 @@ def test_launch_stops_before_submission(case, env, tmp_path, tag):
 @needs_slurm
 def test_impossible_request_rejected_by_slurm_before_submission(env, tag):
     env["MDL_SLURM_CPUS_PER_TASK"] = "100000"
-    proc = launch(["-m", "hydra/launcher=slurm", "seed=0", *FAST, f"hydra.launcher.comment={tag}", *callback_args()], env, 120)
+    proc = launch(
+        ["-m", "hydra/launcher=slurm", "seed=0", *FAST, f"hydra.launcher.comment={tag}", *callback_args()], env, 120
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Slurm rejects the sweep's job request" in proc.stderr and "cpus_per_task=100000" in proc.stderr
     assert own_jobs(tag) == []
@@ -258,7 +266,9 @@ def test_packed_slurm_sweep_is_one_array_task_per_pack_with_the_packed_numbers(e
     """hydra/launcher=packed_slurm: 2 erasers x 2 seeds are one pack, so one array task; each job its own
     results.json with the numbers the local packed launcher gives it."""
     fast = [*SWEEP, *FAST, "trainer.torch_threads=1"]  # the node's CPU count must not change the runs
-    assert_ok(launch(["-m", "hydra/launcher=packed_slurm", *fast, f"hydra.launcher.comment={tag}", *callback_args()], env))
+    assert_ok(
+        launch(["-m", "hydra/launcher=packed_slurm", *fast, f"hydra.launcher.comment={tag}", *callback_args()], env)
+    )
     [(sweep_dir, results)] = sweep_results(Path(env["SLOWING_OUTPUT_ROOT"])).items()
     assert len(results) == 4 and job_keys(results) == SWEEP_JOBS
     [script] = sweep_dir.glob(".submitit/*/*_submission.sh")  # one sbatch (an array of one task is a plain job)
@@ -283,22 +293,49 @@ def test_local_launcher_runs_the_same_sweep(env):
 @pytest.mark.slurm
 @pytest.mark.slow
 @needs_slurm
-@pytest.mark.parametrize(("interrupt", "engine"), [("usr2", "sequential"), ("requeue", "sequential"), ("requeue", "stacked")])
+@pytest.mark.parametrize(
+    ("interrupt", "engine"), [("usr2", "sequential"), ("requeue", "sequential"), ("requeue", "stacked")]
+)
 def test_preempted_job_resumes_and_matches_uninterrupted_run(interrupt, engine, env, tmp_path, tag):
     """Interrupted mid-fit, the job is requeued, resumes from its checkpoint and ends with the
     numbers of an uninterrupted run. usr2: submitit's preemption/time-out signal (it requeues
     the job itself); requeue: `scontrol requeue`, a hard kill + requeue by Slurm (node failure,
     preemption without warning)."""
-    job = ["seed=0", "eraser=leace", "width=16", "mdl.num_blocks=3", "trainer.kwargs.max_epochs=40", "trainer.patience=40",
-           f"mdl.engine={engine}", "mdl.checkpoint_every_s=0"]
+    job = [
+        "seed=0",
+        "eraser=leace",
+        "width=16",
+        "mdl.num_blocks=3",
+        "trainer.kwargs.max_epochs=40",
+        "trainer.patience=40",
+        f"mdl.engine={engine}",
+        "mdl.checkpoint_every_s=0",
+    ]
     ref_env = dict(env, SLOWING_OUTPUT_ROOT=str(tmp_path / "reference"))
     reference = subprocess.Popen(  # uninterrupted, Hydra's basic launcher, alongside
-        [sys.executable, "launch.py", *job], cwd=REPO, env=ref_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        [sys.executable, "launch.py", *job],
+        cwd=REPO,
+        env=ref_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     out_root = Path(env["SLOWING_OUTPUT_ROOT"])
     sweep = subprocess.Popen(
-        [sys.executable, "launch.py", "-m", "hydra/launcher=slurm", *job, f"hydra.launcher.comment={tag}", *callback_args()],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "launch.py",
+            "-m",
+            "hydra/launcher=slurm",
+            *job,
+            f"hydra.launcher.comment={tag}",
+            *callback_args(),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 240
@@ -323,12 +360,16 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(interrupt, engine, 
     log = "".join(p.read_text() for p in sweep_dir.glob(".submitit/*/*_log.*"))
     # usr2: submitit logs "Requeued job" after its `scontrol requeue`, unless Slurm's SIGTERM for that requeue
     # ends the process first (our checkpoint-and-exit handler); Slurm's own line says so either way
-    requeued = ("Requeued job" in log or "DUE TO JOB REQUEUE" in log) if interrupt == "usr2" else "DUE TO JOB REQUEUE" in log
+    requeued = (
+        ("Requeued job" in log or "DUE TO JOB REQUEUE" in log) if interrupt == "usr2" else "DUE TO JOB REQUEUE" in log
+    )
     assert requeued, "the job was not requeued"
     assert "resuming" in log, "the requeued job started over instead of resuming"
     [ref_path] = (tmp_path / "reference").glob("runs/*/*/results.json")
     expected = json.loads(ref_path.read_text())
     for key in NUMBERS:
         assert resumed[key] == pytest.approx(expected[key], rel=1e-9), key
-    assert [b["eval_bits"] for b in resumed["blocks"]] == pytest.approx([b["eval_bits"] for b in expected["blocks"]], rel=1e-9)
+    assert [b["eval_bits"] for b in resumed["blocks"]] == pytest.approx(
+        [b["eval_bits"] for b in expected["blocks"]], rel=1e-9
+    )
     assert resumed["val_loss_curve"] == pytest.approx(expected["val_loss_curve"], rel=1e-9)

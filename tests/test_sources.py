@@ -24,7 +24,9 @@ CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
 # --- writers of the real formats -------------------------------------------------------------
 
 
-def write_cifar10(root: Path, per_batch: int = 3, n_test: int = 4, seed: int = 0) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
+def write_cifar10(
+    root: Path, per_batch: int = 3, n_test: int = 4, seed: int = 0
+) -> tuple[np.ndarray, list[int], np.ndarray, list[int]]:
     """Write data_batch_1..5, test_batch and batches.meta; return the images (n, 3, 32, 32) and labels."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
@@ -33,8 +35,12 @@ def write_cifar10(root: Path, per_batch: int = 3, n_test: int = 4, seed: int = 0
     for b in range(1, 6):
         images = rng.integers(0, 256, (per_batch, 3, 32, 32), dtype=np.uint8)
         labels = rng.integers(0, 10, per_batch).tolist()
-        entry = {"batch_label": f"training batch {b} of 5", "labels": labels,
-                 "data": images.reshape(per_batch, 3072), "filenames": [f"img{b}_{i}.png" for i in range(per_batch)]}
+        entry = {
+            "batch_label": f"training batch {b} of 5",
+            "labels": labels,
+            "data": images.reshape(per_batch, 3072),
+            "filenames": [f"img{b}_{i}.png" for i in range(per_batch)],
+        }
         with open(folder / f"data_batch_{b}", "wb") as f:
             pickle.dump(entry, f)
         train_images.append(images)
@@ -42,8 +48,15 @@ def write_cifar10(root: Path, per_batch: int = 3, n_test: int = 4, seed: int = 0
     test_images = rng.integers(0, 256, (n_test, 3, 32, 32), dtype=np.uint8)
     test_labels = rng.integers(0, 10, n_test).tolist()
     with open(folder / "test_batch", "wb") as f:
-        pickle.dump({"batch_label": "testing batch 1 of 1", "labels": test_labels,
-                     "data": test_images.reshape(n_test, 3072), "filenames": []}, f)
+        pickle.dump(
+            {
+                "batch_label": "testing batch 1 of 1",
+                "labels": test_labels,
+                "data": test_images.reshape(n_test, 3072),
+                "filenames": [],
+            },
+            f,
+        )
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, f)
     return np.concatenate(train_images), train_labels, test_images, test_labels
@@ -142,8 +155,10 @@ def write_cifarnet(folder: Path, n_train: int, n_test: int, seed: int) -> dict[s
         arrays = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
         if split == "train":
             arrays[0] = arrays[0, :, :, :1]  # grey: all channels equal
-        images = [PILImage.fromarray(a[:, :, 0], mode="L") if (split == "train" and i == 0) else PILImage.fromarray(a)
-                  for i, a in enumerate(arrays)]
+        images = [
+            PILImage.fromarray(a[:, :, 0], mode="L") if (split == "train" and i == 0) else PILImage.fromarray(a)
+            for i, a in enumerate(arrays)
+        ]
         labels = rng.integers(0, 10, n).tolist()
         splits[split] = Dataset.from_dict({"img": images, "label": labels}, features=features)
         written[split] = (arrays, labels)

@@ -41,7 +41,10 @@ def test_penalty_gradient_is_the_closed_form(float64) -> None:
     gen = torch.Generator().manual_seed(0)
     b, k = 64, 5
     y = torch.randint(0, k, (b,), generator=gen)
-    for sd in (SpectralDecoupling(0.3), SpectralDecoupling(0.0, (0.1, 0.2, 0.0, 1.5, 0.7), (0.44, 2.5, -1.0, 0.0, 3.0))):
+    for sd in (
+        SpectralDecoupling(0.3),
+        SpectralDecoupling(0.0, (0.1, 0.2, 0.0, 1.5, 0.7), (0.44, 2.5, -1.0, 0.0, 3.0)),
+    ):
         z = torch.randn(b, k, generator=gen, requires_grad=True)
         (grad,) = torch.autograd.grad(spectral_penalty(z, y, sd).mean(), z)
         if sd.class_lambda is None:
@@ -82,12 +85,16 @@ def test_training_step_adds_exactly_the_penalty_gradient_to_the_logits() -> None
     (ce_grad,) = torch.autograd.grad(F.cross_entropy(zz, y), zz)
     expected = ce_grad + 0.2 * z / 16
     assert torch.allclose(module.model.z.grad, expected, rtol=1e-6, atol=1e-7)
-    assert module._sums["train"][0].item() == pytest.approx(16 * F.cross_entropy(z, y).item(), rel=1e-6)  # curve: plain CE
+    assert module._sums["train"][0].item() == pytest.approx(
+        16 * F.cross_entropy(z, y).item(), rel=1e-6
+    )  # curve: plain CE
 
 
 def test_loss_options_are_checked() -> None:
     assert loss_from_options(None) is None and loss_from_options({"name": "ce"}) is None
-    sd = loss_from_options({"name": "spectral_decoupling", "lambda": 0.1, "class_lambda": [1, 2], "class_gamma": None}, 2)
+    sd = loss_from_options(
+        {"name": "spectral_decoupling", "lambda": 0.1, "class_lambda": [1, 2], "class_gamma": None}, 2
+    )
     assert sd == SpectralDecoupling(0.1, (1, 2), None)
     for options, match in [
         ({"name": "focal"}, "unknown loss"),
@@ -104,8 +111,14 @@ def test_loss_options_are_checked() -> None:
 
 def test_config_group_selects_and_records_the_loss() -> None:
     assert make_loss(compose_config([]), 10) is None  # default: loss=ce
-    cfg = compose_config(["loss=spectral_decoupling", "loss.lambda=0.5", "loss.class_lambda=[0.088,0.012]",
-                          "loss.class_gamma=[0.44,2.5]"])  # the thesis' CelebA values (App. 4.5)
+    cfg = compose_config(
+        [
+            "loss=spectral_decoupling",
+            "loss.lambda=0.5",
+            "loss.class_lambda=[0.088,0.012]",
+            "loss.class_gamma=[0.44,2.5]",
+        ]
+    )  # the thesis' CelebA values (App. 4.5)
     assert make_loss(cfg, 2) == SpectralDecoupling(0.5, (0.088, 0.012), (0.44, 2.5))
     with pytest.raises(ValueError, match="has 2 values but the data has 10 classes"):
         make_loss(cfg, 10)
@@ -125,8 +138,10 @@ def _mlp(seed: int) -> nn.Module:
 def _batches(steps: int, m: int | None = None) -> list[tuple[Tensor, Tensor]]:
     gen = torch.Generator().manual_seed(2)
     lead = () if m is None else (m,)
-    return [(torch.rand(*lead, 16, 1, 8, 8, generator=gen), torch.randint(0, 10, (*lead, 16), generator=gen))
-            for _ in range(steps)]
+    return [
+        (torch.rand(*lead, 16, 1, 8, 8, generator=gen), torch.randint(0, 10, (*lead, 16), generator=gen))
+        for _ in range(steps)
+    ]
 
 
 @pytest.mark.parametrize("zero", ZERO_LOSSES, ids=["plain", "per-class"])
@@ -195,7 +210,7 @@ def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64
 def test_training_steps_with_the_penalty_read_nothing_back_to_the_host() -> None:
     sd = SpectralDecoupling(0.1, (0.1,) * 10, (1.0,) * 10)
     stack, single = _stacked(sd), Classifier(_mlp(0), torch.optim.SGD, lr=0.1, loss=sd)
-    (x, y), = _batches(1, 3)
+    ((x, y),) = _batches(1, 3)
     with RecordOps() as record:
         for i in range(3):
             stack.step_loss(x, y, _weights())
@@ -276,7 +291,9 @@ SD_RUN = ["loss=spectral_decoupling", "loss.lambda=0.3"]
 
 
 def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path: Path) -> None:
-    proc = run_launch(["-m", "mdl.engine=sequential,stacked", *FAST, *SD_RUN, f"paths.output_root={tmp_path}"], cwd=tmp_path)
+    proc = run_launch(
+        ["-m", "mdl.engine=sequential,stacked", *FAST, *SD_RUN, f"paths.output_root={tmp_path}"], cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     paths = sorted(tmp_path.glob("multirun/*/*/*/results.json"))
     assert len(paths) == 2
@@ -285,8 +302,12 @@ def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path:
         results = json.loads(path.read_text())
         engines.add(results["engine"])
         assert "loss.lambda=0.3" in path.parent.name  # the sweep's job directories name the setting
-        assert results["config"]["loss"] == {"name": "spectral_decoupling", "lambda": 0.3, "class_lambda": None,
-                                             "class_gamma": None}
+        assert results["config"]["loss"] == {
+            "name": "spectral_decoupling",
+            "lambda": 0.3,
+            "class_lambda": None,
+            "class_gamma": None,
+        }
         assert all(math.isfinite(results[k]) for k in ("paper_mdl", "online_bits_per_example", "final_val_loss"))
     assert engines == {"sequential", "stacked"}
 
@@ -319,8 +340,16 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
             original_finish(self, module, stopping)
 
         monkeypatch.setattr(StackedProtocol, "_finish", remember)
-    settings = [*FAST, *SD_RUN, "loss.lambda=1.0", f"mdl.engine={engine}", "eraser=none", "trainer.kwargs.max_epochs=6",
-                "trainer.patience=6", "mdl.checkpoint_every_s=0"]
+    settings = [
+        *FAST,
+        *SD_RUN,
+        "loss.lambda=1.0",
+        f"mdl.engine={engine}",
+        "eraser=none",
+        "trainer.kwargs.max_epochs=6",
+        "trainer.patience=6",
+        "mdl.checkpoint_every_s=0",
+    ]
     cfg = compose_config(settings, tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     from mdl.run.components import make_datamodule
@@ -335,8 +364,10 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
             n_val = sum(len(y) for _, y in logits)
             ce = sum(F.cross_entropy(z, y, reduction="sum") for z, y in logits).item() / n_val
             objective = ce + sum(spectral_penalty(z, y, sd).sum() for z, y in logits).item() / n_val
-            bits = sum(F.cross_entropy(model(x).double(), y, reduction="sum")
-                       for x, y in dm.eval_loader(block["n_train"], block["n_train"] + block["n_eval"])).item() / math.log(2)
+            bits = sum(
+                F.cross_entropy(model(x).double(), y, reduction="sum")
+                for x, y in dm.eval_loader(block["n_train"], block["n_train"] + block["n_eval"])
+            ).item() / math.log(2)
         print(f"{engine} block {i}: val CE {ce:.5f} nats, regularised {objective:.5f}, eval {bits:.2f} bits")
         assert block["val_bits_per_example"] * math.log(2) == pytest.approx(ce, rel=1e-5)
         assert objective - ce > 1e-4 * ce  # ten times the tolerance above: the regularised number would show

@@ -33,6 +33,7 @@ def crop_flip(augment: bool) -> Augmentation | None:
     """The default crop and flip, or none."""
     return Augmentation() if augment else None
 
+
 STACKED = [*FAST, "mdl.engine=stacked", "mdl.checkpoint_every_s=0"]
 
 
@@ -56,7 +57,9 @@ def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
-    stacked = StackedBatches([TrainSource(x, y)], prefixes, batch, seed=7, augment=crop_flip(augment), steps_per_group=4)
+    stacked = StackedBatches(
+        [TrainSource(x, y)], prefixes, batch, seed=7, augment=crop_flip(augment), steps_per_group=4
+    )
     steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
@@ -131,7 +134,9 @@ def test_training_step_reads_nothing_back_to_the_host() -> None:
     stack, _ = _stacked_and_single()
     optimizer = stack.configure_optimizers()
     optimizer.train()
-    group = StackedBatch(torch.rand(4, 3, 16, 1, 8, 8), torch.randint(0, 10, (4, 3, 16)), torch.ones(4, 3, 16), [0, 1, 2])
+    group = StackedBatch(
+        torch.rand(4, 3, 16, 1, 8, 8), torch.randint(0, 10, (4, 3, 16)), torch.ones(4, 3, 16), [0, 1, 2]
+    )
     with RecordOps() as record:
         stack.train_group(group, optimizer)
     assert not host_reads(record), host_reads(record)
@@ -144,11 +149,17 @@ def test_a_stacked_step_launches_as_many_kernels_for_seven_members_as_for_two(na
     kernels = {}
     for members in (2, 7):
         models = [create_model(name, 16, 2, 10, (3, 8, 8), base_width=8) for _ in range(members)]
-        stack = StackedClassifier(StackedModel(models), lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=2), 1e-2)
+        stack = StackedClassifier(
+            StackedModel(models), lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=2), 1e-2
+        )
         optimizer = stack.configure_optimizers()
         optimizer.train()
-        group = StackedBatch(torch.rand(2, members, 16, 3, 8, 8), torch.randint(0, 10, (2, members, 16)),
-                             torch.ones(2, members, 16), list(range(members)))
+        group = StackedBatch(
+            torch.rand(2, members, 16, 3, 8, 8),
+            torch.randint(0, 10, (2, members, 16)),
+            torch.ones(2, members, 16),
+            list(range(members)),
+        )
         stack.train_group(group, optimizer)  # the first step creates the optimizer's state
         with RecordOps() as record:
             stack.train_group(group, optimizer)
@@ -163,7 +174,9 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
     x, y = torch.rand(640, 3, 8, 8), torch.randint(0, 10, (640,))
     kernels = {}
     for members in (2, 7):
-        batches = StackedBatches([TrainSource(x, y)], [640] * members, 32, seed=0, augment=crop_flip(augment), steps_per_group=4)
+        batches = StackedBatches(
+            [TrainSource(x, y)], [640] * members, 32, seed=0, augment=crop_flip(augment), steps_per_group=4
+        )
         groups = iter(batches)
         next(groups)  # past the epoch's start (its shuffle and draws)
         with RecordOps() as record:
@@ -195,9 +208,15 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
     shifts = [None, lambda x, y: x + y[:, None, None, None], lambda x, y: 2 * x]  # each source's batch eraser
     prefixes, seeds, sources = [40, 200, 120, 200, 77], [3, 3, 4, 5, 6], [0, 0, 1, 2, 1]
     own = [TrainSource(xs[i], ys[i], shifts[i]) for i in range(3)]
-    mixed = StackedBatches(own, prefixes, 16, augment=crop_flip(augment), steps_per_group=3, seeds=seeds, source_of=sources)
-    alone = {m: StackedBatches([own[sources[m]]], [prefixes[m]], 16, seed=seeds[m], augment=crop_flip(augment),
-                               steps_per_group=3) for m in range(5)}
+    mixed = StackedBatches(
+        own, prefixes, 16, augment=crop_flip(augment), steps_per_group=3, seeds=seeds, source_of=sources
+    )
+    alone = {
+        m: StackedBatches(
+            [own[sources[m]]], [prefixes[m]], 16, seed=seeds[m], augment=crop_flip(augment), steps_per_group=3
+        )
+        for m in range(5)
+    }
     for _ in range(8):
         group = mixed.next(2)
         for row, m in enumerate(group.members):
@@ -224,7 +243,10 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
     stopped_early = [i for i, b in enumerate(blocks) if b["epochs"] < 40]
     assert stopped_early, "no member stopped early; lower the patience"
     for i in stopped_early:
-        curve, kept = blocks[i]["val_loss_curve"], scored[i]["epoch"]  # kept -1: the untrained model (paper_loss=last_block)
+        curve, kept = (
+            blocks[i]["val_loss_curve"],
+            scored[i]["epoch"],
+        )  # kept -1: the untrained model (paper_loss=last_block)
         assert kept == blocks[i]["best_after_epochs"] - 1
         assert len(curve) == kept + 1 + 3  # patience epochs after the best
         if kept >= 0:
@@ -240,7 +262,9 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
     for i in stopped_early:
         model.load_state_dict(scored[i]["best"])
         with torch.no_grad():
-            nats = sum(torch.nn.functional.cross_entropy(model(x).double(), y, reduction="sum") for x, y in dm.val_dataloader())
+            nats = sum(
+                torch.nn.functional.cross_entropy(model(x).double(), y, reduction="sum") for x, y in dm.val_dataloader()
+            )
         assert float(nats) / 300 == pytest.approx(blocks[i]["val_bits_per_example"] * math.log(2), rel=1e-5)
 
 
@@ -254,24 +278,42 @@ def test_stacked_run_resumes_bit_for_bit_at_every_kill_point(tmp_path: Path, mon
 @pytest.mark.slow
 def test_engines_agree_within_the_seed_to_seed_spread(tmp_path: Path) -> None:
     """Digits, the default run, 5 seeds: the engines differ by less than the seeds do."""
-    runs = {e: [run_experiment(compose_config([f"mdl.engine={e}", f"seed={s}"], tmp_path / e), tmp_path / f"{e}{s}")
-                for s in range(5)] for e in ("sequential", "stacked")}
+    runs = {
+        e: [
+            run_experiment(compose_config([f"mdl.engine={e}", f"seed={s}"], tmp_path / e), tmp_path / f"{e}{s}")
+            for s in range(5)
+        ]
+        for e in ("sequential", "stacked")
+    }
     for key in ("paper_mdl", "online_bits_per_example"):
         seq, stk = ([r[key] for r in runs[e]] for e in ("sequential", "stacked"))
         spread = statistics.stdev(seq)
         gap = abs(statistics.mean(seq) - statistics.mean(stk))
-        print(f"{key}: sequential {statistics.mean(seq):.4f} ± {spread:.4f}, stacked {statistics.mean(stk):.4f} "
-              f"± {statistics.stdev(stk):.4f}, gap {gap:.4f} = {gap / spread:.2f} seed sd")
+        print(
+            f"{key}: sequential {statistics.mean(seq):.4f} ± {spread:.4f}, stacked {statistics.mean(stk):.4f} "
+            f"± {statistics.stdev(stk):.4f}, gap {gap:.4f} = {gap / spread:.2f} seed sd"
+        )
         assert gap < spread
     for i in range(len(runs["sequential"][0]["blocks"])):
         seq = [r["blocks"][i]["eval_bits"] / r["blocks"][i]["n_eval"] for r in runs["sequential"]]
         stk = [r["blocks"][i]["eval_bits"] / r["blocks"][i]["n_eval"] for r in runs["stacked"]]
         # a block whose fits never beat the untrained model scores log2 K in both engines (up to summation order)
-        assert abs(statistics.mean(seq) - statistics.mean(stk)) <= max(statistics.stdev(seq), statistics.stdev(stk), 1e-12), i
+        assert abs(statistics.mean(seq) - statistics.mean(stk)) <= max(
+            statistics.stdev(seq), statistics.stdev(stk), 1e-12
+        ), i
 
 
-@pytest.mark.parametrize(("name", "options"), [("mlp", {}), ("mlp", {"activation": "gelu"}),
-                                               ("mlp", {"activation": "swiglu"}), ("lenet", {}), ("convnext", {}), ("swin", {})])
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("mlp", {}),
+        ("mlp", {"activation": "gelu"}),
+        ("mlp", {"activation": "swiglu"}),
+        ("lenet", {}),
+        ("convnext", {}),
+        ("swin", {}),
+    ],
+)
 def test_every_registered_model_stacks(name: str, options: dict) -> None:
     """vmap over functional_call (or the model's batched form) gives each member's own output."""
     models = []
@@ -326,17 +368,27 @@ def test_run_identity_is_the_engine_and_cpu_threads_not_how_often_it_checkpoints
     base = config_hash(compose_config(FAST))
     assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "mdl.steps_per_group=1"]))
     # on a CPU the thread count changes the numbers' last bits: it is part of the identity, as resolved
-    assert base == config_hash(compose_config([*FAST, f"trainer.torch_threads={DEFAULT_THREADS}"]))  # stacked: null = torch's
-    assert config_hash(compose_config([*FAST, "trainer.torch_threads=1"])) != config_hash(compose_config([*FAST, "trainer.torch_threads=3"]))
+    assert base == config_hash(
+        compose_config([*FAST, f"trainer.torch_threads={DEFAULT_THREADS}"])
+    )  # stacked: null = torch's
+    assert config_hash(compose_config([*FAST, "trainer.torch_threads=1"])) != config_hash(
+        compose_config([*FAST, "trainer.torch_threads=3"])
+    )
     assert base == config_hash(compose_config([*FAST, "data.balance=null", "data.transform=null"]))
     assert base != config_hash(compose_config([*FAST, "mdl.engine=sequential"]))
     assert base != config_hash(compose_config([*FAST, "data.balance=suby"]))
 
 
 def test_patience_zero_stops_at_the_first_epoch_without_improvement_as_lightning_does(tmp_path: Path) -> None:
-    results = {e: run_experiment(compose_config([*FAST, f"mdl.engine={e}", "trainer.patience=0",
-                                                 "trainer.kwargs.max_epochs=30"], tmp_path / e), tmp_path / e / "run")
-               for e in ("sequential", "stacked")}
+    results = {
+        e: run_experiment(
+            compose_config(
+                [*FAST, f"mdl.engine={e}", "trainer.patience=0", "trainer.kwargs.max_epochs=30"], tmp_path / e
+            ),
+            tmp_path / e / "run",
+        )
+        for e in ("sequential", "stacked")
+    }
     for e, r in results.items():
         for block in r["blocks"]:
             curve = block["val_loss_curve"]
@@ -356,19 +408,32 @@ def test_muP_learning_rates_equal_the_sequential_engines_to_the_bit() -> None:
 
 def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*use mdl.engine=sequential"):
-        run_experiment(compose_config([*STACKED, "+trainer.kwargs.accumulate_grad_batches=2"], tmp_path), tmp_path / "run")
+        run_experiment(
+            compose_config([*STACKED, "+trainer.kwargs.accumulate_grad_batches=2"], tmp_path), tmp_path / "run"
+        )
 
 
-@pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"accumulate_grad_batches": 2}, "or use mdl.engine=sequential"), ({"fast_dev_run": True}, "or use mdl.engine=sequential"),
-    ({"overfit_batches": 3}, "or use mdl.engine=sequential"), ({"min_epochs": 5}, "or use mdl.engine=sequential"),
-    ({"limit_train_batches": 1}, "or use mdl.engine=sequential"),  # an int: one batch
-    ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
-    ({"limit_val_batches": 0.5}, "validates every model"), ({"val_check_interval": 10}, "validates every model"),
-    ({"max_steps": 5}, "use max_epochs"), ({"min_steps": 5}, "use max_epochs"), ({"max_time": "00:01:00:00"}, "use max_epochs"),
-    ({"max_steps": None}, "use max_epochs"), ({"accumulate_grad_batches": None}, "or use mdl.engine=sequential"),  # None is not their default
-])
-def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(kwargs: dict, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"accumulate_grad_batches": 2}, "or use mdl.engine=sequential"),
+        ({"fast_dev_run": True}, "or use mdl.engine=sequential"),
+        ({"overfit_batches": 3}, "or use mdl.engine=sequential"),
+        ({"min_epochs": 5}, "or use mdl.engine=sequential"),
+        ({"limit_train_batches": 1}, "or use mdl.engine=sequential"),  # an int: one batch
+        ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
+        ({"limit_val_batches": 0.5}, "validates every model"),
+        ({"val_check_interval": 10}, "validates every model"),
+        ({"max_steps": 5}, "use max_epochs"),
+        ({"min_steps": 5}, "use max_epochs"),
+        ({"max_time": "00:01:00:00"}, "use max_epochs"),
+        ({"max_steps": None}, "use max_epochs"),
+        ({"accumulate_grad_batches": None}, "or use mdl.engine=sequential"),  # None is not their default
+    ],
+)
+def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(
+    kwargs: dict, reason: str
+) -> None:
     """The sequential engine refuses some of these and takes single steps for the others; the
     stacked engine's protocol owns all of them."""
     with pytest.raises(ValueError, match=f"trainer.kwargs.{next(iter(kwargs))}=.*{reason}"):
@@ -376,9 +441,21 @@ def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation
 
 
 def test_the_stacked_engine_accepts_the_neutral_values_of_those_settings() -> None:
-    refuse_for_stacked({"accumulate_grad_batches": 1, "fast_dev_run": False, "overfit_batches": 0.0, "min_epochs": 0,
-                        "limit_train_batches": 1.0, "gradient_clip_val": None, "limit_val_batches": 1.0,
-                        "check_val_every_n_epoch": 1, "max_steps": -1, "min_steps": None, "max_epochs": 40})
+    refuse_for_stacked(
+        {
+            "accumulate_grad_batches": 1,
+            "fast_dev_run": False,
+            "overfit_batches": 0.0,
+            "min_epochs": 0,
+            "limit_train_batches": 1.0,
+            "gradient_clip_val": None,
+            "limit_val_batches": 1.0,
+            "check_val_every_n_epoch": 1,
+            "max_steps": -1,
+            "min_steps": None,
+            "max_epochs": 40,
+        }
+    )
 
 
 def test_a_stacked_checkpoint_made_by_other_code_is_not_resumed(tmp_path: Path, monkeypatch, caplog) -> None:
@@ -419,7 +496,9 @@ def test_callbacks_see_every_optimizer_step_of_a_group(tmp_path: Path, monkeypat
             calls["on_before_optimizer_step"] += 1
 
     monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([CountSteps()], None))
-    cfg = compose_config([*STACKED, "trainer.kwargs.max_epochs=6", "trainer.patience=2", "mdl.steps_per_group=4"], tmp_path)
+    cfg = compose_config(
+        [*STACKED, "trainer.kwargs.max_epochs=6", "trainer.patience=2", "mdl.steps_per_group=4"], tmp_path
+    )
     results = run_experiment(cfg, tmp_path / "run")
     batch = cfg.data.batch_size
     members = [(b["n_train"], b["epochs"]) for b in results["blocks"]] + [(results["n_train"], results["final_epochs"])]
@@ -431,8 +510,10 @@ def test_grouping_steps_changes_no_result(tmp_path: Path) -> None:
     """mdl.steps_per_group only changes how many optimizer steps one Lightning step runs: the same
     batches, steps and protocol (on this CPU the numbers are identical to the bit)."""
     results = [
-        run_experiment(compose_config([*STACKED, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"], tmp_path / str(g)),
-                       tmp_path / str(g) / "run")
+        run_experiment(
+            compose_config([*STACKED, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"], tmp_path / str(g)),
+            tmp_path / str(g) / "run",
+        )
         for g in (1, 5)
     ]
     ungrouped, grouped = ([(b["epochs"], b["eval_bits"], b["val_loss_curve"]) for b in r["blocks"]] for r in results)

@@ -16,10 +16,13 @@ from models import create_model
 
 def preset_swin(overrides: list[str] = ()) -> tuple:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=paper/table16", "model=swin", "eraser=none", "seed=0", *overrides])
+        cfg = compose(
+            "config", overrides=["+experiment=paper/table16", "model=swin", "eraser=none", "seed=0", *overrides]
+        )
     options = dict(cfg.model.options)
-    model = create_model("swin", cfg.width, cfg.depth, 10, (3, 32, 32), base_width=cfg.model.base_width,
-                         init=cfg.model.init, **options)
+    model = create_model(
+        "swin", cfg.width, cfg.depth, 10, (3, 32, 32), base_width=cfg.model.base_width, init=cfg.model.init, **options
+    )
     return cfg, model
 
 
@@ -69,9 +72,16 @@ def _attention_over_real_tokens(attn: ShiftedWindowAttentionV2, x: torch.Tensor)
     window = F.pad(x, (0, 0, 0, 7 - w, 0, 7 - h)).reshape(b, 49, c)
     bias = attn.qkv.bias.clone()
     bias[c : 2 * c] = 0
-    q, k, v = F.linear(window, attn.qkv.weight, bias).reshape(b, 49, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)
+    q, k, v = (
+        F.linear(window, attn.qkv.weight, bias)
+        .reshape(b, 49, 3, attn.num_heads, c // attn.num_heads)
+        .permute(2, 0, 3, 1, 4)
+    )
     logits = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-    logits = logits * torch.clamp(attn.logit_scale, max=torch.log(torch.tensor(100.0))).exp() + attn.get_relative_position_bias()
+    logits = (
+        logits * torch.clamp(attn.logit_scale, max=torch.log(torch.tensor(100.0))).exp()
+        + attn.get_relative_position_bias()
+    )
     real = torch.zeros(7, 7, dtype=torch.bool)
     real[:h, :w] = True
     logits = logits.masked_fill(~real.reshape(1, 1, 1, 49), float("-inf"))

@@ -51,7 +51,14 @@ def probes(
 @functools.lru_cache(maxsize=2)
 def covariance_only(seed: int = 0):
     return load_source(
-        "synthetic", num_classes=K, shape=[1, 8, 8], n_train=N, n_test=N, mean_shift=0.0, cov_shift=1.5, generator_seed=seed
+        "synthetic",
+        num_classes=K,
+        shape=[1, 8, 8],
+        n_train=N,
+        n_test=N,
+        mean_shift=0.0,
+        cov_shift=1.5,
+        generator_seed=seed,
     )
 
 
@@ -76,7 +83,9 @@ def test_qleace_removes_covariance_information() -> None:
     before = probes(src.train.x, src.train.y, src.test.x, src.test.y, linear=False)
     eraser = fit_eraser("qleace", src.train.x.double(), src.train.y)
     # held-out data mapped with their true labels (the oracle map; eval_labels=true)
-    after = probes(eraser(src.train.x.double(), src.train.y), src.train.y, eraser(src.test.x.double(), src.test.y), src.test.y)
+    after = probes(
+        eraser(src.train.x.double(), src.train.y), src.train.y, eraser(src.test.x.double(), src.test.y), src.test.y
+    )
     assert before["quadratic"] > 0.8
     assert abs(after["quadratic"] - 1 / K) < chance_band(N, K), after
     assert abs(after["linear"] - 1 / K) < chance_band(N, K), after
@@ -115,9 +124,11 @@ def test_moment_qda_agrees_with_sklearn() -> None:
     src = covariance_only(seed=1)
     moments = class_moments(src.train.x.double(), src.train.y, K)
     ours = QuadraticDiscriminant.from_moments(moments, regularization=1e-9).predict(src.test.x)
-    ref = QuadraticDiscriminantAnalysis(reg_param=0.0).fit(
-        src.train.x.reshape(N, -1).double().numpy(), src.train.y.numpy()
-    ).predict(src.test.x.reshape(N, -1).double().numpy())
+    ref = (
+        QuadraticDiscriminantAnalysis(reg_param=0.0)
+        .fit(src.train.x.reshape(N, -1).double().numpy(), src.train.y.numpy())
+        .predict(src.test.x.reshape(N, -1).double().numpy())
+    )
     agreement = (ours.numpy() == ref).mean()
     assert agreement > 0.99, agreement
     assert (ours == src.test.y).double().mean() > 0.8

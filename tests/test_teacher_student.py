@@ -109,7 +109,7 @@ def test_huge_kappa_overfits_without_a_second_descent() -> None:
     """kappa = 1e5 (thesis Fig. 3): slow features never learned in 1e7 steps, classical U-shape."""
     curve = multiscale_linear(kappa=1e5, seed=0).gd_test_error(LOG_STEPS)
     peak = int(curve.argmax())
-    assert curve[-1] > curve[: peak].min()  # ends above its first minimum: no second descent
+    assert curve[-1] > curve[:peak].min()  # ends above its first minimum: no second descent
     assert len(prominent_maxima(curve[: peak + 1])) == 0
 
 

@@ -49,15 +49,31 @@ def _read_until_exit(master: int, proc: subprocess.Popen, timeout: float) -> byt
     return b"".join(chunks)
 
 
-def run_in_terminal(args: list[str], cwd: Path, cols: int = 120, rows: int = 30, timeout: float = 600) -> tuple[int, bytes]:
+def run_in_terminal(
+    args: list[str], cwd: Path, cols: int = 120, rows: int = 30, timeout: float = 600
+) -> tuple[int, bytes]:
     """launch.py with stdin, stdout and stderr on a fresh pseudo-terminal of ``cols`` x ``rows``, as in tmux."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    env = {**os.environ, "PYTHONPATH": python_path(), "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": python_path(),
+        "TERM": "xterm-256color",
+        "COLUMNS": str(cols),
+        "LINES": str(rows),
+    }
     for key in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         env.pop(key, None)
-    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args], cwd=cwd, env=env,
-                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "launch.py"), *args],
+        cwd=cwd,
+        env=env,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        close_fds=True,
+    )
     os.close(slave)
     try:
         output = _read_until_exit(master, proc, timeout)
@@ -89,7 +105,9 @@ def assert_clean_screen(lines: list[str], num_blocks: int) -> None:
     assert not glued, f"a line starts right after a box-drawing character: {glued}"
     assert not BOX.search(screen), f"a table's border stayed on screen:\n{screen}"
     for i in range(1, num_blocks):
-        assert sum(f"] - block {i}/{num_blocks - 1}:" in line for line in lines) == 1, f"block {i}/{num_blocks - 1}:\n{screen}"
+        assert sum(f"] - block {i}/{num_blocks - 1}:" in line for line in lines) == 1, (
+            f"block {i}/{num_blocks - 1}:\n{screen}"
+        )
     assert sum("] - final fit on" in line for line in lines) == 1, screen
     assert lines[-1].startswith("results: "), screen
 

@@ -47,10 +47,16 @@ def test_checkpoints_hold_eval_mode_weights(tmp_path: Path) -> None:
     model = create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32)
     module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
     recorder = RecordEvalWeights(tmp_path)
-    end_of_epoch = ModelCheckpoint(dirpath=tmp_path, filename="epoch-{epoch}", save_top_k=-1, save_on_train_epoch_end=True)
+    end_of_epoch = ModelCheckpoint(
+        dirpath=tmp_path, filename="epoch-{epoch}", save_top_k=-1, save_on_train_epoch_end=True
+    )
     trainer = L.Trainer(
-        max_epochs=3, callbacks=[recorder, end_of_epoch], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0,
+        max_epochs=3,
+        callbacks=[recorder, end_of_epoch],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     trainer.fit(module, DeviceBatches(x, y, 64, shuffle=True), DeviceBatches(x, y, 128))
     assert len(recorder.expected) == 3
@@ -61,8 +67,9 @@ def test_checkpoints_hold_eval_mode_weights(tmp_path: Path) -> None:
         for key, value in expected.items():
             assert torch.allclose(ckpt["state_dict"][key], value, rtol=1e-5, atol=1e-7), f"{name}: {key}"
         train_weights = recorder.train_mode_weights[name]
-        assert any(not torch.allclose(ckpt["state_dict"][k], v, rtol=1e-3, atol=1e-6) for k, v in train_weights.items()), \
-            "train- and eval-mode weights coincide: the test would not notice a train-mode checkpoint"
+        assert any(
+            not torch.allclose(ckpt["state_dict"][k], v, rtol=1e-3, atol=1e-6) for k, v in train_weights.items()
+        ), "train- and eval-mode weights coincide: the test would not notice a train-mode checkpoint"
     epoch_ckpts = sorted(tmp_path.glob("epoch-*.ckpt"))
     assert len(epoch_ckpts) == 3
     for path in epoch_ckpts:
@@ -88,8 +95,18 @@ def test_results_file_has_the_documented_keys(tmp_path: Path) -> None:
     cfg = compose_config(FAST, output_root=tmp_path)
     run_experiment(cfg, tmp_path / "run")
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    for key in ("config", "git_sha", "blocks", "online_codelength_bits", "online_bits_per_example",
-                "paper_mdl", "final_val_loss", "val_loss_curve", "config_hash", "eraser_path"):
+    for key in (
+        "config",
+        "git_sha",
+        "blocks",
+        "online_codelength_bits",
+        "online_bits_per_example",
+        "paper_mdl",
+        "final_val_loss",
+        "val_loss_curve",
+        "config_hash",
+        "eraser_path",
+    ):
         assert key in results, key
     assert results["config"]["seed"] == 0 and results["config"]["eraser"]["name"] == "leace"
     assert [b["n_train"] for b in results["blocks"]] == results["boundaries"][:-1]
@@ -115,20 +132,29 @@ def test_a_finished_run_keeps_no_checkpoints_and_skip_if_done_false_runs_it_agai
     assert not (store / "checkpoints").exists() and not (store / "progress.json").exists()
     (store / "checkpoints").mkdir()
     (store / "checkpoints" / "final.ckpt").write_bytes(b"left by an earlier attempt")
-    again = run_experiment(compose_config([*FAST, "mdl.engine=sequential", "skip_if_done=false"], output_root=tmp_path), tmp_path / "two")
+    again = run_experiment(
+        compose_config([*FAST, "mdl.engine=sequential", "skip_if_done=false"], output_root=tmp_path), tmp_path / "two"
+    )
     assert not again.get("skipped") and again["paper_mdl"] == first["paper_mdl"]
     assert not (store / "checkpoints").exists()
 
 
 @pytest.mark.parametrize(
     "override,message",
-    [("eraser.name=nope", "unknown eraser 'nope'"), ("model.name=nope", "unknown model 'nope'"), ("seed=-1", "seed"),
-     ("mdl.steps_per_group=2.5", "mdl.steps_per_group=2.5: must be an integer >= 1"),
-     ("mdl.steps_per_group=abc", "mdl.steps_per_group='abc'"),
-     ("mdl.checkpoint_every_s=inf", "mdl.checkpoint_every_s=inf: must be a finite number"),
-     ("mdl.checkpoint_every_s=abc", "mdl.checkpoint_every_s='abc'"),
-     ("+trainer.patiense=1", "trainer.patiense: unknown setting, it would be ignored; did you mean trainer.patience"),
-     ("+mdl.num_block=3", "did you mean mdl.num_blocks")],
+    [
+        ("eraser.name=nope", "unknown eraser 'nope'"),
+        ("model.name=nope", "unknown model 'nope'"),
+        ("seed=-1", "seed"),
+        ("mdl.steps_per_group=2.5", "mdl.steps_per_group=2.5: must be an integer >= 1"),
+        ("mdl.steps_per_group=abc", "mdl.steps_per_group='abc'"),
+        ("mdl.checkpoint_every_s=inf", "mdl.checkpoint_every_s=inf: must be a finite number"),
+        ("mdl.checkpoint_every_s=abc", "mdl.checkpoint_every_s='abc'"),
+        (
+            "+trainer.patiense=1",
+            "trainer.patiense: unknown setting, it would be ignored; did you mean trainer.patience",
+        ),
+        ("+mdl.num_block=3", "did you mean mdl.num_blocks"),
+    ],
 )
 def test_bad_config_values_are_named(tmp_path: Path, override: str, message: str) -> None:
     cfg = compose_config(FAST + [override], output_root=tmp_path)

@@ -12,7 +12,8 @@ from conftest import FAST, run_launch
 def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
     proc = run_launch(
         ["-m", "logger=wandb", "eraser=none,leace", f"paths.output_root={tmp_path}", *FAST],
-        cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep,) = list((tmp_path / "multirun").glob("*/*"))
@@ -25,8 +26,16 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
         assert sweep.name.encode() in record  # group: the sweep
         assert f"eraser={eraser}".encode() in record  # name: the job's overrides
         assert eraser.encode() in record  # job type
-        for series in (b"block01/val_loss", b"block01/train_loss", b"block01/val_accuracy", b"epoch", b"block02/val_loss",
-                       b"final/val_loss", b"final/val_accuracy", b"paper_mdl"):
+        for series in (
+            b"block01/val_loss",
+            b"block01/train_loss",
+            b"block01/val_accuracy",
+            b"epoch",
+            b"block02/val_loss",
+            b"final/val_loss",
+            b"final/val_accuracy",
+            b"paper_mdl",
+        ):
             assert series in record, series
         _workspace_panels_have_data(record)
     from wandb_records import run_record
@@ -61,8 +70,11 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     are an artifact, the blocks a table."""
     from wandb_records import artifacts, config, run_record, summary
 
-    proc = run_launch(["-m", "logger=wandb", "eraser=leace", "tags=[baseline,v2]", f"paths.output_root={tmp_path}", *FAST],
-                      cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    proc = run_launch(
+        ["-m", "logger=wandb", "eraser=leace", "tags=[baseline,v2]", f"paths.output_root={tmp_path}", *FAST],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_file,) = tmp_path.glob("multirun/*/*/*/wandb/offline-run-*/run-*.wandb")
     assert "tags" not in run_file.parents[2].name  # the user's tags name no folder: they are not part of a run
@@ -120,8 +132,11 @@ def test_several_loggers_each_get_the_run(tmp_path: Path) -> None:
 
     from wandb_records import summary
 
-    proc = run_launch(["logger=[csv,wandb]", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
-                      cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""})
+    proc = run_launch(
+        ["logger=[csv,wandb]", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
+        cwd=tmp_path,
+        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_file,) = tmp_path.glob("runs/*/*/wandb/offline-run-*/run-*.wandb")
     run_dir = run_file.parents[2]

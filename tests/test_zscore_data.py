@@ -23,10 +23,15 @@ def test_training_split_has_zero_mean_and_unit_variance_and_constant_pixels_stay
     assert bool((~varying).any())  # digits has constant pixels: they map to 0, not NaN
     assert torch.isfinite(z.train_set.x).all() and torch.isfinite(z.val_set.x).all()
     assert torch.allclose(x.mean(0), torch.zeros_like(x.mean(0)), atol=1e-5)
-    assert torch.allclose(x.std(0)[varying], torch.ones(int(varying.sum()), dtype=torch.float64), atol=1e-3)  # std + eps
+    assert torch.allclose(
+        x.std(0)[varying], torch.ones(int(varying.sum()), dtype=torch.float64), atol=1e-3
+    )  # std + eps
     assert bool((x[:, ~varying] == 0).all())
     # val and test use the training split's statistics (not their own)
-    mean, std = raw.train_set.x.double().flatten(1).mean(0), raw.train_set.x.double().flatten(1).std(0) + torch.finfo(torch.float32).eps
+    mean, std = (
+        raw.train_set.x.double().flatten(1).mean(0),
+        raw.train_set.x.double().flatten(1).std(0) + torch.finfo(torch.float32).eps,
+    )
     expected = ((raw.val_set.x.double().flatten(1) - mean) / std).float()
     assert torch.allclose(z.val_set.x.flatten(1), expected, atol=1e-6)
     assert z.diagnostics["zscore"]["statistics"] == "training split"

@@ -27,11 +27,11 @@ def records(path: str | Path):
         if left < HEADER:
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + HEADER])
+        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + HEADER])
         if length == 0 and kind == 0:
             pos += left
             continue
-        data = raw[pos + HEADER:pos + HEADER + length]
+        data = raw[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         pending = data if kind in (1, 2) else pending + data
         if kind in (1, 4):
@@ -69,11 +69,17 @@ def config(path: str | Path) -> dict[str, object]:
 
 def artifacts(path: str | Path) -> dict[str, list[str]]:
     """Logged artifacts: name -> the files in it."""
-    return {r.artifact.name: [m.path for m in r.artifact.manifest.contents]
-            for r in records(path) if r.WhichOneof("record_type") == "artifact"}
+    return {
+        r.artifact.name: [m.path for m in r.artifact.manifest.contents]
+        for r in records(path)
+        if r.WhichOneof("record_type") == "artifact"
+    }
 
 
 def history(path: str | Path) -> list[dict[str, object]]:
     """The run's history rows (one per ``log`` call), each key with its value, W&B's own keys (``_step``...) included."""
-    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-            for r in records(path) if r.WhichOneof("record_type") == "history"]
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+        for r in records(path)
+        if r.WhichOneof("record_type") == "history"
+    ]

@@ -47,8 +47,11 @@ def job_ending(message: str, sigterm: bool) -> tuple[str, int] | None:
     if last:
         return last[0].group(0), EXIT_CODE if last[0].group(1) == "preempted" else ERROR_EXIT
     if sigterm:
-        return ("preempted: SIGTERM received (preemption or time limit): the sweep's jobs stopped. "
-                "Run the same command again to resume.", EXIT_CODE)
+        return (
+            "preempted: SIGTERM received (preemption or time limit): the sweep's jobs stopped. "
+            "Run the same command again to resume.",
+            EXIT_CODE,
+        )
     return None
 
 

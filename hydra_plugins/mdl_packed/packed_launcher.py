@@ -16,7 +16,6 @@ with one ``error:`` line and exit status 2 (checked before any pack trains); a S
 checkpoints the pack in training, starts no further pack and exits 143 with the ``preempted:`` line.
 """
 
-
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +58,9 @@ def checked_job(cfg: DictConfig) -> Any:
         return replace(Job.checked(cfg, hc.runtime.output_dir, list(hc.overrides.task)), log_files=current_log_files())
 
 
-def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str], idx: int, job_id: str) -> JobReturn:
+def check_job(
+    hydra_context: HydraContext, config: DictConfig, overrides: Sequence[str], idx: int, job_id: str
+) -> JobReturn:
     """Compose one job as Hydra's launchers do, make its folder and .hydra/ files, and check it (no training)."""
     sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
     with open_dict(sweep_config):
@@ -67,8 +68,13 @@ def check_job(hydra_context: HydraContext, config: DictConfig, overrides: Sequen
         sweep_config.hydra.job.num = idx
     HydraConfig.instance().set_config(sweep_config)
     log.info("\t#%d : %s", idx, " ".join(overrides))
-    ret = run_job(hydra_context=hydra_context, task_function=checked_job, config=sweep_config,
-                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    ret = run_job(
+        hydra_context=hydra_context,
+        task_function=checked_job,
+        config=sweep_config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # off the job's log file, as Hydra's basic launcher
     return ret
 
@@ -81,7 +87,9 @@ def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:
     return list(packs.values())
 
 
-def check_jobs(hydra_context: HydraContext, config: DictConfig, jobs: Sequence[tuple[Sequence[str], int, str]]) -> list[JobReturn]:
+def check_jobs(
+    hydra_context: HydraContext, config: DictConfig, jobs: Sequence[tuple[Sequence[str], int, str]]
+) -> list[JobReturn]:
     """Every job (overrides, number, id) checked: a job that launch.py would refuse stops the sweep here, before any
     pack trains, with launch.py's message and exit status."""
     checked = [check_job(hydra_context, config, overrides, idx, job_id) for overrides, idx, job_id in jobs]
@@ -99,8 +107,15 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
     quiet_lightning()
 
     def returned(ret: JobReturn, status: JobStatus, value: Any) -> JobReturn:
-        return JobReturn(overrides=ret.overrides, cfg=ret.cfg, hydra_cfg=ret.hydra_cfg, working_dir=ret.working_dir,
-                         task_name=ret.task_name, status=status, _return_value=value)
+        return JobReturn(
+            overrides=ret.overrides,
+            cfg=ret.cfg,
+            hydra_cfg=ret.hydra_cfg,
+            working_dir=ret.working_dir,
+            task_name=ret.task_name,
+            status=status,
+            _return_value=value,
+        )
 
     try:
         with ends_like_a_run():
@@ -130,10 +145,15 @@ class PackedLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         with ends_like_a_run(), sigterm_guard():  # one SIGTERM request for the whole sweep: no pack starts after it
-            jobs = [(overrides, initial_job_idx + i, f"job_id_for_{initial_job_idx + i}") for i, overrides in enumerate(job_overrides)]
+            jobs = [
+                (overrides, initial_job_idx + i, f"job_id_for_{initial_job_idx + i}")
+                for i, overrides in enumerate(job_overrides)
+            ]
             checked = check_jobs(self.hydra_context, self.config, jobs)
             ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
-            packs = [[ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])]
+            packs = [
+                [ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])
+            ]
             log.info("packed launcher: %s", packs_line(len(job_overrides), len(packs)))
             done = list(checked)
             for members in packs:

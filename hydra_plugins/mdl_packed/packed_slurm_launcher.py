@@ -65,8 +65,11 @@ class PackedSlurmLauncher(SlurmLauncher):
             HydraConfig.instance().set_config(cfg)
             keys.append(pack_key(cfg))
         packs = group_into_packs(keys)
-        log.info("packed Slurm launcher: %s, one array task each; sweep output dir: %s",
-                 packs_line(len(job_overrides), len(packs)), self.config.hydra.sweep.dir)
+        log.info(
+            "packed Slurm launcher: %s, one array task each; sweep output dir: %s",
+            packs_line(len(job_overrides), len(packs)),
+            self.config.hydra.sweep.dir,
+        )
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         tasks = [[(list(job_overrides[i]), initial_job_idx + i) for i in pack] for pack in packs]
         submitted = self._executor().map_array(self, tasks, [Singleton.get_state()] * len(tasks))
@@ -81,9 +84,9 @@ class PackedSlurmLauncher(SlurmLauncher):
         import submitit
 
         params = dict(self.params)
-        executor = submitit.AutoExecutor(folder=params.pop("submitit_folder"), cluster="slurm",
-                                         slurm_max_num_timeout=params.pop("max_num_timeout"))
+        executor = submitit.AutoExecutor(
+            folder=params.pop("submitit_folder"), cluster="slurm", slurm_max_num_timeout=params.pop("max_num_timeout")
+        )
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in shared else f"slurm_{k}": v for k, v in params.items()})
         return executor
-

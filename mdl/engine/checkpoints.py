@@ -55,13 +55,15 @@ def _read(path: Path) -> tuple[str, bytes]:
     blob = Path(path).read_bytes()
     head = len(MAGIC) + DIGEST_LEN
     if len(blob) < head + IDENTITY_LEN_BYTES or not blob.startswith(MAGIC):
-        raise DamagedCheckpoint(f"{path}: not a checkpoint of this version of the framework (missing header); it was "
-                                f"truncated, written by another program or by older code")
-    digest, body = blob[len(MAGIC):head].decode(errors="replace"), blob[head:]
+        raise DamagedCheckpoint(
+            f"{path}: not a checkpoint of this version of the framework (missing header); it was "
+            f"truncated, written by another program or by older code"
+        )
+    digest, body = blob[len(MAGIC) : head].decode(errors="replace"), blob[head:]
     if sha256_hex(body) != digest:
         raise DamagedCheckpoint(f"{path}: checksum mismatch ({len(body)} bytes); the file is damaged")
     n = int.from_bytes(body[:IDENTITY_LEN_BYTES], "big")
-    return body[IDENTITY_LEN_BYTES:IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n:]
+    return body[IDENTITY_LEN_BYTES : IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n :]
 
 
 def is_intact(path: Path) -> bool:
@@ -101,8 +103,12 @@ def resumable(checkpoint: Path | None, identity: str) -> str | None:
         checkpoint.unlink(missing_ok=True)
         return None
     if written_by != identity:
-        log.warning("discarding checkpoint %s: it was written by %s, this is %s; this fit starts over",
-                    checkpoint, written_by or "unknown code", identity)
+        log.warning(
+            "discarding checkpoint %s: it was written by %s, this is %s; this fit starts over",
+            checkpoint,
+            written_by or "unknown code",
+            identity,
+        )
         checkpoint.unlink(missing_ok=True)
         return None
     log.info("resuming fit from %s", checkpoint)

@@ -39,7 +39,9 @@ def training_device(device: str, data_device: str | None = None, accelerator: st
     if accelerator not in (None, "auto"):
         kind = "cpu" if accelerator in LIGHTNING_CPU else "cuda" if accelerator in LIGHTNING_CUDA else None
         if kind is None:
-            raise ValueError(f"trainer.kwargs.accelerator={accelerator!r} is not supported; use device=cpu or device=cuda")
+            raise ValueError(
+                f"trainer.kwargs.accelerator={accelerator!r} is not supported; use device=cpu or device=cuda"
+            )
         if kind != resolved.type:
             raise ValueError(
                 f"trainer.kwargs.accelerator={accelerator} contradicts data.device/device={data_device or device} "
@@ -52,5 +54,8 @@ def training_device(device: str, data_device: str | None = None, accelerator: st
 def lightning_device_kwargs(device: torch.device) -> dict[str, Any]:
     """Trainer arguments that pin Lightning to ``device`` (one process, one device)."""
     if device.type == "cuda":
-        return {"accelerator": "cuda", "devices": [device.index if device.index is not None else torch.cuda.current_device()]}
+        return {
+            "accelerator": "cuda",
+            "devices": [device.index if device.index is not None else torch.cuda.current_device()],
+        }
     return {"accelerator": "cpu", "devices": 1}

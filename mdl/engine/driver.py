@@ -60,8 +60,9 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
             for r, m in members:
                 if not ledgers[r].done(m):
                     if r not in makers:
-                        makers[r] = module_factory(runs[r].model, fitting.precision, fitting.channels_last,
-                                                   fitting.compile_backend)
+                        makers[r] = module_factory(
+                            runs[r].model, fitting.precision, fitting.channels_last, fitting.compile_backend
+                        )
                     fit_single(ledgers[r], m, makers[r], fitting)
             continue
         try:
@@ -83,8 +84,16 @@ def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier
     ckpt = run.store / "checkpoints" / ("final.ckpt" if is_final else f"block{member:02d}.ckpt")
     progress = FitProgress(member, name, fitting.patience, fitting.max_epochs, run.on_epoch)
     extra = [*fitting.callbacks, *([run.final_curves] if is_final and run.final_curves is not None else []), progress]
-    fit = partial(fit_prefix, run.data, make_module=make_module, fitting=fitting, checkpoint=ckpt,
-                  identity=run_identity(run.store), extra_callbacks=extra, member=member)
+    fit = partial(
+        fit_prefix,
+        run.data,
+        make_module=make_module,
+        fitting=fitting,
+        checkpoint=ckpt,
+        identity=run_identity(run.store),
+        extra_callbacks=extra,
+        member=member,
+    )
     with batch_order_of(run.data, run.seed):
         outcome, seconds = fit_one_member(run.data, run.boundaries, member, run.seeds()[member], fit)
     ledger.record(outcome, seconds)
@@ -114,7 +123,9 @@ def run_stacked_fit(ledgers: Sequence[Ledger], members: list[Member], fitting: F
 def stacked_checkpoint(folder: Path, members: list[Member], total: int) -> Path:
     """A stacked fit's checkpoint: ``stacked.ckpt`` for a fit of every member, else named by its (run, block)
     members (another split, e.g. after running out of memory, is another name)."""
-    name = STACKED_CHECKPOINT if len(members) == total else f"fit-{sha256_hex(repr(sorted(members)).encode())[:12]}.ckpt"
+    name = (
+        STACKED_CHECKPOINT if len(members) == total else f"fit-{sha256_hex(repr(sorted(members)).encode())[:12]}.ckpt"
+    )
     return folder / "checkpoints" / name
 
 
@@ -137,8 +148,11 @@ def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[Membe
         refuse_for_sequential(trainer_kwargs)
     single_steps = settings_needing_single_steps(trainer_kwargs)
     if single_steps and steps_per_group > 1:
-        log.info("trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
-                 single_steps[0], steps_per_group)
+        log.info(
+            "trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
+            single_steps[0],
+            steps_per_group,
+        )
 
 
 __all__ = ["MemberOutcome", "STACKED_CHECKPOINT", "check_trainer_settings", "train_runs"]

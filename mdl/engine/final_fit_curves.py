@@ -29,8 +29,13 @@ class FinalFitCurves(L.Callback):
     """Per epoch of the final fit, accuracy on every named set and mean loss (nats) on each set in
     ``with_loss``. results() gives ``<name>_accuracy_curve`` and ``<name>_loss_curve`` lists."""
 
-    def __init__(self, sets: dict[str, tuple[Tensor, Tensor]], batch_size: int, with_loss: tuple[str, ...] = (),
-                 info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        sets: dict[str, tuple[Tensor, Tensor]],
+        batch_size: int,
+        with_loss: tuple[str, ...] = (),
+        info: dict[str, Any] | None = None,
+    ) -> None:
         self.sets = sets
         self.batch_size = batch_size
         self.with_loss = tuple(with_loss)
@@ -38,7 +43,9 @@ class FinalFitCurves(L.Callback):
         self.curves: dict[str, list[float]] = {key: [] for key in self._keys()}
 
     def _keys(self) -> list[str]:
-        return [f"{n}_accuracy_curve" for n in self.sets] + [f"{n}_loss_curve" for n in self.sets if n in self.with_loss]
+        return [f"{n}_accuracy_curve" for n in self.sets] + [
+            f"{n}_loss_curve" for n in self.sets if n in self.with_loss
+        ]
 
     def _batches(self, name: str) -> DeviceBatches:
         x, y = self.sets[name]

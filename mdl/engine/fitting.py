@@ -18,7 +18,10 @@ from mdl.engine.preemption import defer_until_checkpoint, end_deferral, sigterm_
 
 
 def make_trainer(
-    trainer_kwargs: dict[str, Any], device: torch.device, callbacks: list[L.Callback], checkpointing: bool,
+    trainer_kwargs: dict[str, Any],
+    device: torch.device,
+    callbacks: list[L.Callback],
+    checkpointing: bool,
     identity: str = "",
 ) -> L.Trainer:
     """A quiet Trainer on the run's device, saving checkpoints (stamped with ``identity``) only through our callbacks."""

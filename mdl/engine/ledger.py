@@ -34,8 +34,9 @@ class Ledger:
         """The run's progress so far (a stale attempt, of another schedule or code, is discarded with a warning);
         progress.json is written at once, so a later attempt by other code knows not to resume this one."""
         if run.boundaries[-1] != run.data.num_train:
-            raise ValueError(f"block schedule ends at {run.boundaries[-1]} but there are {run.data.num_train} "
-                             f"training examples")
+            raise ValueError(
+                f"block schedule ends at {run.boundaries[-1]} but there are {run.data.num_train} training examples"
+            )
         path = run.store / PROGRESS_FILE
         recorded = run.wrap(finished_blocks)(path, run.boundaries)  # its lines ("resuming: ...") are the run's
         if not path.exists():
@@ -91,28 +92,47 @@ class Ledger:
 
     def results(self, paper_loss: str) -> dict[str, Any]:
         blocks = [BlockResult(**self.recorded[m]) for m in range(self.final)]
-        return prequential_results(self.run.boundaries, self.run.data.num_classes, blocks, self.outcomes[self.final],
-                                   paper_loss)
+        return prequential_results(
+            self.run.boundaries, self.run.data.num_classes, blocks, self.outcomes[self.final], paper_loss
+        )
 
 
 def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, run: str = "") -> None:
     """A finished member's log line; ``run`` is the run's label prefix (``Ledger.prefix``) when runs share a log."""
     if outcome.member == num_blocks:
-        log.info("%sfinal fit on %d examples: %d epochs, best val loss %.4f nats", run, outcome.n_train, outcome.epochs,
-                 outcome.best_val_loss)
+        log.info(
+            "%sfinal fit on %d examples: %d epochs, best val loss %.4f nats",
+            run,
+            outcome.n_train,
+            outcome.epochs,
+            outcome.best_val_loss,
+        )
         return
     block = outcome.block()
     took = f", {seconds:.1f}s" if seconds is not None else ""
     log.info(
         "%sblock %d/%d: trained on %d, %d epochs (best after %d)%s | next %d examples: %.3f bits/example, "
-        "val %.3f bits, last block %.3f bits", run, outcome.member + 1, num_blocks, block.n_train, block.epochs,
-        block.best_after_epochs, took, block.n_eval, block.eval_bits / block.n_eval, block.val_bits_per_example,
+        "val %.3f bits, last block %.3f bits",
+        run,
+        outcome.member + 1,
+        num_blocks,
+        block.n_train,
+        block.epochs,
+        block.best_after_epochs,
+        took,
+        block.n_eval,
+        block.eval_bits / block.n_eval,
+        block.val_bits_per_example,
         block.heldout_bits_per_example,
     )
 
 
 def prequential_results(
-    boundaries: Sequence[int], k: int, blocks: list[BlockResult], final: MemberOutcome, paper_loss: str,
+    boundaries: Sequence[int],
+    k: int,
+    blocks: list[BlockResult],
+    final: MemberOutcome,
+    paper_loss: str,
 ) -> dict[str, Any]:
     """The results.json fields of a prequential run. Both estimates of the paper MDL are recorded;
     ``paper_mdl`` is the one ``paper_loss`` names."""
@@ -136,7 +156,9 @@ def prequential_results(
         "paper_mdl_val_min": estimates["val_min"],
         "final_val_loss": final.best_val_loss,
         "final_epochs": final.epochs,
-        "final_test_bits_per_example": final.scored_bits / final.scored_count if final.scored_count else None,  # None without a test split
+        "final_test_bits_per_example": final.scored_bits / final.scored_count
+        if final.scored_count
+        else None,  # None without a test split
         "val_loss_curve": final.val_loss_curve,
         "train_loss_curve": final.train_loss_curve,
     }

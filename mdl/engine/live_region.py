@@ -77,7 +77,10 @@ def _writes_to_terminal(handler: logging.Handler) -> bool:
 
 def terminal_handlers() -> list[logging.StreamHandler]:
     """Every logging handler that writes to the terminal (Hydra's on the root logger, and any other)."""
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
     found: dict[int, logging.StreamHandler] = {}
     for logger in loggers:
         for handler in logger.handlers:
@@ -98,7 +101,9 @@ def _swap(handler: logging.StreamHandler, stream: Any) -> Any:
 def logs_through(console: Console) -> Iterator[None]:
     """The terminal's logging handlers write through ``console`` while inside, to their own streams after."""
     stream = ConsoleLines(console)
-    swapped = [(handler, original) for handler in terminal_handlers() if (original := _swap(handler, stream)) is not None]
+    swapped = [
+        (handler, original) for handler in terminal_handlers() if (original := _swap(handler, stream)) is not None
+    ]
     try:
         yield
     finally:
@@ -123,8 +128,9 @@ class LiveRegion:
         if not self.wanted or self.live is not None:
             return
         console = terminal_console()
-        self.live = Live(renderable, console=console, auto_refresh=False, transient=True,
-                         redirect_stdout=True, redirect_stderr=True)
+        self.live = Live(
+            renderable, console=console, auto_refresh=False, transient=True, redirect_stdout=True, redirect_stderr=True
+        )
         try:
             self.scope.enter_context(logs_through(console))
             self.scope.enter_context(self.live)  # draws the first frame

@@ -47,8 +47,9 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
     if count == AUTO:
         run = runs[0]
         device = run.data.device
-        trial = measured_step_peak(device, lambda m: stacked_trial_step(run.data, run.model, run.seeds(), m,
-                                                                        fitting.precision))
+        trial = measured_step_peak(
+            device, lambda m: stacked_trial_step(run.data, run.model, run.seeds(), m, fitting.precision)
+        )
         count = members_that_fit(device, size, trial)
         held = members_that_fit(device, size * len(runs), trial) if len(runs) > 1 else None
         runs_per_fit = None if held is None else max(1, held // (count or size))
@@ -59,18 +60,24 @@ def one_per_fit_if_backtracking(members_per_fit: int | str | None, rules: LoopRu
     """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
     cannot take back alone), else as asked."""
     if rules.backtrack and members_per_fit != 1:
-        log.info("protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all")
+        log.info(
+            "protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all"
+        )
         return 1
     return members_per_fit
 
 
-def pack_fits(num_runs: int, size: int, members_per_fit: int | None,
-              runs_per_fit: int | None = None) -> list[list[Member]]:
+def pack_fits(
+    num_runs: int, size: int, members_per_fit: int | None, runs_per_fit: int | None = None
+) -> list[list[Member]]:
     """The (run, block) members of ``num_runs`` runs of ``size`` members: each run's members in the fits it has alone
     (``fits_of``), the j-th fit of every run (or of ``runs_per_fit`` runs at a time) together."""
     step = runs_per_fit or num_runs
-    return [[(r, m) for r in range(a, min(a + step, num_runs)) for m in fit]
-            for fit in fits_of(size, members_per_fit) for a in range(0, num_runs, step)]
+    return [
+        [(r, m) for r in range(a, min(a + step, num_runs)) for m in fit]
+        for fit in fits_of(size, members_per_fit)
+        for a in range(0, num_runs, step)
+    ]
 
 
 def halved(left: list[Member], fit_size: int, auto: bool, err: BaseException) -> list[list[Member]]:
@@ -92,12 +99,13 @@ def halved_after_out_of_memory(left: list[Any], fit_size: int, auto: bool, err: 
             f"and halved when needed"
         ) from err
     half = max(1, (len(left) + 1) // 2)
-    log.warning("out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)",
-                fit_size, half)
+    log.warning(
+        "out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)", fit_size, half
+    )
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return [left[i:i + half] for i in range(0, len(left), half)]
+    return [left[i : i + half] for i in range(0, len(left), half)]
 
 
 def members_that_fit(device: torch.device, num_members: int, step_peak: Callable[[int], int]) -> int | None:
@@ -111,14 +119,21 @@ def members_that_fit(device: torch.device, num_members: int, step_peak: Callable
     free, _ = torch.cuda.mem_get_info(device)
     fit = int(math.floor((free * MEMORY_MARGIN - fixed) / per_member))
     chosen = max(1, min(fit, num_members))
-    log.info("members_per_fit=auto: %.1f MiB per member, %.1f MiB fixed, %.1f MiB free: %d of %d members per fit",
-             per_member / 2**20, fixed / 2**20, free / 2**20, chosen, num_members)
+    log.info(
+        "members_per_fit=auto: %.1f MiB per member, %.1f MiB fixed, %.1f MiB free: %d of %d members per fit",
+        per_member / 2**20,
+        fixed / 2**20,
+        free / 2**20,
+        chosen,
+        num_members,
+    )
     return None if chosen >= num_members else chosen
 
 
 def measured_step_peak(device: torch.device, one_step: Callable[[int], Any]) -> Callable[[int], int]:
     """``step_peak`` for ``members_that_fit``: runs ``one_step(m)`` (build a stack of m members and take one
     optimizer step) and returns the peak bytes allocated during it, releasing everything afterwards."""
+
     def peak(members: int) -> int:
         gc.collect()
         torch.cuda.empty_cache()
@@ -127,6 +142,7 @@ def measured_step_peak(device: torch.device, one_step: Callable[[int], Any]) -> 
         one_step(members)
         gc.collect()
         return torch.cuda.max_memory_allocated(device) - start
+
     return peak
 
 
@@ -138,8 +154,13 @@ def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, pre
     from models.module import set_optimizer_mode
     from models.stacked_module import StackedClassifier
 
-    module = StackedClassifier(build_members(recipe.make_model, seeds[:members], dm.device), recipe.optimizer,
-                               recipe.lr, precision, loss=recipe.loss)
+    module = StackedClassifier(
+        build_members(recipe.make_model, seeds[:members], dm.device),
+        recipe.optimizer,
+        recipe.lr,
+        precision,
+        loss=recipe.loss,
+    )
     module.train_sums = module.train_sums.to(dm.device)
     optimizer = recipe.optimizer(module.stack.param_groups(recipe.lr))
     set_optimizer_mode(optimizer, train=True)
@@ -171,8 +192,10 @@ def check_pack_data_fraction(fraction: Any) -> float:
     """``mdl.pack_data_fraction``, a share of the memory in (0, 1]; checked for every run before its data load
     (mdl/run/config_checks.py), so what a packed sweep would refuse after hours is refused at once everywhere."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:  # nan too
-        raise ValueError(f"mdl.pack_data_fraction={fraction!r}: give a share of the memory in (0, 1] "
-                         f"(the most a pack of hydra/launcher=packed fills with data at once), e.g. mdl.pack_data_fraction=0.5")
+        raise ValueError(
+            f"mdl.pack_data_fraction={fraction!r}: give a share of the memory in (0, 1] "
+            f"(the most a pack of hydra/launcher=packed fills with data at once), e.g. mdl.pack_data_fraction=0.5"
+        )
     return float(fraction)
 
 

@@ -48,5 +48,12 @@ def finished_blocks(progress_path: Path, boundaries: Sequence[int]) -> dict[int,
 def write_progress(path: Path, boundaries: Sequence[int], blocks: dict[int, dict[str, Any]]) -> None:
     """Record the finished blocks (index -> record), in block order."""
     order = sorted(blocks)
-    write_checked_json(path, {"boundaries": list(boundaries), "code_version": code_version(),
-                              "block_index": order, "blocks": [blocks[i] for i in order]})
+    write_checked_json(
+        path,
+        {
+            "boundaries": list(boundaries),
+            "code_version": code_version(),
+            "block_index": order,
+            "blocks": [blocks[i] for i in order],
+        },
+    )

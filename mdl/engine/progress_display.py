@@ -33,7 +33,9 @@ def _duration(seconds: float) -> str:
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
-Row = tuple[str, int, int, float, int]  # (member name, prefix, epochs done, best val loss in nats, epochs without improving)
+Row = tuple[
+    str, int, int, float, int
+]  # (member name, prefix, epochs done, best val loss in nats, epochs without improving)
 
 
 def progress_table(title: str, rows: list[Row], patience: int) -> Any:
@@ -63,8 +65,14 @@ class MemberProgress(L.Callback):
         self.started = self.last = time.monotonic()
         self.table.start(self._table())
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any = None,
-                           batch: Any = None, batch_idx: int = 0) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any = None,
+        batch: Any = None,
+        batch_idx: int = 0,
+    ) -> None:
         self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
         now = time.monotonic()
         if self.table.on and now - self.last > 0.5:
@@ -102,7 +110,10 @@ class MemberProgress(L.Callback):
 
     def line(self) -> str:
         p = self.protocol
-        parts = [f"{self.member_name(m)} e{s.epoch} best {s.best_score:.4f}" for m, s in ((m, p.members[m]) for m in p.active)]
+        parts = [
+            f"{self.member_name(m)} e{s.epoch} best {s.best_score:.4f}"
+            for m, s in ((m, p.members[m]) for m in p.active)
+        ]
         return (
             f"stacked fit: {len(p.active)}/{len(p.members)} members training, {_duration(time.monotonic() - self.started)} "
             f"elapsed, about {_duration(self.seconds_left())} left | " + ", ".join(parts)
@@ -110,9 +121,16 @@ class MemberProgress(L.Callback):
 
     def _table(self) -> Any:
         p = self.protocol
-        rows = [(self.member_name(m), s.n_train, s.epoch, s.best_score, s.wait) for m, s in ((m, p.members[m]) for m in p.active)]
-        return progress_table(f"prequential members: {len(p.active)} of {len(p.members)} training, "
-                              f"about {_duration(self.seconds_left())} left", rows, p.patience)
+        rows = [
+            (self.member_name(m), s.n_train, s.epoch, s.best_score, s.wait)
+            for m, s in ((m, p.members[m]) for m in p.active)
+        ]
+        return progress_table(
+            f"prequential members: {len(p.active)} of {len(p.members)} training, "
+            f"about {_duration(self.seconds_left())} left",
+            rows,
+            p.patience,
+        )
 
 
 EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member, epoch from 0, train loss, val loss
@@ -128,8 +146,16 @@ class FitProgress(L.Callback):
     recorded its training loss, which Lightning does after the callbacks' epoch-end hooks, so epochs are
     handed on at the next start."""
 
-    def __init__(self, member: int, name: str, patience: int, max_epochs: int | None,
-                 on_epoch: EpochHook | None = None, interval: float = 30.0, live: bool | None = None) -> None:
+    def __init__(
+        self,
+        member: int,
+        name: str,
+        patience: int,
+        max_epochs: int | None,
+        on_epoch: EpochHook | None = None,
+        interval: float = 30.0,
+        live: bool | None = None,
+    ) -> None:
         self.member, self.name, self.on_epoch, self.interval = member, name, on_epoch, interval
         self.patience, self.max_epochs = patience, (max_epochs if max_epochs and max_epochs > 0 else None)
         self.reported = 0  # epochs handed to on_epoch
@@ -164,7 +190,9 @@ class FitProgress(L.Callback):
         if self.on_epoch is not None:
             accuracy = getattr(pl_module, "val_accuracy_curve", [])
             for epoch in range(self.reported, done):
-                self.on_epoch(self.member, epoch, train[epoch], val[epoch], accuracy[epoch] if epoch < len(accuracy) else None)
+                self.on_epoch(
+                    self.member, epoch, train[epoch], val[epoch], accuracy[epoch] if epoch < len(accuracy) else None
+                )
         self.reported = done
         now = time.monotonic()
         if self.table.on:
@@ -184,8 +212,10 @@ class FitProgress(L.Callback):
     def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
         s = self.state
         best = f", best {s.best_val_loss:.4f}, {s.wait}/{self.patience} without improving" if s else ""
-        return (f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "
-                f"{_duration(now - self.started)} elapsed, at most about {_duration(self.seconds_left(epochs, now))} left")
+        return (
+            f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "
+            f"{_duration(now - self.started)} elapsed, at most about {_duration(self.seconds_left(epochs, now))} left"
+        )
 
     def _table(self) -> Any:
         s, epochs, now = self.state, self.reported, time.monotonic()

@@ -52,10 +52,12 @@ class LoopRules:
     def of(cls, protocol: Any) -> "LoopRules":
         """From a config's ``protocol`` node (None or absent keys: the sound loop)."""
         protocol = protocol or {}
-        return cls(backtrack=bool(protocol.get("backtrack", False)),
-                   evaluate_as_trained=bool(protocol.get("evaluate_as_trained", False)),
-                   reshuffle=bool(protocol.get("reshuffle", True)),
-                   augment_per_batch=bool(protocol.get("augment_per_batch", False)))
+        return cls(
+            backtrack=bool(protocol.get("backtrack", False)),
+            evaluate_as_trained=bool(protocol.get("evaluate_as_trained", False)),
+            reshuffle=bool(protocol.get("reshuffle", True)),
+            augment_per_batch=bool(protocol.get("augment_per_batch", False)),
+        )
 
 
 def stopping_score(mean: float) -> float:
@@ -114,7 +116,9 @@ class MemberState:
         """After ``judge`` of the epoch just finished (``improved``: what it returned): out of patience, or at
         ``max_epochs`` (as ``max_epochs_of`` reads it). As in Lightning's ``EarlyStopping``, only an epoch
         without improvement runs out of patience: an improving one never stops a member, even with patience 0."""
-        return (not improved and self.out_of_patience(patience)) or (max_epochs is not None and self.epoch >= max_epochs)
+        return (not improved and self.out_of_patience(patience)) or (
+            max_epochs is not None and self.epoch >= max_epochs
+        )
 
 
 @dataclass
@@ -137,10 +141,15 @@ class MemberOutcome:
     def block(self) -> BlockResult:
         """The results.json record of a prefix member."""
         return BlockResult(
-            n_train=self.n_train, n_eval=self.scored_count, eval_bits=self.scored_bits,
-            val_bits_per_example=self.best_val_loss / math.log(2), epochs=self.epochs,
-            val_loss_curve=self.val_loss_curve, train_loss_curve=self.train_loss_curve,
-            heldout_bits_per_example=self.heldout_bits / self.heldout_count, best_after_epochs=self.best_epoch + 1,
+            n_train=self.n_train,
+            n_eval=self.scored_count,
+            eval_bits=self.scored_bits,
+            val_bits_per_example=self.best_val_loss / math.log(2),
+            epochs=self.epochs,
+            val_loss_curve=self.val_loss_curve,
+            train_loss_curve=self.train_loss_curve,
+            heldout_bits_per_example=self.heldout_bits / self.heldout_count,
+            best_after_epochs=self.best_epoch + 1,
         )
 
 

@@ -22,7 +22,9 @@ from models.module import Classifier, OptimizerFactory
 from models.precision import CompiledModel
 
 BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
-EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl/engine/progress_display.py
+EpochHook = Callable[
+    ..., None
+]  # (member, epoch from 0, train loss, val loss, accuracy): mdl/engine/progress_display.py
 
 
 def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,8 +99,9 @@ class Fitting:
         return self.trainer_kwargs.get("max_epochs")
 
 
-def module_factory(model: ModelRecipe, precision: str = "fp32", channels_last: bool = False,
-                   compile_backend: str | None = None) -> Callable[[], Classifier]:
+def module_factory(
+    model: ModelRecipe, precision: str = "fp32", channels_last: bool = False, compile_backend: str | None = None
+) -> Callable[[], Classifier]:
     """A function returning a fresh ``Classifier`` for a fit of one member. With ``compile_backend`` the first model
     is compiled and every later one's fresh weights are loaded into it (models/precision.py ``CompiledModel``), so
     a run compiles once however many fits of one member it has: call this once per run."""
@@ -108,7 +111,14 @@ def module_factory(model: ModelRecipe, precision: str = "fp32", channels_last: b
         module = model.make_model()
         if compiled is not None:
             module = compiled.adopt(module)
-        return Classifier(module, model.optimizer, lr=model.lr, loss=model.loss, mup=model.mup, precision=precision,
-                          channels_last=channels_last)
+        return Classifier(
+            module,
+            model.optimizer,
+            lr=model.lr,
+            loss=model.loss,
+            mup=model.mup,
+            precision=precision,
+            channels_last=channels_last,
+        )
 
     return make

@@ -46,8 +46,13 @@ class EpochProtocol(L.Callback):
     """
 
     def __init__(
-        self, val_batches: Callable[[], Iterable[Any]], patience: int, device: torch.device | str,
-        untrained_candidate: bool = False, state: MemberState | None = None, rules: LoopRules = LoopRules(),
+        self,
+        val_batches: Callable[[], Iterable[Any]],
+        patience: int,
+        device: torch.device | str,
+        untrained_candidate: bool = False,
+        state: MemberState | None = None,
+        rules: LoopRules = LoopRules(),
         max_epochs: int | None = None,
     ) -> None:
         """``max_epochs``: as ``max_epochs_of`` reads trainer.kwargs.max_epochs (None: no limit)."""
@@ -69,8 +74,11 @@ class EpochProtocol(L.Callback):
         return self.state.best_epoch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.after_validation = [cb.on_validation_end for cb in trainer.callbacks
-                                 if type(cb).on_validation_end is not L.Callback.on_validation_end]
+        self.after_validation = [
+            cb.on_validation_end
+            for cb in trainer.callbacks
+            if type(cb).on_validation_end is not L.Callback.on_validation_end
+        ]
         if self.untrained_candidate and self.state.initial_val_loss is None:  # not again on a resume
             mean = pl_module.validate(self.val_batches())
             pl_module.val_loss_curve.pop()  # the curves hold trained epochs only
@@ -107,7 +115,9 @@ class EpochProtocol(L.Callback):
         optimizer's tensors become the snapshot's own (``load_state_dict`` does not copy tensors that are
         already of the parameter's dtype and device), as in the original code."""
         if self.best_state is None or self.best_optimizer_state is None:
-            raise RuntimeError("backtracking needs a snapshot: validate the untrained model (mdl.paper_loss=last_block)")
+            raise RuntimeError(
+                "backtracking needs a snapshot: validate the untrained model (mdl.paper_loss=last_block)"
+            )
         trainer.optimizers[0].load_state_dict(self.best_optimizer_state)
         with torch.no_grad():
             for name, tensor in named_tensors(pl_module):
@@ -125,8 +135,14 @@ class EpochProtocol(L.Callback):
 
     def state_dict(self) -> dict:
         s = self.state
-        saved = {"best_score": s.best_score, "best_epoch": s.best_epoch, "wait": s.wait, "best_val_loss": s.best_val_loss,
-                 "initial_val_loss": s.initial_val_loss, "best_state": self.best_state}
+        saved = {
+            "best_score": s.best_score,
+            "best_epoch": s.best_epoch,
+            "wait": s.wait,
+            "best_val_loss": s.best_val_loss,
+            "initial_val_loss": s.initial_val_loss,
+            "best_state": self.best_state,
+        }
         if self.rules.backtrack:
             saved["best_optimizer_state"] = self.best_optimizer_state
         return saved
@@ -189,9 +205,15 @@ def fit_prefix(
     module = make_module()
     module.automatic_optimization = steps == 1
     module.evaluate_as_trained = rules.evaluate_as_trained
-    best = EpochProtocol(dm.val_dataloader, patience, device, untrained_candidate,
-                         MemberState(member, dm.num_train if n_train is None else n_train), rules,
-                         max_epochs_of(fitting.max_epochs))
+    best = EpochProtocol(
+        dm.val_dataloader,
+        patience,
+        device,
+        untrained_candidate,
+        MemberState(member, dm.num_train if n_train is None else n_train),
+        rules,
+        max_epochs_of(fitting.max_epochs),
+    )
     callbacks: list[L.Callback] = [best, *extra_callbacks]
     if checkpoint is not None:
         callbacks.append(SaveLastCheckpoint(checkpoint, fitting.checkpoint_every_s))
@@ -206,7 +228,11 @@ def fit_prefix(
 
 
 def fit_one_member(
-    dm: ErasedDataModule, boundaries: Sequence[int], member: int, seed: int, fit: Callable[..., FitOutcome],
+    dm: ErasedDataModule,
+    boundaries: Sequence[int],
+    member: int,
+    seed: int,
+    fit: Callable[..., FitOutcome],
 ) -> tuple[MemberOutcome, float]:
     """Seed, fit (``fit(n_train)``: ``fit_prefix`` with the run's settings) and score one member
     with its kept weights; returns its outcome and the fit's seconds."""
@@ -217,12 +243,21 @@ def fit_one_member(
     batches = dm.test_dataloader() if scored is None else dm.eval_loader(*scored)
     as_trained = result.module.evaluate_as_trained  # protocol=original: the kept weights in train mode
     bits, count = total_bits(result.module, batches, as_trained)
-    held_bits, held_count = (bits, count) if held is None else total_bits(result.module, dm.eval_loader(*held), as_trained)
+    held_bits, held_count = (
+        (bits, count) if held is None else total_bits(result.module, dm.eval_loader(*held), as_trained)
+    )
     outcome = MemberOutcome(
-        member=member, n_train=dm.num_train if scored is None else boundaries[member], epochs=result.epochs,
-        best_val_loss=result.best_val_loss, best_epoch=result.best_epoch, scored_bits=bits, scored_count=count,
-        heldout_bits=held_bits, heldout_count=held_count,
-        val_loss_curve=result.module.val_loss_curve, train_loss_curve=result.module.train_loss_curve,
+        member=member,
+        n_train=dm.num_train if scored is None else boundaries[member],
+        epochs=result.epochs,
+        best_val_loss=result.best_val_loss,
+        best_epoch=result.best_epoch,
+        scored_bits=bits,
+        scored_count=count,
+        heldout_bits=held_bits,
+        heldout_count=held_count,
+        val_loss_curve=result.module.val_loss_curve,
+        train_loss_curve=result.module.train_loss_curve,
     )
     return outcome, result.seconds
 

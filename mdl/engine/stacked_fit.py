@@ -117,7 +117,9 @@ class StackedProtocol(L.Callback):
         """The untrained weights as every member's first candidate (one read of the device)."""
         rows = [module.members.index(m) for m in members]
         weights = module.eval_weights(rows)
-        val_sums, count = module.loss_sums(weights, self.val_batches(members[0]), float64=False, chunks=module.chunks(rows))
+        val_sums, count = module.loss_sums(
+            weights, self.val_batches(members[0]), float64=False, chunks=module.chunks(rows)
+        )
         for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
@@ -130,7 +132,9 @@ class StackedProtocol(L.Callback):
         # eval_weights made fresh tensors: one member's row is kept as is, shared rows are copied
         self.best[m] = {n: t[j] if rows == 1 else t[j].clone() for n, t in (weights[0] | weights[1]).items()}
 
-    def on_train_batch_end(self, trainer: L.Trainer, module: StackedClassifier, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: StackedClassifier, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         ended = []
         for m in module.members:
             state = self.members[m]
@@ -150,10 +154,12 @@ class StackedProtocol(L.Callback):
         """Validate the members that finished an epoch (all with the same data); return those that stop now."""
         rows = [module.members.index(m) for m in ended]
         weights = module.eval_weights(rows)
-        val_sums, count, correct = module.loss_sums(weights, self.val_batches(ended[0]), float64=False,
-                                                    with_correct=True, chunks=module.chunks(rows))  # as a single fit validates
+        val_sums, count, correct = module.loss_sums(
+            weights, self.val_batches(ended[0]), float64=False, with_correct=True, chunks=module.chunks(rows)
+        )  # as a single fit validates
         train_sums, val_means, accuracy = torch.stack(  # the one read
-            [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]).tolist()
+            [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]
+        ).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
         for j, m in enumerate(ended):
@@ -166,8 +172,13 @@ class StackedProtocol(L.Callback):
             if self.on_epoch is not None:
                 self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j], accuracy[j])
             if m in self.on_member_epoch:
-                self.on_member_epoch[m](module, ({n: t[j : j + 1] for n, t in weights[0].items()},
-                                                 {n: t[j : j + 1] for n, t in weights[1].items()}))
+                self.on_member_epoch[m](
+                    module,
+                    (
+                        {n: t[j : j + 1] for n, t in weights[0].items()},
+                        {n: t[j : j + 1] for n, t in weights[1].items()},
+                    ),
+                )
             improved = state.judge(val_means[j], epoch=state.epoch - 1)
             if improved:
                 self._keep(m, weights, j, len(ended))
@@ -191,10 +202,17 @@ class StackedProtocol(L.Callback):
                 held_total, heldout_count = module.loss_sums((params, buffers), heldout)
                 heldout_bits = float(held_total[0]) / math.log(2) if heldout_count else 0.0
             outcome = MemberOutcome(
-                member=m, n_train=state.n_train, epochs=state.epoch, best_val_loss=state.best_val_loss,
-                best_epoch=state.best_epoch, scored_bits=scored_bits, scored_count=count,
-                heldout_bits=heldout_bits, heldout_count=heldout_count,
-                val_loss_curve=list(state.val_loss_curve), train_loss_curve=list(state.train_loss_curve),
+                member=m,
+                n_train=state.n_train,
+                epochs=state.epoch,
+                best_val_loss=state.best_val_loss,
+                best_epoch=state.best_epoch,
+                scored_bits=scored_bits,
+                scored_count=count,
+                heldout_bits=heldout_bits,
+                heldout_count=heldout_count,
+                val_loss_curve=list(state.val_loss_curve),
+                train_loss_curve=list(state.train_loss_curve),
             )
             state.finished_at = time.monotonic() - self.started
             self.outcomes[m] = outcome
@@ -205,7 +223,9 @@ class StackedProtocol(L.Callback):
         module.remove(stopping)
 
     def _require_finite(self, mean: float, what: str, state: MemberState) -> None:
-        require_finite(mean, what, f"member {state.member} (prefix {state.n_train}) in epoch {state.epoch - 1}", self.lr)
+        require_finite(
+            mean, what, f"member {state.member} (prefix {state.n_train}) in epoch {state.epoch - 1}", self.lr
+        )
 
     # --- checkpoints --------------------------------------------------------------------------
 

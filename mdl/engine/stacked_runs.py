@@ -28,8 +28,9 @@ from models.stacked_module import StackedClassifier
 log = logging.getLogger(__name__)
 
 
-def fit_stack(parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, checkpoint: Path,
-              keep_checkpoint: bool) -> list[dict[int, MemberOutcome]]:
+def fit_stack(
+    parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, checkpoint: Path, keep_checkpoint: bool
+) -> list[dict[int, MemberOutcome]]:
     """Train these runs' members (each run's ledger and its blocks in this fit) in one fit of their stack; each
     run's outcomes by block. The stacked state is checkpointed at the end of a pass over the longest prefix, at
     most every ``fitting.checkpoint_every_s``."""
@@ -50,15 +51,28 @@ def fit_stack(parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, check
     def data(g: int) -> ErasedDataModule:
         return datas[source[where(g)[0]]]
 
-    prefixes = [first.boundaries[m] if m < num_blocks else data(g).num_train for g, m in ((g, where(g)[1]) for g in members)]
-    loader = dm.stacked_train_loader(prefixes, fitting.steps_per_group, member_ids=members,
-                                     seeds=[runs[where(g)[0]].seed for g in members], others=datas[1:],
-                                     source_of=[source[where(g)[0]] for g in members])
+    prefixes = [
+        first.boundaries[m] if m < num_blocks else data(g).num_train for g, m in ((g, where(g)[1]) for g in members)
+    ]
+    loader = dm.stacked_train_loader(
+        prefixes,
+        fitting.steps_per_group,
+        member_ids=members,
+        seeds=[runs[where(g)[0]].seed for g in members],
+        others=datas[1:],
+        source_of=[source[where(g)[0]] for g in members],
+    )
     seeds = [run.seeds() for run in runs]
     recipe = first.model
-    module = StackedClassifier(build_members(recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device),
-                               recipe.optimizer, recipe.lr, fitting.precision, loss=recipe.loss, member_ids=members,
-                               run_of={g: where(g)[0] for g in members} if len(runs) > 1 else None)
+    module = StackedClassifier(
+        build_members(recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device),
+        recipe.optimizer,
+        recipe.lr,
+        fitting.precision,
+        loss=recipe.loss,
+        member_ids=members,
+        run_of={g: where(g)[0] for g in members} if len(runs) > 1 else None,
+    )
     if fitting.compile_backend is not None:
         module.stack.compile(fitting.compile_backend)
     logged: set[int] = set()  # stack ids whose outcome this process recorded
@@ -71,7 +85,7 @@ def fit_stack(parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, check
     def batches(g: int, which: int):
         ranges = scoring_ranges(first.boundaries, where(g)[1])
         if ranges[which] is None:
-            return (data(g).test_dataloader() if which == 0 else None)
+            return data(g).test_dataloader() if which == 0 else None
         return data(g).eval_loader(*ranges[which])
 
     def on_epoch(g: int, *values: Any) -> None:
@@ -79,19 +93,42 @@ def fit_stack(parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, check
         if runs[r].on_epoch is not None:
             runs[r].on_epoch(m, *values)
 
-    finals = {r * size + num_blocks: run.final_curves for r, (run, (_, blocks)) in enumerate(zip(runs, parts))
-              if num_blocks in blocks}
+    finals = {
+        r * size + num_blocks: run.final_curves
+        for r, (run, (_, blocks)) in enumerate(zip(runs, parts))
+        if num_blocks in blocks
+    }
     curves = {g: c for g, c in finals.items() if c is not None}
-    labels = {g: f"{runs[r].label} {'final' if m == num_blocks else f'block {m + 1}'}"
-              for g, (r, m) in ((g, where(g)) for g in members) if runs[r].label}
-    hooks = FitMembers(heldout_batches=partial(batches, which=1), data_of=lambda g: source[where(g)[0]],
-                       on_finish=on_finish, on_member_epoch=curves,
-                       on_epoch=on_epoch if any(run.on_epoch is not None for run in runs) else None,
-                       final_members=sorted(finals), labels=labels)
-    protocol = StackedProtocol(loader, lambda g: data(g).val_dataloader(), partial(batches, which=0), fitting.patience,
-                               fitting.max_epochs, recipe.lr, hooks, fitting.untrained_candidate)
-    callbacks = [protocol, MemberProgress(protocol), *fitting.callbacks,
-                 SaveLastCheckpoint(checkpoint, fitting.checkpoint_every_s)]
+    labels = {
+        g: f"{runs[r].label} {'final' if m == num_blocks else f'block {m + 1}'}"
+        for g, (r, m) in ((g, where(g)) for g in members)
+        if runs[r].label
+    }
+    hooks = FitMembers(
+        heldout_batches=partial(batches, which=1),
+        data_of=lambda g: source[where(g)[0]],
+        on_finish=on_finish,
+        on_member_epoch=curves,
+        on_epoch=on_epoch if any(run.on_epoch is not None for run in runs) else None,
+        final_members=sorted(finals),
+        labels=labels,
+    )
+    protocol = StackedProtocol(
+        loader,
+        lambda g: data(g).val_dataloader(),
+        partial(batches, which=0),
+        fitting.patience,
+        fitting.max_epochs,
+        recipe.lr,
+        hooks,
+        fitting.untrained_candidate,
+    )
+    callbacks = [
+        protocol,
+        MemberProgress(protocol),
+        *fitting.callbacks,
+        SaveLastCheckpoint(checkpoint, fitting.checkpoint_every_s),
+    ]
     for c in curves.values():  # in the Trainer only for their state in the checkpoints
         callbacks.insert(2, c)
     kwargs = {**fitting.trainer_kwargs, "max_epochs": -1}  # the protocol stops each member and then the fit

@@ -16,27 +16,55 @@ from typing import Any
 # A float neutral value is a fraction of an epoch: an int there counts batches (1 = one batch).
 # None is neutral only where it is Lightning's own default (NONE_IS_DEFAULT).
 STEP_SETTINGS: dict[str, int | float] = {
-    "gradient_clip_val": 0, "accumulate_grad_batches": 1, "fast_dev_run": 0, "overfit_batches": 0,
+    "gradient_clip_val": 0,
+    "accumulate_grad_batches": 1,
+    "fast_dev_run": 0,
+    "overfit_batches": 0,
     "limit_train_batches": 1.0,
 }
-VALIDATION_SETTINGS: dict[str, int | float] = {"check_val_every_n_epoch": 1, "limit_val_batches": 1.0, "val_check_interval": 1.0}
+VALIDATION_SETTINGS: dict[str, int | float] = {
+    "check_val_every_n_epoch": 1,
+    "limit_val_batches": 1.0,
+    "val_check_interval": 1.0,
+}
 STEP_LIMITS: dict[str, int | float | None] = {"max_steps": -1, "min_steps": 0, "max_time": None}
-NONE_IS_DEFAULT = frozenset({"gradient_clip_val", "limit_train_batches", "limit_val_batches", "val_check_interval",
-                             "min_steps", "min_epochs", "max_time"})
+NONE_IS_DEFAULT = frozenset(
+    {
+        "gradient_clip_val",
+        "limit_train_batches",
+        "limit_val_batches",
+        "val_check_interval",
+        "min_steps",
+        "min_epochs",
+        "max_time",
+    }
+)
 
-VALIDATES = ("the prequential protocol validates every model at the end of each of its epochs on the whole validation "
-             "split (mdl/engine/protocol.py); remove it")
-STOPS = ("a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
-         "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, in the sequential engine, min_epochs)")
-STACKED = ("the members of a stacked fit follow the prequential protocol (one step per member per global step, "
-           "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential (mdl.members_per_fit=1)")
-CLIPS = ("Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential "
-         "(mdl.members_per_fit=1) for gradient clipping")
+VALIDATES = (
+    "the prequential protocol validates every model at the end of each of its epochs on the whole validation "
+    "split (mdl/engine/protocol.py); remove it"
+)
+STOPS = (
+    "a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
+    "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, in the sequential engine, min_epochs)"
+)
+STACKED = (
+    "the members of a stacked fit follow the prequential protocol (one step per member per global step, "
+    "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential (mdl.members_per_fit=1)"
+)
+CLIPS = (
+    "Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential "
+    "(mdl.members_per_fit=1) for gradient clipping"
+)
 
 
 def active(trainer_kwargs: dict[str, Any], settings: dict[str, Any]) -> list[str]:
     """The settings among ``settings`` given in ``trainer_kwargs`` with a value that changes Lightning's behaviour."""
-    return [key for key, neutral in settings.items() if key in trainer_kwargs and not _inert(key, trainer_kwargs[key], neutral)]
+    return [
+        key
+        for key, neutral in settings.items()
+        if key in trainer_kwargs and not _inert(key, trainer_kwargs[key], neutral)
+    ]
 
 
 def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:

@@ -46,12 +46,29 @@ from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
 from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
 from mdl.sweeps.jobs import MissingJob, missing_jobs
 from mdl.report.tables import (
-    PARTIAL_MARK, _num, _triple, markdown_table, pivot, write_csv, write_latex_table,
+    PARTIAL_MARK,
+    _num,
+    _triple,
+    markdown_table,
+    pivot,
+    write_csv,
+    write_latex_table,
 )
 from mdl.report.stats import (
-    METRICS, BackfireFlag, Cell, Coverage, backfire_flags, build_cells, coverage, curve_stats, erasers_of,
-    mdl_backfire, mdl_increase, row_differences,
+    METRICS,
+    BackfireFlag,
+    Cell,
+    Coverage,
+    backfire_flags,
+    build_cells,
+    coverage,
+    curve_stats,
+    erasers_of,
+    mdl_backfire,
+    mdl_increase,
+    row_differences,
 )
+
 
 def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], out: Path) -> list[Path]:
     keys = list(sweep.row_keys)
@@ -60,29 +77,94 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
     table_rows = []
     for c in cells:
         stats = [v for m in METRICS for v in _triple(c, m)]
-        table_rows.append([c.arch, *c.row, c.eraser, c.n, " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
-                           " ".join(partial.get(id(c), [])), *stats])
+        table_rows.append(
+            [
+                c.arch,
+                *c.row,
+                c.eraser,
+                c.n,
+                " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
+                " ".join(partial.get(id(c), [])),
+                *stats,
+            ]
+        )
     for arch, row, eraser in cov.missing:
         table_rows.append([arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))])
-    paths = [write_csv(out / "table.csv", ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
-                       table_rows)]
+    paths = [
+        write_csv(
+            out / "table.csv",
+            ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
+            table_rows,
+        )
+    ]
     paths.append(write_latex_table(out / "table.tex", sweep, cells))
 
     run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
-    paths.append(write_csv(out / "runs.csv", ["architecture", *keys, "eraser", "seed", *run_metrics, "epochs",
-                                              "blocks_at_untrained", "git_sha", "code_version_full", "path"],
-                           ([r.arch, *r.row, r.eraser, sweep.replicate_label(r.replicate),
-                             *(_num(r.results.get(m)) for m in run_metrics),
-                             len(r.results.get("val_loss_curve") or []), _num(untrained_count(r)),
-                             r.results.get("git_sha") or "", r.code_version, str(r.path)]
-                            for r in sweep.runs)))
+    paths.append(
+        write_csv(
+            out / "runs.csv",
+            [
+                "architecture",
+                *keys,
+                "eraser",
+                "seed",
+                *run_metrics,
+                "epochs",
+                "blocks_at_untrained",
+                "git_sha",
+                "code_version_full",
+                "path",
+            ],
+            (
+                [
+                    r.arch,
+                    *r.row,
+                    r.eraser,
+                    sweep.replicate_label(r.replicate),
+                    *(_num(r.results.get(m)) for m in run_metrics),
+                    len(r.results.get("val_loss_curve") or []),
+                    _num(untrained_count(r)),
+                    r.results.get("git_sha") or "",
+                    r.code_version,
+                    str(r.path),
+                ]
+                for r in sweep.runs
+            ),
+        )
+    )
     width = [] if "width" in keys else ["width"]  # a column of its own when it is not a row key
-    paths.append(write_csv(out / "mdl_increase.csv", ["architecture", *keys, "eraser", *width, "increase_bits_per_sample",
-                                                      "increase_se", "increase_relative", "control_mean", "n_erased",
-                                                      "n_control"],
-                           ([i.arch, *i.row, i.eraser, *([_num(i.width)] if width else []), _num(i.increase), _num(i.se),
-                             _num(i.relative), _num(i.control_mean), i.n_erased, i.n_control]
-                            for i in mdl_increase(sweep, cells))))
+    paths.append(
+        write_csv(
+            out / "mdl_increase.csv",
+            [
+                "architecture",
+                *keys,
+                "eraser",
+                *width,
+                "increase_bits_per_sample",
+                "increase_se",
+                "increase_relative",
+                "control_mean",
+                "n_erased",
+                "n_control",
+            ],
+            (
+                [
+                    i.arch,
+                    *i.row,
+                    i.eraser,
+                    *([_num(i.width)] if width else []),
+                    _num(i.increase),
+                    _num(i.se),
+                    _num(i.relative),
+                    _num(i.control_mean),
+                    i.n_erased,
+                    i.n_control,
+                ]
+                for i in mdl_increase(sweep, cells)
+            ),
+        )
+    )
 
     curve_rows = []
     for c in cells:
@@ -90,25 +172,73 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
         if stats is None:
             continue
         for t in range(len(stats.mean)):
-            curve_rows.append([c.arch, *c.row, c.eraser, t + 1, _num(stats.mean[t]), _num(stats.std[t]),
-                               _num(stats.low[t]), _num(stats.high[t]), stats.n_seeds])
-    paths.append(write_csv(out / "loss_curves.csv", ["architecture", *keys, "eraser", "epoch", "val_loss_mean_nats",
-                                                     "val_loss_std_nats", "val_loss_min_nats", "val_loss_max_nats", "n_seeds"],
-                           curve_rows))
-    paths.append(write_csv(out / "backfiring.csv", ["architecture", *keys, "eraser", "early_gap_nats", "late_gap_nats",
-                                                    "crossing_epoch", "compared_epochs"],
-                           ([f.arch, *f.row, f.eraser, _num(f.result.early_gap), _num(f.result.late_gap),
-                             f.result.crossing_epoch, f.result.epochs] for f in flags)))
+            curve_rows.append(
+                [
+                    c.arch,
+                    *c.row,
+                    c.eraser,
+                    t + 1,
+                    _num(stats.mean[t]),
+                    _num(stats.std[t]),
+                    _num(stats.low[t]),
+                    _num(stats.high[t]),
+                    stats.n_seeds,
+                ]
+            )
+    paths.append(
+        write_csv(
+            out / "loss_curves.csv",
+            [
+                "architecture",
+                *keys,
+                "eraser",
+                "epoch",
+                "val_loss_mean_nats",
+                "val_loss_std_nats",
+                "val_loss_min_nats",
+                "val_loss_max_nats",
+                "n_seeds",
+            ],
+            curve_rows,
+        )
+    )
+    paths.append(
+        write_csv(
+            out / "backfiring.csv",
+            ["architecture", *keys, "eraser", "early_gap_nats", "late_gap_nats", "crossing_epoch", "compared_epochs"],
+            (
+                [
+                    f.arch,
+                    *f.row,
+                    f.eraser,
+                    _num(f.result.early_gap),
+                    _num(f.result.late_gap),
+                    f.result.crossing_epoch,
+                    f.result.epochs,
+                ]
+                for f in flags
+            ),
+        )
+    )
     return paths
 
 
 # --- the report --------------------------------------------------------------------------------
 
-def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
-                 image_loader: ImageLoader | None = default_image_loader, ignore: Sequence[str] = (),
-                 early_fraction: float = 0.25, late_fraction: float = 0.25, n_images: int = 4,
-                 merge_code_versions: bool = False, echo: Callable[[str], Any] | None = print,
-                 compare_to: str | None = None, rows: Sequence[str] | None = None) -> Path:
+
+def build_report(
+    dirs: Sequence[str | Path],
+    out: str | Path | None = None,
+    image_loader: ImageLoader | None = default_image_loader,
+    ignore: Sequence[str] = (),
+    early_fraction: float = 0.25,
+    late_fraction: float = 0.25,
+    n_images: int = 4,
+    merge_code_versions: bool = False,
+    echo: Callable[[str], Any] | None = print,
+    compare_to: str | None = None,
+    rows: Sequence[str] | None = None,
+) -> Path:
     """Write the report for the sweeps below ``dirs`` into ``out``; return the Markdown file.
 
     ``compare_to`` names a shipped paper table (``mdl.report.paper.available_tables()``) to compare
@@ -125,26 +255,42 @@ def build_report(dirs: Sequence[str | Path], out: str | Path | None = None,
     if not dirs:
         raise ValueError("give at least one sweep directory (e.g. multirun/2025-01-01/12-00-00)")
     if not (0 < early_fraction < 1 and 0 < late_fraction < 1 and early_fraction + late_fraction <= 1):
-        raise ValueError(f"backfiring windows must be fractions in (0, 1) summing to at most 1, got early="
-                         f"{early_fraction}, late={late_fraction}")
+        raise ValueError(
+            f"backfiring windows must be fractions in (0, 1) summing to at most 1, got early="
+            f"{early_fraction}, late={late_fraction}"
+        )
     if compare_to:
         load_paper_table(compare_to)  # an unknown name fails before any file is read
     sweeps = load_sweeps(dirs, ignore, merge_code_versions=merge_code_versions, rows=rows)
     if not any(s.runs for s in sweeps):
-        raise FileNotFoundError(f"no readable results.json below {', '.join(map(str, dirs))}; "
-                                f"{len(sweeps[0].problems)} unreadable. Did the jobs finish?")
+        raise FileNotFoundError(
+            f"no readable results.json below {', '.join(map(str, dirs))}; "
+            f"{len(sweeps[0].problems)} unreadable. Did the jobs finish?"
+        )
     missing = missing_jobs(dirs)
     if missing and echo is not None:
-        echo(f"note: {len(missing)} planned job(s) have no results.json (interrupted, failed or still running); "
-             f"report.md lists them: " + "; ".join(m.describe() for m in missing[:3]) + ("; ..." if len(missing) > 3 else ""))
+        echo(
+            f"note: {len(missing)} planned job(s) have no results.json (interrupted, failed or still running); "
+            f"report.md lists them: "
+            + "; ".join(m.describe() for m in missing[:3])
+            + ("; ..." if len(missing) > 3 else "")
+        )
     out = Path(out) if out is not None else Path(dirs[0]) / "report"
-    options = dict(image_loader=image_loader, early_fraction=early_fraction, late_fraction=late_fraction,
-                   n_images=n_images, compare_to=compare_to, echo=echo)
+    options = dict(
+        image_loader=image_loader,
+        early_fraction=early_fraction,
+        late_fraction=late_fraction,
+        n_images=n_images,
+        compare_to=compare_to,
+        echo=echo,
+    )
     if len(sweeps) == 1:
         return write_report(sweeps[0], dirs, out, missing=missing, **options)
     if echo is not None:
-        echo(f"note: the runs follow {len(sweeps)} designs (they do not share their config keys): a report each, "
-             f"in {', '.join(design_folder(i, s) for i, s in enumerate(sweeps, 1))} of {out}")
+        echo(
+            f"note: the runs follow {len(sweeps)} designs (they do not share their config keys): a report each, "
+            f"in {', '.join(design_folder(i, s) for i, s in enumerate(sweeps, 1))} of {out}"
+        )
     reports = [write_report(s, dirs, out / design_folder(i, s), **options) for i, s in enumerate(sweeps, 1)]
     path = out / "report.md"
     path.write_text(render_designs(sweeps, reports, dirs, out, missing))
@@ -156,9 +302,18 @@ def design_folder(index: int, sweep: Sweep) -> str:
     return f"design{index}_{slug(sweep.design.replace('.*', ''))}"
 
 
-def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None, early_fraction: float,
-                 late_fraction: float, n_images: int, compare_to: str | None, echo: Callable[[str], Any] | None,
-                 missing: Sequence[MissingJob] = ()) -> Path:
+def write_report(
+    sweep: Sweep,
+    dirs,
+    out: Path,
+    image_loader: ImageLoader | None,
+    early_fraction: float,
+    late_fraction: float,
+    n_images: int,
+    compare_to: str | None,
+    echo: Callable[[str], Any] | None,
+    missing: Sequence[MissingJob] = (),
+) -> Path:
     """One design's report (tables, figures, CSVs) into ``out``; return its Markdown file."""
     where = f" ({sweep.design})" if sweep.design else ""
     if sweep.mixed_versions and echo is not None:
@@ -171,10 +326,15 @@ def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None
     flags = backfire_flags(cells, early_fraction, late_fraction)
     figures: list[FigureFile] = []
     notes: list[str] = []
-    for make in (lambda: scaling_figures(sweep, cells, out, cov.max_seeds), lambda: figure3(sweep, cells, out),
-                 lambda: loss_figures(sweep, cells, out), lambda: probe_figures(sweep, cells, out),
-                 lambda: lr_figures(sweep, cells, out), lambda: lr_transfer_figures(sweep, cells, out),
-                 lambda: figure1(sweep, out, image_loader, n_images)):
+    for make in (
+        lambda: scaling_figures(sweep, cells, out, cov.max_seeds),
+        lambda: figure3(sweep, cells, out),
+        lambda: loss_figures(sweep, cells, out),
+        lambda: probe_figures(sweep, cells, out),
+        lambda: lr_figures(sweep, cells, out),
+        lambda: lr_transfer_figures(sweep, cells, out),
+        lambda: figure1(sweep, out, image_loader, n_images),
+    ):
         f, n = make()
         figures += f
         notes += n
@@ -182,9 +342,25 @@ def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None
     csvs = write_csvs(sweep, cells, cov, flags, out)
     if paper_rows:
         csvs.append(write_comparison_csv(out / "paper_comparison.csv", sweep, paper_rows))
-    text = render(sweep, cells, cov, flags, figures, notes, csvs, dirs, out, early_fraction, late_fraction,
-                  [*protocol_section(sweep, cells, cov.max_seeds, compare_to), *paper_md, *lr_section(sweep, cells, out),
-                   *_missing(list(missing))])
+    text = render(
+        sweep,
+        cells,
+        cov,
+        flags,
+        figures,
+        notes,
+        csvs,
+        dirs,
+        out,
+        early_fraction,
+        late_fraction,
+        [
+            *protocol_section(sweep, cells, cov.max_seeds, compare_to),
+            *paper_md,
+            *lr_section(sweep, cells, out),
+            *_missing(list(missing)),
+        ],
+    )
     path = out / "report.md"
     path.write_text(text)
     return path
@@ -192,19 +368,25 @@ def write_report(sweep: Sweep, dirs, out: Path, image_loader: ImageLoader | None
 
 def render_designs(sweeps: list[Sweep], reports: list[Path], dirs, out: Path, missing: list[MissingJob]) -> str:
     """The report over several designs: each design's paper-MDL table under its name, with a link to its report."""
-    md = ["# Sweep report\n",
-          f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
-          f"{sum(len(s.runs) for s in sweeps)} runs of {len(sweeps)} designs. Runs that do not share their config keys "
-          "(a preset's lookup tables, an option group's settings) are reported apart, a table per design named by the "
-          "keys only its runs have; each design's full report (tables, figures, CSVs, coverage) is in its folder.", ""]
+    md = [
+        "# Sweep report\n",
+        f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
+        f"{sum(len(s.runs) for s in sweeps)} runs of {len(sweeps)} designs. Runs that do not share their config keys "
+        "(a preset's lookup tables, an option group's settings) are reported apart, a table per design named by the "
+        "keys only its runs have; each design's full report (tables, figures, CSVs, coverage) is in its folder.",
+        "",
+    ]
     for i, (sweep, report) in enumerate(zip(sweeps, reports), 1):
         cells = build_cells(sweep)
-        md += [f"## Design {i}: {sweep.design}\n",
-               f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, erasers "
-               f"{erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'}. "
-               f"[Full report]({report.relative_to(out).as_posix()})\n",
-               "**Paper-compatible prequential MDL, bits per sample:**\n",
-               pivot(sweep, cells, "paper_mdl", coverage(sweep, cells).max_seeds), ""]
+        md += [
+            f"## Design {i}: {sweep.design}\n",
+            f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, erasers "
+            f"{erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'}. "
+            f"[Full report]({report.relative_to(out).as_posix()})\n",
+            "**Paper-compatible prequential MDL, bits per sample:**\n",
+            pivot(sweep, cells, "paper_mdl", coverage(sweep, cells).max_seeds),
+            "",
+        ]
     return "\n".join([*md, *_missing(missing)])
 
 
@@ -212,45 +394,79 @@ def _missing(missing: list[MissingJob]) -> list[str]:
     """The jobs a sweep planned that wrote no results: the table above averages only what is there."""
     if not missing:
         return []
-    return ["## Missing jobs\n",
-            f"{len(missing)} job(s) of the sweep(s) have no results.json (interrupted, failed or still running); the "
-            "tables leave them out. Launch the same command again to run them (finished jobs are skipped):\n",
-            *[f"- {m.describe()}" for m in missing], ""]
+    return [
+        "## Missing jobs\n",
+        f"{len(missing)} job(s) of the sweep(s) have no results.json (interrupted, failed or still running); the "
+        "tables leave them out. Launch the same command again to run them (finished jobs are skipped):\n",
+        *[f"- {m.describe()}" for m in missing],
+        "",
+    ]
 
 
-def render(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], figures: list[FigureFile],
-           notes: list[str], csvs: list[Path], dirs, out: Path, early_fraction: float, late_fraction: float,
-           paper: Sequence[str] = ()) -> str:
-    md = [*_header(sweep, cells, dirs), *_tables(sweep, cells, cov), *paper, *_coverage(sweep, cells, cov),
-          *_backfiring(sweep, cells, flags, early_fraction, late_fraction), "## Figures\n"]
+def render(
+    sweep: Sweep,
+    cells: list[Cell],
+    cov: Coverage,
+    flags: list[BackfireFlag],
+    figures: list[FigureFile],
+    notes: list[str],
+    csvs: list[Path],
+    dirs,
+    out: Path,
+    early_fraction: float,
+    late_fraction: float,
+    paper: Sequence[str] = (),
+) -> str:
+    md = [
+        *_header(sweep, cells, dirs),
+        *_tables(sweep, cells, cov),
+        *paper,
+        *_coverage(sweep, cells, cov),
+        *_backfiring(sweep, cells, flags, early_fraction, late_fraction),
+        "## Figures\n",
+    ]
     for f in figures:
         md += [f"### {f.title}\n", f"![{f.title}]({f.path.relative_to(out).as_posix()})\n", f.caption, ""]
     if notes:
         md += ["## Notes\n", *[f"- {n}" for n in notes], ""]
     units = ", ".join(f"`{m}` {unit}" for m, (_, unit) in METRICS.items())
-    md += ["## Files\n", *[f"- [`{p.name}`]({p.name})" for p in csvs], "",
-           f"Units: {units}; `<metric>_std` is the sample std over seeds (ddof = 1); `<metric>_n` the seeds that "
-           "reported it. Loss curves are in nats, epochs 1-based.", ""]
+    md += [
+        "## Files\n",
+        *[f"- [`{p.name}`]({p.name})" for p in csvs],
+        "",
+        f"Units: {units}; `<metric>_std` is the sample std over seeds (ddof = 1); `<metric>_n` the seeds that "
+        "reported it. Loss curves are in nats, epochs 1-based.",
+        "",
+    ]
     return "\n".join(md)
 
 
 def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
     counts = {v: sum(r.code_version == v for r in sweep.runs) for v in sweep.code_versions}
-    versions = ", ".join(f"`{v}`" + (f" ({n} runs)" if len(counts) > 1 else "")
-                         + (" (no code_version or git_sha recorded: not a git checkout?)" if v == UNKNOWN_VERSION else "")
-                         for v, n in counts.items())
-    return ["# Sweep report\n",
-            f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
-            f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, "
-            f"erasers {erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'} (config keys that vary within an "
-            f"architecture x eraser pair: runs that differ in them are never averaged together; pass `--ignore KEY` "
-            f"for a key that should not split cells"
-            + ("; `code_version` is the code version that computed a run, not a config key"
-               if sweep.mixed_versions and sweep.split_code_versions else "")
-            + f"); seeds grouped by {sweep.replicate_keys or ['seed']}.",
-            f"Code version{'s' if len(counts) > 1 else ''} (results.json `code_version`, else `git_sha`): {versions}"
-            + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."),
-            environments_line(sweep, cells), ""]
+    versions = ", ".join(
+        f"`{v}`"
+        + (f" ({n} runs)" if len(counts) > 1 else "")
+        + (" (no code_version or git_sha recorded: not a git checkout?)" if v == UNKNOWN_VERSION else "")
+        for v, n in counts.items()
+    )
+    return [
+        "# Sweep report\n",
+        f"Generated {datetime.now():%Y-%m-%d %H:%M} from {', '.join(f'`{d}`' for d in dirs)}: "
+        f"{len(sweep.runs)} runs in {len(cells)} cells; architectures {sorted({c.arch for c in cells})}, "
+        f"erasers {erasers_of(cells)}; row keys {[*sweep.row_keys] or 'none'} (config keys that vary within an "
+        f"architecture x eraser pair: runs that differ in them are never averaged together; pass `--ignore KEY` "
+        f"for a key that should not split cells"
+        + (
+            "; `code_version` is the code version that computed a run, not a config key"
+            if sweep.mixed_versions and sweep.split_code_versions
+            else ""
+        )
+        + f"); seeds grouped by {sweep.replicate_keys or ['seed']}.",
+        f"Code version{'s' if len(counts) > 1 else ''} (results.json `code_version`, else `git_sha`): {versions}"
+        + (f" — **{sweep.code_version_line()}**" if sweep.mixed_versions else "."),
+        environments_line(sweep, cells),
+        "",
+    ]
 
 
 def environments_line(sweep: Sweep, cells: list[Cell]) -> str:
@@ -259,11 +475,22 @@ def environments_line(sweep: Sweep, cells: list[Cell]) -> str:
     counts: dict[str, int] = {}
     for run in sweep.runs:
         counts[run.environment] = counts.get(run.environment, 0) + 1
-    line = "Environment" + ("s" if len(counts) > 1 else "") + ": " + ", ".join(
-        f"`{env}`" + (f" ({n} runs)" if len(counts) > 1 else "") for env, n in counts.items())
-    mixed = [f"{c.arch} / {c.eraser}" + (f" {c.row}" if c.row else "") for c in cells if len({r.environment for r in c.runs}) > 1]
+    line = (
+        "Environment"
+        + ("s" if len(counts) > 1 else "")
+        + ": "
+        + ", ".join(f"`{env}`" + (f" ({n} runs)" if len(counts) > 1 else "") for env, n in counts.items())
+    )
+    mixed = [
+        f"{c.arch} / {c.eraser}" + (f" {c.row}" if c.row else "")
+        for c in cells
+        if len({r.environment for r in c.runs}) > 1
+    ]
     if mixed:
-        return line + f" — **{len(mixed)} cell(s) mix environments: {'; '.join(mixed[:6])}{'; ...' if len(mixed) > 6 else ''}**"
+        return (
+            line
+            + f" — **{len(mixed)} cell(s) mix environments: {'; '.join(mixed[:6])}{'; ...' if len(mixed) > 6 else ''}**"
+        )
     return line + "."
 
 
@@ -273,80 +500,131 @@ def _paper_losses(sweep: Sweep) -> str:
 
     used = sorted({str(run.results.get("paper_loss", "val_min")) for run in sweep.runs})
     return " and ".join(f"`{u}` ({PAPER_LOSSES.get(u, 'unknown')})" for u in used) + (
-        ": mixed estimates, compare cells of one estimate only" if len(used) > 1 else "")
+        ": mixed estimates, compare cells of one estimate only" if len(used) > 1 else ""
+    )
 
 
 def _tables(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
-    return ["## Table (the paper's Appendix C)\n",
-            "Each cell: mean ± sample standard deviation over seeds (ddof = 1; n/a with one seed), n = number of "
-            f"seeds. {PARTIAL_MARK}: fewer seeds than the fullest cell ({cov.max_seeds}); `missing`: no run.\n",
-            "**Paper-compatible prequential MDL, bits per sample** (the number in the paper's table; "
-            f"L(c_i) measured as {_paper_losses(sweep)}):\n",
-            pivot(sweep, cells, "paper_mdl", cov.max_seeds), "",
-            "**Online code length (Voita & Titov), bits per example** (total bits in `table.csv`; a uniform "
-            "predictor scores log2 K):\n", pivot(sweep, cells, "online_bits_per_example", cov.max_seeds), "",
-            "**Final validation loss of the full-data fit (best epoch), nats:**\n",
-            pivot(sweep, cells, "final_val_loss", cov.max_seeds, digits=3), ""]
+    return [
+        "## Table (the paper's Appendix C)\n",
+        "Each cell: mean ± sample standard deviation over seeds (ddof = 1; n/a with one seed), n = number of "
+        f"seeds. {PARTIAL_MARK}: fewer seeds than the fullest cell ({cov.max_seeds}); `missing`: no run.\n",
+        "**Paper-compatible prequential MDL, bits per sample** (the number in the paper's table; "
+        f"L(c_i) measured as {_paper_losses(sweep)}):\n",
+        pivot(sweep, cells, "paper_mdl", cov.max_seeds),
+        "",
+        "**Online code length (Voita & Titov), bits per example** (total bits in `table.csv`; a uniform "
+        "predictor scores log2 K):\n",
+        pivot(sweep, cells, "online_bits_per_example", cov.max_seeds),
+        "",
+        "**Final validation loss of the full-data fit (best epoch), nats:**\n",
+        pivot(sweep, cells, "final_val_loss", cov.max_seeds, digits=3),
+        "",
+    ]
 
 
 def _coverage(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
     md = ["## Coverage\n"]
     for c, lacking in cov.partial:
-        md.append(f"- partial: {_where(sweep, c.arch, c.row)} **{c.eraser}**: n={c.n} of {cov.max_seeds}"
-                  f" (lacks {', '.join(lacking) or 'seeds'})")
+        md.append(
+            f"- partial: {_where(sweep, c.arch, c.row)} **{c.eraser}**: n={c.n} of {cov.max_seeds}"
+            f" (lacks {', '.join(lacking) or 'seeds'})"
+        )
     for arch, row, eraser in cov.missing:
         md.append(f"- missing: {_where(sweep, arch, row)} **{eraser}**: no run")
     for c, metric, lacking in cov.metric_gaps:
-        md.append(f"- {_where(sweep, c.arch, c.row)} {c.eraser}: {lacking} run(s) lack `{metric}`; its mean uses the rest")
+        md.append(
+            f"- {_where(sweep, c.arch, c.row)} {c.eraser}: {lacking} run(s) lack `{metric}`; its mean uses the rest"
+        )
     for arch, row, key, values in row_differences(cells):
-        md.append(f"- {_where(sweep, arch, row)}: `{key}` differs between the erasers compared in this row ("
-                  + "; ".join(f"{e}: {v}" for e, v in values.items()) + ")")
+        md.append(
+            f"- {_where(sweep, arch, row)}: `{key}` differs between the erasers compared in this row ("
+            + "; ".join(f"{e}: {v}" for e, v in values.items())
+            + ")"
+        )
     for p in sweep.problems:
         md.append(f"- skipped `{p.path}`: {p.reason}")
     for kept, dropped in sweep.duplicates:
-        md.append(f"- duplicate seed with different numbers: `{dropped.path}` has the same config and seed as the "
-                  f"newer `{kept.path}`; only the newer one is used")
+        md.append(
+            f"- duplicate seed with different numbers: `{dropped.path}` has the same config and seed as the "
+            f"newer `{kept.path}`; only the newer one is used"
+        )
     if sweep.mixed_versions and not sweep.split_code_versions:
         for c in cells:
             versions = sorted({r.code_version for r in c.runs})
             if len(versions) > 1:
-                md.append(f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: averages runs of code versions "
-                          + ", ".join(f"`{v}`" for v in versions))
+                md.append(
+                    f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: averages runs of code versions "
+                    + ", ".join(f"`{v}`" for v in versions)
+                )
     if sweep.copies:
-        md.append(f"- {sweep.copies} results.json file(s) were copies of a run already read (same config, seed and "
-                  "numbers: the run store or a re-launch's skipped jobs); each run counted once")
+        md.append(
+            f"- {sweep.copies} results.json file(s) were copies of a run already read (same config, seed and "
+            "numbers: the run store or a re-launch's skipped jobs); each run counted once"
+        )
     if not (cov.partial or cov.missing):
         md.append(f"Every cell has {cov.max_seeds} seed(s).")
     return [*md, ""]
 
 
-def _backfiring(sweep: Sweep, cells: list[Cell], flags: list[BackfireFlag], early_fraction: float,
-                late_fraction: float) -> list[str]:
-    md = ["## Backfiring\n",
-          "An erased condition *backfires* when its validation loss starts above the control's and ends below it. "
-          "Mean curves over seeds are compared on their common epochs 1..T (epoch t = t-th entry of "
-          "`val_loss_curve`); with d(t) = erased − control: early gap = mean of d over epochs "
-          f"1..ceil({early_fraction}·T), late gap = mean of d over the last ceil({late_fraction}·T) epochs; flagged "
-          "when early gap > 0 and late gap < 0. Crossing epoch: the last t with d(t−1) ≥ 0 > d(t).\n"]
+def _backfiring(
+    sweep: Sweep, cells: list[Cell], flags: list[BackfireFlag], early_fraction: float, late_fraction: float
+) -> list[str]:
+    md = [
+        "## Backfiring\n",
+        "An erased condition *backfires* when its validation loss starts above the control's and ends below it. "
+        "Mean curves over seeds are compared on their common epochs 1..T (epoch t = t-th entry of "
+        "`val_loss_curve`); with d(t) = erased − control: early gap = mean of d over epochs "
+        f"1..ceil({early_fraction}·T), late gap = mean of d over the last ceil({late_fraction}·T) epochs; flagged "
+        "when early gap > 0 and late gap < 0. Crossing epoch: the last t with d(t−1) ≥ 0 > d(t).\n",
+    ]
     controlled = {(c.arch, c.row) for c in cells if c.eraser == CONTROL}
     erased = [c for c in cells if c.eraser != CONTROL]
     compared = [c for c in erased if (c.arch, c.row) in controlled]
     if not erased:
         return [*md, "The sweep has no erased condition: nothing to check.", ""]
-    md.append(f"{len(compared)} of {len(erased)} erased cell(s) had a control (eraser `{CONTROL}`) in the same row "
-              "to compare with" + ("." if compared else ": nothing could be checked; add `eraser=none` to the sweep.")
-              + "\n")
+    md.append(
+        f"{len(compared)} of {len(erased)} erased cell(s) had a control (eraser `{CONTROL}`) in the same row "
+        "to compare with" + ("." if compared else ": nothing could be checked; add `eraser=none` to the sweep.") + "\n"
+    )
     if flags:
-        md.append(markdown_table(["architecture", *sweep.row_names(), "eraser", "early gap (nats)",
-                                  "late gap (nats)", "crossing epoch", "T"],
-                                 ([f.arch, *map(str, f.row), f.eraser, f"{f.result.early_gap:+.3f}",
-                                   f"{f.result.late_gap:+.3f}", f.result.crossing_epoch, f.result.epochs] for f in flags)))
+        md.append(
+            markdown_table(
+                [
+                    "architecture",
+                    *sweep.row_names(),
+                    "eraser",
+                    "early gap (nats)",
+                    "late gap (nats)",
+                    "crossing epoch",
+                    "T",
+                ],
+                (
+                    [
+                        f.arch,
+                        *map(str, f.row),
+                        f.eraser,
+                        f"{f.result.early_gap:+.3f}",
+                        f"{f.result.late_gap:+.3f}",
+                        f.result.crossing_epoch,
+                        f.result.epochs,
+                    ]
+                    for f in flags
+                ),
+            )
+        )
     elif compared:
         md.append("No loss-curve backfiring found.")
     if compared:
-        md += ["", "MDL below the control's (erasure made the code *shorter*, as for ConvNeXt + QLEACE in the paper):", ""]
-        md += [f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: {m:.3f} < control {mc:.3f} bits/sample"
-               for c, m, mc in mdl_backfire(cells)] or ["- none"]
+        md += [
+            "",
+            "MDL below the control's (erasure made the code *shorter*, as for ConvNeXt + QLEACE in the paper):",
+            "",
+        ]
+        md += [
+            f"- {_where(sweep, c.arch, c.row)} **{c.eraser}**: {m:.3f} < control {mc:.3f} bits/sample"
+            for c, m, mc in mdl_backfire(cells)
+        ] or ["- none"]
     return [*md, ""]
 
 
@@ -358,33 +636,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mdl.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directories searched for results.json")
     parser.add_argument("--out", default=None, help="report directory (default: <first SWEEP_DIR>/report)")
-    parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
-                        help="config key (prefix) that must not split conditions, e.g. trainer.max_time; repeatable")
-    parser.add_argument("--rows", default=None, metavar="KEY,KEY",
-                        help="the table's row keys, in order (full config keys or unambiguous last parts, e.g. "
-                             "width,depth,optimizer.lr; default: the keys the sweeps varied); a key that varies "
-                             "within an architecture x eraser pair and is not named must be --ignore'd")
-    parser.add_argument("--early-fraction", type=float, default=0.25, help="backfiring: early window, fraction of epochs")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="config key (prefix) that must not split conditions, e.g. trainer.max_time; repeatable",
+    )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        metavar="KEY,KEY",
+        help="the table's row keys, in order (full config keys or unambiguous last parts, e.g. "
+        "width,depth,optimizer.lr; default: the keys the sweeps varied); a key that varies "
+        "within an architecture x eraser pair and is not named must be --ignore'd",
+    )
+    parser.add_argument(
+        "--early-fraction", type=float, default=0.25, help="backfiring: early window, fraction of epochs"
+    )
     parser.add_argument("--late-fraction", type=float, default=0.25, help="backfiring: late window, fraction of epochs")
     parser.add_argument("--images", type=int, default=4, help="Figure 1: number of images (rows)")
-    parser.add_argument("--merge-code-versions", action="store_true",
-                        help="average runs of different code versions in one cell (default: a cell per version)")
-    parser.add_argument("--compare-to", default=None, choices=available_tables(), metavar="TABLE",
-                        help="compare with this paper table whatever the runs' data set, by architecture x eraser "
-                             f"(shipped: {', '.join(available_tables())}; default: the tables of the runs' data set)")
+    parser.add_argument(
+        "--merge-code-versions",
+        action="store_true",
+        help="average runs of different code versions in one cell (default: a cell per version)",
+    )
+    parser.add_argument(
+        "--compare-to",
+        default=None,
+        choices=available_tables(),
+        metavar="TABLE",
+        help="compare with this paper table whatever the runs' data set, by architecture x eraser "
+        f"(shipped: {', '.join(available_tables())}; default: the tables of the runs' data set)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = build_report(args.sweep_dirs, args.out, ignore=args.ignore, early_fraction=args.early_fraction,
-                            late_fraction=args.late_fraction, n_images=args.images,
-                            merge_code_versions=args.merge_code_versions, compare_to=args.compare_to,
-                            rows=[k for k in args.rows.split(",") if k] if args.rows is not None else None)
+        path = build_report(
+            args.sweep_dirs,
+            args.out,
+            ignore=args.ignore,
+            early_fraction=args.early_fraction,
+            late_fraction=args.late_fraction,
+            n_images=args.images,
+            merge_code_versions=args.merge_code_versions,
+            compare_to=args.compare_to,
+            rows=[k for k in args.rows.split(",") if k] if args.rows is not None else None,
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # --out read-only, full or a file
         where = args.out or Path(args.sweep_dirs[0]) / "report"
-        print(f"error: cannot write the report to {where} ({err.strerror or err}); choose a writable folder with "
-              f"--out DIR", file=sys.stderr)
+        print(
+            f"error: cannot write the report to {where} ({err.strerror or err}); choose a writable folder with "
+            f"--out DIR",
+            file=sys.stderr,
+        )
         return 2
     print(f"report: {path}")
     return 0

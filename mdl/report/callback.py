@@ -37,8 +37,10 @@ class ReportAfterMultirun(Callback):
         from mdl.report.paper import available_tables
 
         if self.enabled and self.compare_to and self.compare_to not in available_tables():
-            raise SystemExit(f"hydra.callbacks.report.compare_to={self.compare_to!r}: no such paper table; shipped: "
-                             f"{', '.join(available_tables())} (or null: compare with the runs' own data set)")
+            raise SystemExit(
+                f"hydra.callbacks.report.compare_to={self.compare_to!r}: no such paper table; shipped: "
+                f"{', '.join(available_tables())} (or null: compare with the runs' own data set)"
+            )
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled:

@@ -60,8 +60,9 @@ def pick_images(y, n_images: int) -> list[int]:
     return [firsts[c] for c in sorted(firsts)[:n_images]]
 
 
-def figure1(sweep: Sweep, out: Path, image_loader: ImageLoader | None = default_image_loader,
-            n_images: int = 4) -> tuple[list[FigureFile], list[str]]:
+def figure1(
+    sweep: Sweep, out: Path, image_loader: ImageLoader | None = default_image_loader, n_images: int = 4
+) -> tuple[list[FigureFile], list[str]]:
     """For each data configuration: images (rows) as given and under every fitted eraser."""
     figures, notes = [], []
     if image_loader is None or n_images < 1:
@@ -106,10 +107,15 @@ def figure1(sweep: Sweep, out: Path, image_loader: ImageLoader | None = default_
         name = base if base not in used_names else f"{base}_{g}"
         used_names.add(name)
         path = _draw_figure1(columns, out / f"{name}.png", float(x.min()), float(x.max()))
-        figures.append(FigureFile(path, f"Figure 1: {source} images under each eraser",
-                                  "Rows: the first example of each of the first classes of the training set; columns: "
-                                  "unedited (= the control) and under each fitted eraser (label-dependent erasers get the true label). "
-                                  f"Pixels clipped to the data range for display.{caption_rank}"))
+        figures.append(
+            FigureFile(
+                path,
+                f"Figure 1: {source} images under each eraser",
+                "Rows: the first example of each of the first classes of the training set; columns: "
+                "unedited (= the control) and under each fitted eraser (label-dependent erasers get the true label). "
+                f"Pixels clipped to the data range for display.{caption_rank}",
+            )
+        )
     return figures, notes
 
 

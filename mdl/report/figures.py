@@ -23,7 +23,10 @@ import numpy as np  # noqa: E402
 from mdl.report.runs import Sweep, sortable  # noqa: E402
 from mdl.report.stats import Cell, Increase, curve_stats, erasers_of, mdl_increase  # noqa: E402
 
-SCALING_METRICS = (("paper_mdl", "paper MDL (bits/sample)"), ("online_bits_per_example", "online code length (bits/example)"))
+SCALING_METRICS = (
+    ("paper_mdl", "paper MDL (bits/sample)"),
+    ("online_bits_per_example", "online code length (bits/example)"),
+)
 MAX_COLUMNS = 4
 
 
@@ -41,8 +44,14 @@ def legend(ax) -> None:
     """Outside the axes on the right, so it never covers the data; eraser names as the paper writes them."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, [display_name(label) for label in labels], loc="upper left",
-                  bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
+        ax.legend(
+            handles,
+            [display_name(label) for label in labels],
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            borderaxespad=0.0,
+            frameon=False,
+        )
 
 
 def chance_level(cells: list[Cell], metric: str) -> float | None:
@@ -52,7 +61,7 @@ def chance_level(cells: list[Cell], metric: str) -> float | None:
     keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
     if len(keys) != 1:
         return None
-    (k, boundaries), = keys
+    ((k, boundaries),) = keys
     if not k:
         return None
     if metric == "paper_mdl":
@@ -78,8 +87,9 @@ def slug(text: str) -> str:
 def _grid(n: int, width: float = PANEL_SIZE[0], height: float = PANEL_SIZE[1], rows_per_panel: int = 1):
     cols = min(n, MAX_COLUMNS)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel), squeeze=False
+    )
     return fig, axes, cols
 
 
@@ -93,6 +103,7 @@ def _save(fig, path: Path) -> Path:
 
 
 # --- MDL against width and depth --------------------------------------------------------------
+
 
 def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) -> tuple[list[FigureFile], list[str]]:
     """One figure per (axis, architecture) where that axis was varied; panels = the other row
@@ -108,9 +119,13 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
             panels: dict[tuple, list[Cell]] = {}
             for c in cells:
                 if c.arch == arch:
-                    panels.setdefault(c.row[:a] + c.row[a + 1:], []).append(c)
-            panels = {k: v for k, v in panels.items()
-                      if len({c.row[a] for c in v}) > 1 and all(isinstance(c.row[a], (int, float)) and c.row[a] > 0 for c in v)}
+                    panels.setdefault(c.row[:a] + c.row[a + 1 :], []).append(c)
+            panels = {
+                k: v
+                for k, v in panels.items()
+                if len({c.row[a] for c in v}) > 1
+                and all(isinstance(c.row[a], (int, float)) and c.row[a] > 0 for c in v)
+            }
             if not panels:
                 notes.append(f"MDL vs {axis}: not drawn for {arch}, it has one positive numeric `{axis}` per setting.")
                 continue
@@ -130,9 +145,14 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     legend(ax)
             _finish_grid(axes, len(panels), cols, len(SCALING_METRICS))
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
-            figures.append(FigureFile(path, f"MDL vs {axis}: {arch}",
-                                      f"Mean ± 1 sample std (ddof=1) over seeds; log2 x axis. Hollow markers: cells with "
-                                      f"fewer than {max_seeds} seeds (see Coverage)."))
+            figures.append(
+                FigureFile(
+                    path,
+                    f"MDL vs {axis}: {arch}",
+                    f"Mean ± 1 sample std (ddof=1) over seeds; log2 x axis. Hollow markers: cells with "
+                    f"fewer than {max_seeds} seeds (see Coverage).",
+                )
+            )
     return figures, notes
 
 
@@ -188,7 +208,9 @@ def figure3_panels(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -
     return panels
 
 
-def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl") -> tuple[list[FigureFile], list[str]]:
+def figure3(
+    sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl"
+) -> tuple[list[FigureFile], list[str]]:
     """The paper's Figure 3: per architecture (and setting of the other row keys), the increase of
     the mean MDL over the control's at each width, one line per eraser (data in mdl_increase.csv)."""
     panels = figure3_panels(sweep, cells, metric)
@@ -202,8 +224,9 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
             pts = sorted((i for i in points if i.eraser == eraser), key=lambda i: i.width)
             x = np.array([i.width for i in pts])
             y = np.array([i.increase for i in pts])
-            ax.errorbar(x, y, yerr=np.nan_to_num([i.se for i in pts]), color=colors[eraser], label=eraser, capsize=3,
-                        marker="o")
+            ax.errorbar(
+                x, y, yerr=np.nan_to_num([i.se for i in pts]), color=colors[eraser], label=eraser, capsize=3, marker="o"
+            )
         ax.axhline(0.0, color="black", lw=0.8, ls="--")
         widths = sorted({i.width for i in points})
         if len(widths) > 1:
@@ -216,14 +239,20 @@ def figure3(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl
         legend(ax)
     _finish_grid(axes, len(panels), cols)
     path = _save(fig, out / FIGURE3_NAME)
-    return [FigureFile(path, "Figure 3: MDL increase over the control, per width",
-                       "The paper's Figure 3: mean paper MDL of each erased cell minus the mean of the control in the same "
-                       "row (same architecture, width and other settings); error bars ± the standard error of that "
-                       "difference, √(sd_e²/n_e + sd_c²/n_c) (none when a cell has one seed); dashed: no change. Numbers "
-                       "in `mdl_increase.csv`.")], []
+    return [
+        FigureFile(
+            path,
+            "Figure 3: MDL increase over the control, per width",
+            "The paper's Figure 3: mean paper MDL of each erased cell minus the mean of the control in the same "
+            "row (same architecture, width and other settings); error bars ± the standard error of that "
+            "difference, √(sd_e²/n_e + sd_c²/n_c) (none when a cell has one seed); dashed: no change. Numbers "
+            "in `mdl_increase.csv`.",
+        )
+    ], []
 
 
 # --- validation loss of the final fit ---------------------------------------------------------
+
 
 def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[FigureFile], list[str]]:
     """Per architecture: one panel per row, one curve per eraser (mean over seeds, ± std band)."""
@@ -249,7 +278,9 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                 epochs = np.arange(1, len(stats.mean) + 1)
                 ax.plot(epochs, stats.mean, color=colors[c.eraser], lw=2, label=f"{c.eraser} (n={stats.n_seeds})")
                 if stats.n_seeds > 1:
-                    ax.fill_between(epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2)
+                    ax.fill_between(
+                        epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2
+                    )
                 drawn += 1
             chance_line(ax, chance_level(members, "val_loss"))
             ax.set_title(panel_title(arch, sweep.describe(row)))
@@ -261,10 +292,15 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
             plt.close(fig)
             continue
         path = _save(fig, out / f"val_loss_{slug(arch)}.png")
-        figures.append(FigureFile(path, f"Validation loss of the final fit: {arch}",
-                                  "Thick line: mean over seeds on the epochs every seed reached; band: ± 1 sample std "
-                                  "(ddof=1); thin lines: individual seeds over their full length (early stopping makes "
-                                  "lengths differ)."))
+        figures.append(
+            FigureFile(
+                path,
+                f"Validation loss of the final fit: {arch}",
+                "Thick line: mean over seeds on the epochs every seed reached; band: ± 1 sample std "
+                "(ddof=1); thin lines: individual seeds over their full length (early stopping makes "
+                "lengths differ).",
+            )
+        )
     return figures, notes
 
 
@@ -296,13 +332,26 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                     continue
                 missing = sum(not isinstance(r.results.get(PROBE_KEY), list) for r in c.runs)
                 if missing:
-                    notes.append(f"{arch} {sweep.describe(row)} {c.eraser}: {missing} of {c.n} runs without probes "
-                                 f"(probes=maxent); the probe figure averages the others.")
+                    notes.append(
+                        f"{arch} {sweep.describe(row)} {c.eraser}: {missing} of {c.n} runs without probes "
+                        f"(probes=maxent); the probe figure averages the others."
+                    )
                 n = probe.n_seeds
-                ax.plot(np.arange(1, len(val.mean) + 1), val.mean, color=colors[c.eraser], lw=2,
-                        label=f"{display_name(c.eraser)}: validation (n={val.n_seeds})")
-                ax.plot(np.arange(1, len(probe.mean) + 1), probe.mean, color=colors[c.eraser], lw=2, ls="--",
-                        label=f"{display_name(c.eraser)}: max-ent probes (n={n})")
+                ax.plot(
+                    np.arange(1, len(val.mean) + 1),
+                    val.mean,
+                    color=colors[c.eraser],
+                    lw=2,
+                    label=f"{display_name(c.eraser)}: validation (n={val.n_seeds})",
+                )
+                ax.plot(
+                    np.arange(1, len(probe.mean) + 1),
+                    probe.mean,
+                    color=colors[c.eraser],
+                    lw=2,
+                    ls="--",
+                    label=f"{display_name(c.eraser)}: max-ent probes (n={n})",
+                )
                 chance |= {1 / r.results["num_classes"] for r in c.runs if r.results.get("num_classes")}
             for level in sorted(chance):
                 ax.axhline(level, color="gray", ls=":", lw=1)
@@ -312,10 +361,15 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
             legend(ax)
         _finish_grid(axes, len(rows), cols)
         path = _save(fig, out / f"maxent_probes_{slug(arch)}.png")
-        figures.append(FigureFile(path, f"Max-ent probes over the final fit: {arch}",
-                                  "Accuracy on the real validation split (solid) and on the max-ent probes (dashed: "
-                                  "samples of Gaussians with each class's mean and covariance of the erased training "
-                                  "split), mean over seeds on the epochs every seed reached; dotted: chance, 1/K. A "
-                                  "dashed line close to the solid one: what the network uses so far is in the class "
-                                  "means and covariances."))
+        figures.append(
+            FigureFile(
+                path,
+                f"Max-ent probes over the final fit: {arch}",
+                "Accuracy on the real validation split (solid) and on the max-ent probes (dashed: "
+                "samples of Gaussians with each class's mean and covariance of the erased training "
+                "split), mean over seeds on the epochs every seed reached; dotted: chance, 1/K. A "
+                "dashed line close to the solid one: what the network uses so far is in the class "
+                "means and covariances.",
+            )
+        )
     return figures, notes

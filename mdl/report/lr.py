@@ -34,7 +34,11 @@ class LrChoice:
     mean: float
     n: int
     grid: tuple[float, ...]
-    names: tuple[str, str, str] = ("", "", "")  # data.source, model.name, eraser.name of its runs: where a sweep looks it up
+    names: tuple[str, str, str] = (
+        "",
+        "",
+        "",
+    )  # data.source, model.name, eraser.name of its runs: where a sweep looks it up
     capped: int = 0  # runs at the best lr with a fit stopped at trainer.kwargs.max_epochs
 
     @property
@@ -46,6 +50,7 @@ class LrChoice:
 class LrPoint:
     """One swept lr of one (architecture, setting, eraser): its cell's mean metric, and how many of its runs
     had a fit stopped at trainer.kwargs.max_epochs (capped: under-trained, so their MDL reads too long)."""
+
     arch: str
     setting: str
     eraser: str
@@ -71,9 +76,21 @@ def lr_points(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> lis
     for c in cells:
         mean, std, n = c.mean_std(metric)
         if n and isinstance(c.row[i], (int, float)) and not math.isnan(mean):
-            other = c.row[:i] + (None,) + c.row[i + 1:]
-            points.append(LrPoint(c.arch, sweep.describe(other, skip=LR_KEY), c.eraser, float(c.row[i]), mean, std, n,
-                                  sum(bool(capped_fits(r.results)) for r in c.runs), c, other))
+            other = c.row[:i] + (None,) + c.row[i + 1 :]
+            points.append(
+                LrPoint(
+                    c.arch,
+                    sweep.describe(other, skip=LR_KEY),
+                    c.eraser,
+                    float(c.row[i]),
+                    mean,
+                    std,
+                    n,
+                    sum(bool(capped_fits(r.results)) for r in c.runs),
+                    c,
+                    other,
+                )
+            )
     return points
 
 
@@ -85,10 +102,23 @@ def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_md
     for (arch, setting, eraser), points in sorted(groups.items()):
         best = min(points, key=lambda p: p.mean)
         config = best.cell.runs[0].results.get("config", {})
-        names = tuple(str((config.get(k) or {}).get(f, "")) for k, f in
-                      (("data", "source"), ("model", "name"), ("eraser", "name")))
-        choices.append(LrChoice(arch, setting, eraser, best.lr, best.mean, best.n, tuple(sorted(p.lr for p in points)),
-                                names, best.capped))
+        names = tuple(
+            str((config.get(k) or {}).get(f, ""))
+            for k, f in (("data", "source"), ("model", "name"), ("eraser", "name"))
+        )
+        choices.append(
+            LrChoice(
+                arch,
+                setting,
+                eraser,
+                best.lr,
+                best.mean,
+                best.n,
+                tuple(sorted(p.lr for p in points)),
+                names,
+                best.capped,
+            )
+        )
     return choices
 
 
@@ -104,8 +134,10 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
         data, model, eraser = c.names
         slot = found.setdefault(data, {}).setdefault(model, {})
         if not all(c.names) or eraser in slot:
-            return None, ("The search varied more than the learning rate per data set, model and eraser "
-                          f"({c.arch}, {c.setting or '-'}, {c.eraser}): pick from the table.")
+            return None, (
+                "The search varied more than the learning rate per data set, model and eraser "
+                f"({c.arch}, {c.setting or '-'}, {c.eraser}): pick from the table."
+            )
         slot[eraser] = c.lr
     from omegaconf import OmegaConf
 
@@ -113,14 +145,26 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
 
     path = report_dir / LR_CONFIG[0] / f"{LR_CONFIG[1]}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = OmegaConf.to_yaml(OmegaConf.create({
-        "lr_search": found,
-        "optimizer": {"lr": "${oc.select:lr_search.${data.source}.${model.name}.${eraser.name},null}"}}))
-    atomic_write_bytes(path, ("# @package _global_\n# The best learning rates of an lr search at the muP base width "
-                              "(mdl/report/lr.py).\n" + body).encode())  # read by later sweeps: never half written
-    use = (f"Use them in a sweep: `python launch.py -m \"hydra.searchpath=[file://{report_dir.resolve()}]\" "
-           f"+{LR_CONFIG[0]}={LR_CONFIG[1]} ...` (`{path.name}` in `{path.parent}` sets `optimizer.lr` per data set, "
-           "model and eraser; at any width, as muP transfers it).")
+    body = OmegaConf.to_yaml(
+        OmegaConf.create(
+            {
+                "lr_search": found,
+                "optimizer": {"lr": "${oc.select:lr_search.${data.source}.${model.name}.${eraser.name},null}"},
+            }
+        )
+    )
+    atomic_write_bytes(
+        path,
+        (
+            "# @package _global_\n# The best learning rates of an lr search at the muP base width "
+            "(mdl/report/lr.py).\n" + body
+        ).encode(),
+    )  # read by later sweeps: never half written
+    use = (
+        f'Use them in a sweep: `python launch.py -m "hydra.searchpath=[file://{report_dir.resolve()}]" '
+        f"+{LR_CONFIG[0]}={LR_CONFIG[1]} ...` (`{path.name}` in `{path.parent}` sets `optimizer.lr` per data set, "
+        "model and eraser; at any width, as muP transfers it)."
+    )
     return path, use
 
 
@@ -133,18 +177,29 @@ def lr_section(sweep: Sweep, cells: list[Cell], report_dir: Path | None = None) 
     if report_dir is not None:
         use = write_best_lrs(choices, report_dir)[1]
     points = lr_points(sweep, cells)
-    md = ["## Learning rate\n",
-          f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
-          f"the base width, it transfers to the others; figure `lr_<arch>.png`). {use}\n",
-          "| architecture | setting | eraser | best lr | paper MDL | n | grid | capped runs (lr: runs with a fit at "
-          "max_epochs) |", "|---|---|---|---|---|---|---|---|"]
+    md = [
+        "## Learning rate\n",
+        f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
+        f"the base width, it transfers to the others; figure `lr_<arch>.png`). {use}\n",
+        "| architecture | setting | eraser | best lr | paper MDL | n | grid | capped runs (lr: runs with a fit at "
+        "max_epochs) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in choices:
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""
         capped = f" (**capped**: {c.capped} of {c.n} runs)" if c.capped else ""
-        by_lr = ", ".join(f"{p.lr:g}: {p.capped}/{p.n}" for p in sorted(points, key=lambda p: p.lr)
-                          if p.key == (c.arch, c.setting, c.eraser) and p.capped) or "none"
-        md.append(f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge}{capped} | {c.mean:.4f} | {c.n} | "
-                  f"{', '.join(f'{g:g}' for g in c.grid)} | {by_lr} |")
+        by_lr = (
+            ", ".join(
+                f"{p.lr:g}: {p.capped}/{p.n}"
+                for p in sorted(points, key=lambda p: p.lr)
+                if p.key == (c.arch, c.setting, c.eraser) and p.capped
+            )
+            or "none"
+        )
+        md.append(
+            f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge}{capped} | {c.mean:.4f} | {c.n} | "
+            f"{', '.join(f'{g:g}' for g in c.grid)} | {by_lr} |"
+        )
     return [*md, "", *capped_lines(points), *transfer_section(sweep, cells)]
 
 
@@ -157,18 +212,33 @@ def capped_lines(points: list[LrPoint]) -> list[str]:
     by_lr: dict[float, list[LrPoint]] = {}
     for p in points:
         by_lr.setdefault(p.lr, []).append(p)
-    caps = sorted({cap for p in capped for r in p.cell.runs if capped_fits(r.results)
-                   for cap in [max_epochs_of(r.results)] if cap is not None})
-    parts = [f"{lr:g}: {sum(p.capped for p in ps)} of {sum(p.n for p in ps)} runs" for lr, ps in sorted(by_lr.items())
-             if any(p.capped for p in ps)]
-    return [f"**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = {', '.join(map(str, caps))} before "
-            f"early stopping ended them, at lr {'; '.join(parts)}. Those models may still have been improving: their "
-            "MDL is too long, and the search is biased towards the lrs that converge within the cap. Raise "
-            "`trainer.kwargs.max_epochs` (or -1: until early stopping) and run them again before trusting the answer.",
-            ""]
+    caps = sorted(
+        {
+            cap
+            for p in capped
+            for r in p.cell.runs
+            if capped_fits(r.results)
+            for cap in [max_epochs_of(r.results)]
+            if cap is not None
+        }
+    )
+    parts = [
+        f"{lr:g}: {sum(p.capped for p in ps)} of {sum(p.n for p in ps)} runs"
+        for lr, ps in sorted(by_lr.items())
+        if any(p.capped for p in ps)
+    ]
+    return [
+        f"**Capped fits** — some fits stopped at `trainer.kwargs.max_epochs` = {', '.join(map(str, caps))} before "
+        f"early stopping ended them, at lr {'; '.join(parts)}. Those models may still have been improving: their "
+        "MDL is too long, and the search is biased towards the lrs that converge within the cap. Raise "
+        "`trainer.kwargs.max_epochs` (or -1: until early stopping) and run them again before trusting the answer.",
+        "",
+    ]
 
 
-def lr_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl") -> tuple[list[FigureFile], list[str]]:
+def lr_figures(
+    sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl"
+) -> tuple[list[FigureFile], list[str]]:
     """Per architecture, a panel per setting: mean ``metric`` against lr, one line per eraser, each eraser's best lr
     starred and lrs with capped runs drawn hollow."""
     points = lr_points(sweep, cells, metric)
@@ -185,10 +255,15 @@ def lr_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_
             axes[k // cols][k % cols].set_title(panel_title(arch, members[0].setting))
         _finish_grid(axes, len(panels), cols)
         path = _save(fig, out / f"lr_{slug(arch)}.png")
-        figures.append(FigureFile(path, f"Learning-rate search: {arch}",
-                                  "Mean paper MDL against the learning rate, one line per eraser (error bars: sample sd "
-                                  "over seeds); a star marks each eraser's best lr; hollow markers: lrs where some runs "
-                                  "had a fit stopped at `trainer.kwargs.max_epochs` (under-trained: MDL too long)."))
+        figures.append(
+            FigureFile(
+                path,
+                f"Learning-rate search: {arch}",
+                "Mean paper MDL against the learning rate, one line per eraser (error bars: sample sd "
+                "over seeds); a star marks each eraser's best lr; hollow markers: lrs where some runs "
+                "had a fit stopped at `trainer.kwargs.max_epochs` (under-trained: MDL too long).",
+            )
+        )
     return figures, []
 
 
@@ -198,14 +273,28 @@ def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
         pts = sorted((p for p in points if p.eraser == eraser), key=lambda p: p.lr)
         lr = [p.lr for p in pts]
         mean = [p.mean for p in pts]
-        ax.errorbar(lr, mean, yerr=[0.0 if math.isnan(p.std) else p.std for p in pts], color=colors[eraser],
-                    label=eraser, capsize=2, marker="none")
+        ax.errorbar(
+            lr,
+            mean,
+            yerr=[0.0 if math.isnan(p.std) else p.std for p in pts],
+            color=colors[eraser],
+            label=eraser,
+            capsize=2,
+            marker="none",
+        )
         for p in pts:
-            ax.scatter([p.lr], [p.mean], color=colors[eraser] if not p.capped else "white",
-                       edgecolors=colors[eraser], zorder=3, s=18)
+            ax.scatter(
+                [p.lr],
+                [p.mean],
+                color=colors[eraser] if not p.capped else "white",
+                edgecolors=colors[eraser],
+                zorder=3,
+                s=18,
+            )
         best = min(pts, key=lambda p: p.mean)
-        ax.scatter([best.lr], [best.mean], marker="*", s=90, color=colors[eraser], edgecolors="black", linewidths=0.4,
-                   zorder=4)
+        ax.scatter(
+            [best.lr], [best.mean], marker="*", s=90, color=colors[eraser], edgecolors="black", linewidths=0.4, zorder=4
+        )
     if any(p.capped for p in points):
         ax.scatter([], [], facecolors="white", edgecolors="grey", s=18, label="capped fits")
     ax.set_xscale("log")
@@ -216,7 +305,10 @@ def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
 
 # --- does the optimum transfer across widths? ----------------------------------------------------
 
-def best_lr_by_width(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> dict[tuple[str, str, str], dict[Any, float]]:
+
+def best_lr_by_width(
+    sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl"
+) -> dict[tuple[str, str, str], dict[Any, float]]:
     """(architecture, other settings, eraser) -> {width: the lr with the lowest mean ``metric``}, when a
     sweep varied both ``optimizer.lr`` and ``width``."""
     if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
@@ -235,7 +327,9 @@ def _lr_points(sweep: Sweep, cells: list[Cell], metric: str):
     for c in cells:
         mean, std, n = c.mean_std(metric)
         if n and isinstance(c.row[i], (int, float)) and isinstance(c.row[w], (int, float)) and not math.isnan(mean):
-            setting = ", ".join(f"{name}={v}" for j, (name, v) in enumerate(zip(sweep.row_names(), c.row)) if j not in (i, w))
+            setting = ", ".join(
+                f"{name}={v}" for j, (name, v) in enumerate(zip(sweep.row_names(), c.row)) if j not in (i, w)
+            )
             key = (c.arch, setting, c.eraser)
             yield key, c.row[w], float(c.row[i]), mean, std, n
 
@@ -245,18 +339,25 @@ def transfer_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
     best = best_lr_by_width(sweep, cells)
     if not best:
         return []
-    md = ["### Does the optimum transfer across widths?\n",
-          "The lr with the lowest mean paper MDL at each width (figure `lr_transfer_<arch>.png`). Under muP it "
-          "should be the same at every width.\n", "| architecture | setting | eraser | best lr by width | transfers |",
-          "|---|---|---|---|---|"]
+    md = [
+        "### Does the optimum transfer across widths?\n",
+        "The lr with the lowest mean paper MDL at each width (figure `lr_transfer_<arch>.png`). Under muP it "
+        "should be the same at every width.\n",
+        "| architecture | setting | eraser | best lr by width | transfers |",
+        "|---|---|---|---|---|",
+    ]
     for (arch, setting, eraser), by_width in best.items():
         same = len(set(by_width.values())) == 1
-        md.append(f"| {arch} | {setting or '-'} | {eraser} | "
-                  f"{', '.join(f'{w}: {lr:g}' for w, lr in by_width.items())} | {'yes' if same else 'no'} |")
+        md.append(
+            f"| {arch} | {setting or '-'} | {eraser} | "
+            f"{', '.join(f'{w}: {lr:g}' for w, lr in by_width.items())} | {'yes' if same else 'no'} |"
+        )
     return [*md, ""]
 
 
-def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl") -> tuple[list[FigureFile], list[str]]:
+def lr_transfer_figures(
+    sweep: Sweep, cells: list[Cell], out: Path, metric: str = "paper_mdl"
+) -> tuple[list[FigureFile], list[str]]:
     """Per architecture, panels per (setting, eraser): mean ``metric`` against lr, one line per width, each
     width's best lr marked with a star."""
     if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
@@ -274,8 +375,16 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
             ax = axes[p // cols][p % cols]
             for width, pts in sorted(lines.items()):
                 lr, mean, std = zip(*sorted(pts))
-                ax.errorbar(lr, mean, yerr=[0.0 if math.isnan(v) else v for v in std], color=colors[width],
-                            label=f"width {width}", capsize=2, marker="o", markersize=3)
+                ax.errorbar(
+                    lr,
+                    mean,
+                    yerr=[0.0 if math.isnan(v) else v for v in std],
+                    color=colors[width],
+                    label=f"width {width}",
+                    capsize=2,
+                    marker="o",
+                    markersize=3,
+                )
                 k = min(range(len(mean)), key=mean.__getitem__)
                 ax.scatter([lr[k]], [mean[k]], marker="*", s=80, color=colors[width], zorder=3)
             ax.set_xscale("log")
@@ -285,7 +394,12 @@ def lr_transfer_figures(sweep: Sweep, cells: list[Cell], out: Path, metric: str 
             legend(ax)
         _finish_grid(axes, len(panels), cols)
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
-        figures.append(FigureFile(path, f"Learning rate across widths: {arch}",
-                                  "Mean paper MDL against the learning rate, one line per width (error bars: sample sd "
-                                  "over seeds); a star marks each width's best lr. Under muP the stars line up."))
+        figures.append(
+            FigureFile(
+                path,
+                f"Learning rate across widths: {arch}",
+                "Mean paper MDL against the learning rate, one line per width (error bars: sample sd "
+                "over seeds); a star marks each width's best lr. Under muP the stars line up.",
+            )
+        )
     return figures, []

@@ -41,7 +41,8 @@ RULE_TEXT = (
     "question is whether our mean lies where one more run of the paper's experiment could land: settings a "
     "reproduction cannot pin down (per-seed data splits, bf16, hardware) move a result at least as much as a "
     "seed does, and an sd estimated from 5 seeds is itself uncertain. With normal errors about 1 cell in 20 "
-    "that agrees is flagged by chance (about one of Appendix C's 20): a flag is a reason to look, not a verdict.")
+    "that agrees is flagged by chance (about one of Appendix C's 20): a flag is a reason to look, not a verdict."
+)
 
 
 @dataclass(frozen=True)
@@ -49,32 +50,32 @@ class PaperCell:
     """One published number: mean ± sd over n_seeds, in ``unit``, of results.json key ``metric``."""
 
     table: str
-    location: str          # where in the paper (section, table, row / column)
-    dataset: str           # this project's data.source
+    location: str  # where in the paper (section, table, row / column)
+    dataset: str  # this project's data.source
     dataset_paper: str
-    arch: str              # this project's model.name
+    arch: str  # this project's model.name
     arch_paper: str
-    eraser: str            # this project's eraser.name
+    eraser: str  # this project's eraser.name
     eraser_paper: str
     metric: str
     unit: str
     mean: float
     sd: float
     n_seeds: int
-    printed: str           # as the paper prints it
+    printed: str  # as the paper prints it
 
     @property
     def rounding(self) -> float:
         """Half a unit of the last printed digit of the mean (0.005 for '7.14')."""
         decimals = len(self.printed.split("±")[0].strip().partition(".")[2])
-        return 0.5 * 10.0 ** -decimals
+        return 0.5 * 10.0**-decimals
 
 
 @dataclass(frozen=True)
 class PaperTable:
     name: str
     cells: tuple[PaperCell, ...]
-    notes: tuple[str, ...]   # the file's comment lines: source, units, caveats
+    notes: tuple[str, ...]  # the file's comment lines: source, units, caveats
 
     @property
     def datasets(self) -> list[str]:
@@ -106,11 +107,25 @@ def load_paper_table(name: str) -> PaperTable:
     lines = (_values_dir() / f"{name}.csv").read_text(encoding="utf-8").splitlines()
     notes = tuple(line[1:].strip() for line in lines if line.startswith("#"))
     rows = csv.DictReader(line for line in lines if line.strip() and not line.startswith("#"))
-    cells = tuple(PaperCell(table=r["table"], location=r["paper_location"], dataset=r["dataset"],
-                            dataset_paper=r["dataset_paper"], arch=r["architecture"], arch_paper=r["architecture_paper"],
-                            eraser=r["eraser"], eraser_paper=r["eraser_paper"], metric=r["metric"], unit=r["unit"],
-                            mean=float(r["mean"]), sd=float(r["sd"]), n_seeds=int(r["n_seeds"]), printed=r["printed"])
-                  for r in rows)
+    cells = tuple(
+        PaperCell(
+            table=r["table"],
+            location=r["paper_location"],
+            dataset=r["dataset"],
+            dataset_paper=r["dataset_paper"],
+            arch=r["architecture"],
+            arch_paper=r["architecture_paper"],
+            eraser=r["eraser"],
+            eraser_paper=r["eraser_paper"],
+            metric=r["metric"],
+            unit=r["unit"],
+            mean=float(r["mean"]),
+            sd=float(r["sd"]),
+            n_seeds=int(r["n_seeds"]),
+            printed=r["printed"],
+        )
+        for r in rows
+    )
     keys = [(c.dataset, c.arch, c.eraser) for c in cells]
     if not cells:
         raise ValueError(f"paper table {name}: no cells")
@@ -121,14 +136,15 @@ def load_paper_table(name: str) -> PaperTable:
 
 # --- matching and the flag rule ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Comparison:
     cell: Cell
     paper: PaperCell
-    dataset: str        # ours
-    mean: float         # ours
-    sd: float           # ours, sample std (NaN with one seed)
-    n: int              # ours: seeds reporting the metric
+    dataset: str  # ours
+    mean: float  # ours
+    sd: float  # ours, sample std (NaN with one seed)
+    n: int  # ours: seeds reporting the metric
 
     @property
     def se(self) -> float:
@@ -141,7 +157,7 @@ class Comparison:
 
     @property
     def sigma(self) -> float:
-        return math.sqrt(self.paper.sd ** 2 + self.se ** 2 + self.paper.rounding ** 2)
+        return math.sqrt(self.paper.sd**2 + self.se**2 + self.paper.rounding**2)
 
     @property
     def z_paper(self) -> float:
@@ -189,8 +205,10 @@ def compare(cells: Sequence[Cell], table: PaperTable, any_dataset: bool = False)
         mean, sd, n = c.mean_std(paper.metric)
         if n:
             out.append(Comparison(c, paper, str(dataset), mean, sd, n))
-    return sorted(out, key=lambda x: (table.cells.index(x.paper), x.cell.arch, sortable(x.cell.row),
-                                      eraser_sort_key(x.cell.eraser)))
+    return sorted(
+        out,
+        key=lambda x: (table.cells.index(x.paper), x.cell.arch, sortable(x.cell.row), eraser_sort_key(x.cell.eraser)),
+    )
 
 
 def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tuple[PaperTable, bool]]:
@@ -204,6 +222,7 @@ def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tup
 
 
 # --- the report section ------------------------------------------------------------------------
+
 
 def signed(x: float, digits: int = 2) -> str:
     """A difference with its sign (+0.05, −∞, n/a): the comparison tables' Δ columns."""
@@ -222,23 +241,71 @@ def paper_section(sweep: Sweep, cells: Sequence[Cell], compare_to: str | None) -
     if not pairs:
         ours = sorted({str(cell_value(c, "data.source")) for c in cells})
         shipped = "; ".join(f"{n} ({', '.join(load_paper_table(n).datasets)})" for n in available_tables())
-        return [*md, f"No paper table covers the data set(s) of these runs ({', '.join(ours)}); shipped tables: "
-                     f"{shipped}. Pass `--compare-to NAME` (config: `report=NAME` / "
-                     "`hydra.callbacks.report.compare_to=NAME`) to compare anyway.", ""], rows
+        return [
+            *md,
+            f"No paper table covers the data set(s) of these runs ({', '.join(ours)}); shipped tables: "
+            f"{shipped}. Pass `--compare-to NAME` (config: `report=NAME` / "
+            "`hydra.callbacks.report.compare_to=NAME`) to compare anyway.",
+            "",
+        ], rows
     for table, any_dataset in pairs:
         found = compare(cells, table, any_dataset)
         md += _table_section(sweep, table, found, any_dataset)
         for x in found:
-            rows.append([table.name, x.paper.location, x.dataset, x.paper.dataset, x.cell.arch, *x.cell.row, x.cell.eraser,
-                         x.paper.metric, x.paper.unit, x.mean, x.sd, x.n, x.se, x.paper.mean, x.paper.sd, x.paper.n_seeds,
-                         x.paper.rounding, x.delta, x.z_paper, x.sigma, x.z, int(x.flagged)])
+            rows.append(
+                [
+                    table.name,
+                    x.paper.location,
+                    x.dataset,
+                    x.paper.dataset,
+                    x.cell.arch,
+                    *x.cell.row,
+                    x.cell.eraser,
+                    x.paper.metric,
+                    x.paper.unit,
+                    x.mean,
+                    x.sd,
+                    x.n,
+                    x.se,
+                    x.paper.mean,
+                    x.paper.sd,
+                    x.paper.n_seeds,
+                    x.paper.rounding,
+                    x.delta,
+                    x.z_paper,
+                    x.sigma,
+                    x.z,
+                    int(x.flagged),
+                ]
+            )
     return md, rows
 
 
 def comparison_header(sweep: Sweep) -> list[str]:
-    return ["table", "paper_location", "dataset", "paper_dataset", "architecture", *sweep.row_keys, "eraser", "metric",
-            "unit", "ours_mean", "ours_std", "ours_n", "ours_se", "paper_mean", "paper_std", "paper_n_seeds",
-            "paper_rounding", "delta", "delta_over_paper_std", "sigma", "delta_over_sigma", "flagged"]
+    return [
+        "table",
+        "paper_location",
+        "dataset",
+        "paper_dataset",
+        "architecture",
+        *sweep.row_keys,
+        "eraser",
+        "metric",
+        "unit",
+        "ours_mean",
+        "ours_std",
+        "ours_n",
+        "ours_se",
+        "paper_mean",
+        "paper_std",
+        "paper_n_seeds",
+        "paper_rounding",
+        "delta",
+        "delta_over_paper_std",
+        "sigma",
+        "delta_over_sigma",
+        "flagged",
+    ]
 
 
 def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any_dataset: bool) -> list[str]:
@@ -247,41 +314,78 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
     differ = any(not x.same_dataset for x in found)
     md = [f"### Paper table {table.title()}: ours vs the paper's\n"]
     if differ:
-        md.append(f"**Data sets differ: ours {', '.join(ours)}, the paper's {theirs}.** Compared on request "
-                  f"(`compare_to={table.name}`) by architecture × eraser only: the differences below say nothing about "
-                  "agreement with the paper; the section shows the comparison works.\n")
+        md.append(
+            f"**Data sets differ: ours {', '.join(ours)}, the paper's {theirs}.** Compared on request "
+            f"(`compare_to={table.name}`) by architecture × eraser only: the differences below say nothing about "
+            "agreement with the paper; the section shows the comparison works.\n"
+        )
     first = table.cells[0]
-    md.append(f"Metric `{first.metric}` ({first.unit}); source: the paper's {first.location.split(':')[0]} (values, "
-              f"units and caveats in `mdl/paper_values/{table.name}.csv`). Cells matched by (data set, "
-              "architecture, eraser); each of our rows is compared with the same paper cell (the paper gives no width or "
-              "depth for this table). Ours: mean ± sample std (ddof = 1) over seeds (n); Δ = ours − paper.\n")
+    md.append(
+        f"Metric `{first.metric}` ({first.unit}); source: the paper's {first.location.split(':')[0]} (values, "
+        f"units and caveats in `mdl/paper_values/{table.name}.csv`). Cells matched by (data set, "
+        "architecture, eraser); each of our rows is compared with the same paper cell (the paper gives no width or "
+        "depth for this table). Ours: mean ± sample std (ddof = 1) over seeds (n); Δ = ours − paper.\n"
+    )
     md.append(RULE_TEXT.format(k=FLAG_SIGMAS) + "\n")
     if not found:
-        md += [f"No cell of ours matches this table's architectures × erasers "
-               f"({', '.join(sorted({c.arch for c in table.cells}))} × {', '.join(sorted({c.eraser for c in table.cells}))}).", ""]
+        md += [
+            f"No cell of ours matches this table's architectures × erasers "
+            f"({', '.join(sorted({c.arch for c in table.cells}))} × {', '.join(sorted({c.eraser for c in table.cells}))}).",
+            "",
+        ]
         return md
-    header = ["data (ours → paper)", "architecture", *sweep.row_names(), "eraser", "ours", "paper", "Δ",
-              "Δ / sd_paper", "Δ / σ", f"beyond {FLAG_SIGMAS:g}σ"]
+    header = [
+        "data (ours → paper)",
+        "architecture",
+        *sweep.row_names(),
+        "eraser",
+        "ours",
+        "paper",
+        "Δ",
+        "Δ / sd_paper",
+        "Δ / σ",
+        f"beyond {FLAG_SIGMAS:g}σ",
+    ]
     body = []
     for x in found:
         ours_text = f"{x.mean:.2f} ± {'n/a' if math.isnan(x.sd) else f'{x.sd:.2f}'} (n={x.n})"
         data = x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}"
-        body.append([data, x.cell.arch, *map(str, x.cell.row), x.cell.eraser, ours_text,
-                     f"{x.paper.printed} (n={x.paper.n_seeds})", signed(x.delta), signed(x.z_paper, 1), signed(x.z, 1),
-                     "**yes**" if x.flagged else "no"])
+        body.append(
+            [
+                data,
+                x.cell.arch,
+                *map(str, x.cell.row),
+                x.cell.eraser,
+                ours_text,
+                f"{x.paper.printed} (n={x.paper.n_seeds})",
+                signed(x.delta),
+                signed(x.z_paper, 1),
+                signed(x.z, 1),
+                "**yes**" if x.flagged else "no",
+            ]
+        )
 
     md += [markdown_table(header, body), ""]
     flagged = [x for x in found if x.flagged]
-    md.append(f"{len(flagged)} of {len(found)} compared cell(s) beyond {FLAG_SIGMAS:g}σ"
-              + (f": {', '.join(f'{x.cell.arch} {sweep.describe(x.cell.row)} {x.cell.eraser}'.replace('  ', ' ') for x in flagged)}."
-                 if flagged else "."))
+    md.append(
+        f"{len(flagged)} of {len(found)} compared cell(s) beyond {FLAG_SIGMAS:g}σ"
+        + (
+            f": {', '.join(f'{x.cell.arch} {sweep.describe(x.cell.row)} {x.cell.eraser}'.replace('  ', ' ') for x in flagged)}."
+            if flagged
+            else "."
+        )
+    )
     matched = {(x.paper.arch, x.paper.eraser) for x in found}
     unmatched = [c for c in table.cells if (c.arch, c.eraser) not in matched]
     if unmatched:
-        md.append(f"Paper cells with no run here: {', '.join(f'{c.arch_paper} × {c.eraser_paper}' for c in unmatched)}.")
+        md.append(
+            f"Paper cells with no run here: {', '.join(f'{c.arch_paper} × {c.eraser_paper}' for c in unmatched)}."
+        )
     return [*md, ""]
 
 
 def write_comparison_csv(path: Path, sweep: Sweep, rows: list[list[Any]]) -> Path:
 
-    return write_csv(path, comparison_header(sweep), ([_num(v) if isinstance(v, float) else v for v in r] for r in rows))
+    return write_csv(
+        path, comparison_header(sweep), ([_num(v) if isinstance(v, float) else v for v in r] for r in rows)
+    )

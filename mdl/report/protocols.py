@@ -53,7 +53,7 @@ def split_by_protocol(sweep: Sweep, cells: Sequence[Cell]) -> list[tuple[str, Sw
     sub = replace(sweep, row_keys=[k for k in sweep.row_keys if k != PROTOCOL_KEY])
     out = []
     for name in protocols_of(sweep):
-        mine = [Cell(c.arch, c.row[:at] + c.row[at + 1:], c.eraser, c.runs) for c in cells if str(c.row[at]) == name]
+        mine = [Cell(c.arch, c.row[:at] + c.row[at + 1 :], c.eraser, c.runs) for c in cells if str(c.row[at]) == name]
         out.append((name, replace(sub, runs=[r for c in mine for r in c.runs]), mine))
     return out
 
@@ -86,28 +86,49 @@ def protocol_section(sweep: Sweep, cells: Sequence[Cell], max_seeds: int, compar
         for name in names:
             cell = by_key.get((name, arch, row, eraser))
             version = "" if cell is None or version_at is None else f" [{cell.row[version_at]}]"
-            line += ["missing", ""] if cell is None else [fmt(*cell.mean_std("paper_mdl")) + version, untrained_text(cell)]
+            line += (
+                ["missing", ""] if cell is None else [fmt(*cell.mean_std("paper_mdl")) + version, untrained_text(cell)]
+            )
         line.append(paper.get((arch, eraser), "—"))
         body.append(line)
     header = ["architecture", *base.row_names(), "eraser"]
     for name in names:
         header += [f"paper MDL, {name}", f"blocks at the untrained model, {name}"]
-    md = ["## Protocols side by side\n",
-          f"The runs trained under {len(names)} protocols ({', '.join(f'`{n}`' for n in names)}; conf/protocol/, "
-          "docs/differences-from-original.md). Paper MDL in bits per sample, mean ± sample std over seeds (n). "
-          "Blocks at the untrained model: of all prefix fits of a cell's runs, those whose kept weights had no "
-          "training behind them (results.json `blocks[i].best_after_epochs` = 0; per seed in brackets): such a fit "
-          "scores as a uniform predictor, at chance. Paper: the printed value of the paper's table for the same "
-          "architecture and eraser" + (" (data set as named)" if paper else "; none matches these runs' data set "
-                                       "(`--compare-to NAME` compares anyway)") + "."
-          + (" Each protocol's runs come from one code version, shown in brackets: the rows line up across versions "
-             "(the cells below keep them apart)." if version_at is not None else "") + "\n",
-          markdown_table([*header, "paper"], body), ""]
+    md = [
+        "## Protocols side by side\n",
+        f"The runs trained under {len(names)} protocols ({', '.join(f'`{n}`' for n in names)}; conf/protocol/, "
+        "docs/differences-from-original.md). Paper MDL in bits per sample, mean ± sample std over seeds (n). "
+        "Blocks at the untrained model: of all prefix fits of a cell's runs, those whose kept weights had no "
+        "training behind them (results.json `blocks[i].best_after_epochs` = 0; per seed in brackets): such a fit "
+        "scores as a uniform predictor, at chance. Paper: the printed value of the paper's table for the same "
+        "architecture and eraser"
+        + (
+            " (data set as named)"
+            if paper
+            else "; none matches these runs' data set (`--compare-to NAME` compares anyway)"
+        )
+        + "."
+        + (
+            " Each protocol's runs come from one code version, shown in brackets: the rows line up across versions "
+            "(the cells below keep them apart)."
+            if version_at is not None
+            else ""
+        )
+        + "\n",
+        markdown_table([*header, "paper"], body),
+        "",
+    ]
     for name, sub, mine in parts:
-        md += [f"### protocol={name}\n", "**Paper-compatible prequential MDL, bits per sample:**\n",
-               pivot(sub, mine, "paper_mdl", max_seeds), "",
-               "**Blocks at the untrained model** (of the cell's prefix fits; per seed in brackets):\n",
-               _untrained_pivot(sub, mine), "", *_against_paper(sub, mine, compare_to)]
+        md += [
+            f"### protocol={name}\n",
+            "**Paper-compatible prequential MDL, bits per sample:**\n",
+            pivot(sub, mine, "paper_mdl", max_seeds),
+            "",
+            "**Blocks at the untrained model** (of the cell's prefix fits; per seed in brackets):\n",
+            _untrained_pivot(sub, mine),
+            "",
+            *_against_paper(sub, mine, compare_to),
+        ]
     return md
 
 
@@ -126,7 +147,7 @@ def _aligned_on_versions(parts: list[tuple[str, Sweep, list[Cell]]]) -> tuple[Sw
 
 
 def _drop(row: tuple[Any, ...], at: int | None) -> tuple[Any, ...]:
-    return row if at is None else row[:at] + row[at + 1:]
+    return row if at is None else row[:at] + row[at + 1 :]
 
 
 def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> list[str]:
@@ -136,13 +157,39 @@ def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> l
         found = compare(cells, table, any_dataset)
         if not found:
             continue
-        body = [[x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}", x.cell.arch, *map(str, x.cell.row),
-                 x.cell.eraser, fmt(x.mean, x.sd, x.n), f"{x.paper.printed} (n={x.paper.n_seeds})", signed(x.delta),
-                 signed(x.z, 1), "**yes**" if x.flagged else "no"] for x in found]
-        md += [f"**Against the paper's table {table.title()}** (Δ = ours − paper; σ and the flag as in \"Comparison with "
-               "the paper\" below):\n",
-               markdown_table(["data (ours → paper)", "architecture", *sweep.row_names(), "eraser", "ours", "paper", "Δ",
-                               "Δ / σ", f"beyond {FLAG_SIGMAS:g}σ"], body), ""]
+        body = [
+            [
+                x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}",
+                x.cell.arch,
+                *map(str, x.cell.row),
+                x.cell.eraser,
+                fmt(x.mean, x.sd, x.n),
+                f"{x.paper.printed} (n={x.paper.n_seeds})",
+                signed(x.delta),
+                signed(x.z, 1),
+                "**yes**" if x.flagged else "no",
+            ]
+            for x in found
+        ]
+        md += [
+            f"**Against the paper's table {table.title()}** (Δ = ours − paper; σ and the flag as in \"Comparison with "
+            'the paper" below):\n',
+            markdown_table(
+                [
+                    "data (ours → paper)",
+                    "architecture",
+                    *sweep.row_names(),
+                    "eraser",
+                    "ours",
+                    "paper",
+                    "Δ",
+                    "Δ / σ",
+                    f"beyond {FLAG_SIGMAS:g}σ",
+                ],
+                body,
+            ),
+            "",
+        ]
     return md
 
 
@@ -150,8 +197,14 @@ def _untrained_pivot(sweep: Sweep, cells: list[Cell]) -> str:
     """Architecture (and row keys) down, erasers across: blocks at the untrained model per cell."""
     by_key = {(c.arch, c.row, c.eraser): c for c in cells}
     erasers = erasers_of(cells)
-    body = [[arch, *map(str, row), *(untrained_text(by_key[(arch, row, e)]) if (arch, row, e) in by_key else "missing"
-                                     for e in erasers)] for arch, row in rows_of(cells)]
+    body = [
+        [
+            arch,
+            *map(str, row),
+            *(untrained_text(by_key[(arch, row, e)]) if (arch, row, e) in by_key else "missing" for e in erasers),
+        ]
+        for arch, row in rows_of(cells)
+    ]
     return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
 
 

@@ -54,12 +54,12 @@ class Run:
 
     path: Path
     results: dict[str, Any]
-    flat: dict[str, Any]                      # dotted config key -> JSON-encoded value
-    replicate: tuple[tuple[str, Any], ...]    # (key, value) of every seed key, sorted
+    flat: dict[str, Any]  # dotted config key -> JSON-encoded value
+    replicate: tuple[tuple[str, Any], ...]  # (key, value) of every seed key, sorted
     mtime: float
     arch: str = ""
     eraser: str = ""
-    row: tuple[Any, ...] = ()                 # values of the row keys, in Sweep.row_keys order
+    row: tuple[Any, ...] = ()  # values of the row keys, in Sweep.row_keys order
 
     @property
     def environment(self) -> str:
@@ -86,7 +86,7 @@ class Problem:
 class Sweep:
     runs: list[Run]
     row_keys: list[str]
-    replicate_keys: list[str]                 # seed keys whose value varies somewhere
+    replicate_keys: list[str]  # seed keys whose value varies somewhere
     problems: list[Problem] = field(default_factory=list)
     duplicates: list[tuple[Run, Run]] = field(default_factory=list)  # (kept, dropped) with different numbers
     copies: int = 0  # results.json files identical in numbers to one kept (store/, skipped re-launches)
@@ -103,9 +103,12 @@ class Sweep:
         empty when all runs come from one version."""
         if not self.mixed_versions:
             return ""
-        how = ("cells were split by code version (a `code_version` column tells them apart; pass "
-               "--merge-code-versions to average them together)" if self.split_code_versions else
-               "cells were merged across code versions (--merge-code-versions): a cell's mean may mix versions")
+        how = (
+            "cells were split by code version (a `code_version` column tells them apart; pass "
+            "--merge-code-versions to average them together)"
+            if self.split_code_versions
+            else "cells were merged across code versions (--merge-code-versions): a cell's mean may mix versions"
+        )
         return f"runs come from {len(self.code_versions)} code versions ({', '.join(self.code_versions)}); {how}."
 
     def row_names(self) -> list[str]:
@@ -267,15 +270,23 @@ def read_runs(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = 
     return runs, problems
 
 
-def load_sweep(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
-               merge_code_versions: bool = False, rows: Sequence[str] | None = None) -> Sweep:
+def load_sweep(
+    dirs: Iterable[str | os.PathLike],
+    extra_ignored: Iterable[str] = (),
+    merge_code_versions: bool = False,
+    rows: Sequence[str] | None = None,
+) -> Sweep:
     """All runs below ``dirs`` as one Sweep, whatever their designs (``load_sweeps`` keeps designs apart)."""
     runs, problems = read_runs(dirs, extra_ignored)
     return make_sweep(runs, problems, merge_code_versions, rows)
 
 
-def load_sweeps(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = (),
-                merge_code_versions: bool = False, rows: Sequence[str] | None = None) -> list[Sweep]:
+def load_sweeps(
+    dirs: Iterable[str | os.PathLike],
+    extra_ignored: Iterable[str] = (),
+    merge_code_versions: bool = False,
+    rows: Sequence[str] | None = None,
+) -> list[Sweep]:
     """The runs below ``dirs`` as one Sweep per design (``design_groups``): a parent folder of mixed
     sweeps gives a table per design instead of one table with a row key per key that any design lacks."""
     runs, problems = read_runs(dirs, extra_ignored)
@@ -313,8 +324,9 @@ def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
     """The row keys: ``rows`` (full or unambiguous trailing dotted names) when given, else every key that
     varies within an (architecture, eraser) pair, i.e. what the sweeps swept. Given ``rows``, a key that varies
     within a pair and is neither a row nor ignored is an error: its runs would be averaged together."""
-    varying = _varying_within(runs, lambda r: (r.arch, r.eraser),
-                              lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))})
+    varying = _varying_within(
+        runs, lambda r: (r.arch, r.eraser), lambda r: {k for k in r.flat if not k.startswith(("model.", "eraser."))}
+    )
     swept = (set().union(*varying.values()) if varying else set()) - set_by_protocol(runs)
     if rows is None:
         return sorted(swept, key=lambda k: (AXIS_ORDER.index(k) if k in AXIS_ORDER else len(AXIS_ORDER), k))
@@ -322,8 +334,10 @@ def choose_row_keys(runs: list[Run], rows: Sequence[str] | None) -> list[str]:
     chosen = [resolve_key(name, known) for name in rows]
     left = sorted(swept - set(chosen))
     if left:
-        raise ValueError(f"runs of one architecture and eraser also differ in {', '.join(left)}: add "
-                         f"{'them' if len(left) > 1 else 'it'} to --rows, or --ignore {left[0]} to average over it")
+        raise ValueError(
+            f"runs of one architecture and eraser also differ in {', '.join(left)}: add "
+            f"{'them' if len(left) > 1 else 'it'} to --rows, or --ignore {left[0]} to average over it"
+        )
     return chosen
 
 
@@ -343,11 +357,18 @@ def resolve_key(name: str, known: Sequence[str]) -> str:
     if matches:
         raise ValueError(f"--rows {name} is ambiguous: {', '.join(matches)}")
     close = difflib.get_close_matches(name, known, n=3)
-    raise ValueError(f"--rows {name}: no run has this config key" + (f"; did you mean {', '.join(close)}?" if close else ""))
+    raise ValueError(
+        f"--rows {name}: no run has this config key" + (f"; did you mean {', '.join(close)}?" if close else "")
+    )
 
 
-def make_sweep(runs: list[Run], problems: list[Problem], merge_code_versions: bool = False,
-               rows: Sequence[str] | None = None, design: str = "") -> Sweep:
+def make_sweep(
+    runs: list[Run],
+    problems: list[Problem],
+    merge_code_versions: bool = False,
+    rows: Sequence[str] | None = None,
+    design: str = "",
+) -> Sweep:
     """Label ``runs``, choose their row keys, and keep one run per (condition, seed).
 
     Copies with the same numbers (the run store, a re-launch's skipped jobs: they carry the
@@ -356,10 +377,16 @@ def make_sweep(runs: list[Run], problems: list[Problem], merge_code_versions: bo
     part of the condition (runs of two versions are two runs, in two cells, under a ``code_version``
     row key) unless ``merge_code_versions``.
     """
-    model_keys = _varying_within(runs, lambda r: _value(r, "model.name"),
-                                 lambda r: {k for k in r.flat if k.startswith("model.") and k != "model.name"})
-    eraser_keys = _varying_within(runs, lambda r: _value(r, "eraser.name"),
-                                  lambda r: {k for k in r.flat if k.startswith("eraser.") and k != "eraser.name"})
+    model_keys = _varying_within(
+        runs,
+        lambda r: _value(r, "model.name"),
+        lambda r: {k for k in r.flat if k.startswith("model.") and k != "model.name"},
+    )
+    eraser_keys = _varying_within(
+        runs,
+        lambda r: _value(r, "eraser.name"),
+        lambda r: {k for k in r.flat if k.startswith("eraser.") and k != "eraser.name"},
+    )
     for run in runs:
         run.arch = arch_label(run, model_keys[_value(run, "model.name")])
         run.eraser = _label(str(_value(run, "eraser.name")), run, eraser_keys[_value(run, "eraser.name")])
@@ -387,12 +414,23 @@ def make_sweep(runs: list[Run], problems: list[Problem], merge_code_versions: bo
         kept[key] = newest
         duplicates += [(newest, other) for other in others]
     all_replicates = {r.replicate for r in kept.values()}
-    replicate_keys = sorted({k for rep in all_replicates for k, _ in rep
-                             if len({dict(r).get(k) for r in all_replicates}) > 1})
-    ordered = sorted(kept.values(), key=lambda r: (r.arch, sortable(r.row), eraser_sort_key(r.eraser), str(r.replicate)))
-    return Sweep(runs=ordered, row_keys=row_keys, replicate_keys=replicate_keys, problems=problems,
-                 duplicates=duplicates, copies=copies, code_versions=sorted({r.code_version for r in ordered}),
-                 split_code_versions=not merge_code_versions, design=design)
+    replicate_keys = sorted(
+        {k for rep in all_replicates for k, _ in rep if len({dict(r).get(k) for r in all_replicates}) > 1}
+    )
+    ordered = sorted(
+        kept.values(), key=lambda r: (r.arch, sortable(r.row), eraser_sort_key(r.eraser), str(r.replicate))
+    )
+    return Sweep(
+        runs=ordered,
+        row_keys=row_keys,
+        replicate_keys=replicate_keys,
+        problems=problems,
+        duplicates=duplicates,
+        copies=copies,
+        code_versions=sorted({r.code_version for r in ordered}),
+        split_code_versions=not merge_code_versions,
+        design=design,
+    )
 
 
 def sortable(values: tuple[Any, ...]) -> tuple:

@@ -52,9 +52,9 @@ class Cell:
 @dataclass
 class Coverage:
     max_seeds: int
-    partial: list[tuple[Cell, list[str]]]        # cell, labels of the seeds it lacks
+    partial: list[tuple[Cell, list[str]]]  # cell, labels of the seeds it lacks
     missing: list[tuple[str, tuple[Any, ...], str]]  # (arch, row, eraser) with no run
-    metric_gaps: list[tuple[Cell, str, int]]      # cell, metric, runs lacking it
+    metric_gaps: list[tuple[Cell, str, int]]  # cell, metric, runs lacking it
 
 
 def build_cells(sweep: Sweep) -> list[Cell]:
@@ -114,21 +114,25 @@ def row_differences(cells: list[Cell]) -> list[tuple[str, tuple[Any, ...], str, 
 
 # --- loss curves -------------------------------------------------------------------------------
 
+
 @dataclass
 class CurveStats:
     """Per-epoch statistics over the seeds of a cell, on the epochs every seed reached."""
 
     mean: np.ndarray
-    std: np.ndarray       # sample std (ddof=1); NaN with one seed
-    low: np.ndarray       # min over seeds
-    high: np.ndarray      # max over seeds
+    std: np.ndarray  # sample std (ddof=1); NaN with one seed
+    low: np.ndarray  # min over seeds
+    high: np.ndarray  # max over seeds
     n_seeds: int
-    lengths: list[int]    # each seed's own curve length (early stopping makes them differ)
+    lengths: list[int]  # each seed's own curve length (early stopping makes them differ)
 
 
 def curve_stats(cell: Cell, key: str = "val_loss_curve") -> CurveStats | None:
-    curves = [np.asarray(r.results[key], dtype=float) for r in cell.runs
-              if isinstance(r.results.get(key), list) and len(r.results[key]) > 0]
+    curves = [
+        np.asarray(r.results[key], dtype=float)
+        for r in cell.runs
+        if isinstance(r.results.get(key), list) and len(r.results[key]) > 0
+    ]
     if not curves:
         return None
     common = min(len(c) for c in curves)
@@ -139,20 +143,22 @@ def curve_stats(cell: Cell, key: str = "val_loss_curve") -> CurveStats | None:
 
 # --- backfiring --------------------------------------------------------------------------------
 
+
 @dataclass
 class Backfire:
-    early_gap: float     # mean(erased - control) over the early window, nats (> 0 required)
-    late_gap: float      # mean(erased - control) over the late window, nats (< 0 required)
+    early_gap: float  # mean(erased - control) over the early window, nats (> 0 required)
+    late_gap: float  # mean(erased - control) over the late window, nats (< 0 required)
     crossing_epoch: int  # 1-based epoch at which erased first drops below control for the last time
-    epochs: int          # length T of the compared range
+    epochs: int  # length T of the compared range
 
 
 def window(length: int, fraction: float) -> int:
     return max(1, math.ceil(fraction * length))
 
 
-def detect_backfire(control: np.ndarray, erased: np.ndarray, early_fraction: float = 0.25,
-                    late_fraction: float = 0.25) -> Backfire | None:
+def detect_backfire(
+    control: np.ndarray, erased: np.ndarray, early_fraction: float = 0.25, late_fraction: float = 0.25
+) -> Backfire | None:
     """Flag an erased loss curve that starts above the control's and ends below it.
 
     Both curves are compared on their common epochs 1..T (T = the shorter length).
@@ -219,17 +225,18 @@ def mdl_backfire(cells: list[Cell], metric: str = "paper_mdl") -> list[tuple[Cel
 
 # --- Figure 3: MDL increase over the control, per width ---------------------------------------
 
+
 @dataclass
 class Increase:
     """One point of Figure 3: an erased cell's mean minus its row's control mean."""
 
     arch: str
-    row: tuple[Any, ...]      # the cell's row (width included when it is a row key)
+    row: tuple[Any, ...]  # the cell's row (width included when it is a row key)
     eraser: str
     width: float
-    increase: float           # mean(erased) - mean(control), metric units
-    se: float                 # sqrt(sd_e^2/n_e + sd_c^2/n_c); NaN unless both cells have >= 2 seeds
-    relative: float           # increase / mean(control)
+    increase: float  # mean(erased) - mean(control), metric units
+    se: float  # sqrt(sd_e^2/n_e + sd_c^2/n_c); NaN unless both cells have >= 2 seeds
+    relative: float  # increase / mean(control)
     control_mean: float
     n_erased: int
     n_control: int
@@ -259,6 +266,6 @@ def mdl_increase(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> 
         (m, s, n), (mc, sc, nc) = c.mean_std(metric), control.mean_std(metric)
         if not (n and nc):
             continue
-        se = math.sqrt(s ** 2 / n + sc ** 2 / nc)  # NaN propagates from a one-seed cell
+        se = math.sqrt(s**2 / n + sc**2 / nc)  # NaN propagates from a one-seed cell
         out.append(Increase(c.arch, c.row, c.eraser, width, m - mc, se, (m - mc) / mc if mc else math.nan, mc, n, nc))
     return sorted(out, key=lambda i: (i.arch, eraser_sort_key(i.eraser), i.width, str(i.row)))

@@ -38,11 +38,23 @@ logging.getLogger("fontTools").setLevel(logging.WARNING)
 
 # config names -> the names of the paper's Appendix C table (legends, panel titles, the LaTeX table);
 # Markdown tables and CSVs keep the config names, which are what a user types.
-ERASER_NAMES = {"none": "Control", "leace": "LEACE", "qleace": "QLEACE", "alf_qleace": "ALF-QLEACE",
-                "gradient": "Gradient Quadratic", "random": "Random projection"}
+ERASER_NAMES = {
+    "none": "Control",
+    "leace": "LEACE",
+    "qleace": "QLEACE",
+    "alf_qleace": "ALF-QLEACE",
+    "gradient": "Gradient Quadratic",
+    "random": "Random projection",
+}
 # One colour per eraser in every figure (Okabe-Ito: distinct under the common colour blindnesses).
-ERASER_COLORS = {"none": "#000000", "leace": "#0072B2", "qleace": "#D55E00", "alf_qleace": "#E69F00",
-                 "gradient": "#009E73", "random": "#CC79A7"}
+ERASER_COLORS = {
+    "none": "#000000",
+    "leace": "#0072B2",
+    "qleace": "#D55E00",
+    "alf_qleace": "#E69F00",
+    "gradient": "#009E73",
+    "random": "#CC79A7",
+}
 OTHER_COLORS = ("#56B4E9", "#F0E442", "#7F7F7F", "#8C564B", "#9467BD", "#BCBD22")  # erasers not named above
 MAX_TITLE_LINES = 2
 TITLE_WIDTH = 48  # characters per title line at FONT_SIZE over a PANEL_SIZE panel
@@ -74,5 +86,5 @@ def panel_title(head: str, setting: str = "") -> str:
     lines = textwrap.wrap(f"{head}: {setting}" if setting else head, TITLE_WIDTH)
     if len(lines) > MAX_TITLE_LINES:
         lines = lines[:MAX_TITLE_LINES]
-        lines[-1] = lines[-1][:TITLE_WIDTH - 1] + "…"
+        lines[-1] = lines[-1][: TITLE_WIDTH - 1] + "…"
     return "\n".join(lines)

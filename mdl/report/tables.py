@@ -46,6 +46,7 @@ def pivot(sweep: Sweep, cells: list[Cell], metric: str, max_seeds: int, digits: 
 
 # --- CSV ---------------------------------------------------------------------------------------
 
+
 def write_csv(path: Path, header: list[str], rows: Iterable[Sequence[Any]]) -> Path:
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -64,9 +65,22 @@ def _num(x: Any) -> str:
 LATEX_METRICS = ("paper_mdl", "online_bits_per_example", "final_val_loss")
 
 
-LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                 "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-                 "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}", "\n": " "}  # < > |: other glyphs in OT1
+LATEX_SPECIAL = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    "\n": " ",
+}  # < > |: other glyphs in OT1
 
 
 def latex_escape(text: Any) -> str:
@@ -82,16 +96,22 @@ def write_latex_table(path: Path, sweep: Sweep, cells: list[Cell]) -> Path:
     keys = list(sweep.row_keys)
     header = ["architecture", *keys, "eraser", *(f"{METRICS[m][0]} ({METRICS[m][1]})" for m in LATEX_METRICS)]
     max_n = max((c.n for c in cells), default=0)
-    lines = [f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}", "\\hline",
-             " & ".join(map(latex_escape, header)) + " \\\\", "\\hline"]
+    lines = [
+        f"\\begin{{tabular}}{{{'l' * (len(keys) + 2)}{'r' * len(LATEX_METRICS)}}}",
+        "\\hline",
+        " & ".join(map(latex_escape, header)) + " \\\\",
+        "\\hline",
+    ]
     for c in cells:
         values = []
         for metric in LATEX_METRICS:
             mean, std, n = c.mean_std(metric)
             text = "--" if n == 0 else f"{mean:.3f}" + (f" $\\pm$ {std:.3f}" if n > 1 else "")
             values.append(text + (f" ($n$={n})" if 0 < n < max_n else ""))
-        lines.append(" & ".join([latex_escape(c.arch), *map(latex_escape, c.row), latex_escape(display_name(c.eraser)),
-                                 *values]) + " \\\\")
+        lines.append(
+            " & ".join([latex_escape(c.arch), *map(latex_escape, c.row), latex_escape(display_name(c.eraser)), *values])
+            + " \\\\"
+        )
     lines += ["\\hline", "\\end{tabular}", ""]
     path.write_text("\n".join(lines))
     return path

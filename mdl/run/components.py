@@ -37,8 +37,10 @@ def make_final_curves(cfg: DictConfig, dm: ErasedDataModule) -> FinalFitCurves |
         return None
     probe = maxent_probe_set(dm, OmegaConf.select(cfg, "probes.n_per_class"))
     return FinalFitCurves(
-        {"maxent_probe": (probe.x, probe.y), "val": (dm.val_set.x, dm.val_set.y)}, dm.eval_batch_size,
-        with_loss=("maxent_probe",), info=probe.info,
+        {"maxent_probe": (probe.x, probe.y), "val": (dm.val_set.x, dm.val_set.y)},
+        dm.eval_batch_size,
+        with_loss=("maxent_probe",),
+        info=probe.info,
     )
 
 
@@ -51,7 +53,9 @@ def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int
     options = OmegaConf.to_container(m.options, resolve=True) or {}
     name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width
     init = m.get("init", "mup")  # absent: muP's (the paper presets: original, models/mup_setup.py)
-    return lambda: create_model(name, width, depth, num_classes, input_shape, base_width=base_width, init=init, **options)
+    return lambda: create_model(
+        name, width, depth, num_classes, input_shape, base_width=base_width, init=init, **options
+    )
 
 
 def run_lr(cfg: DictConfig) -> float:
@@ -77,7 +81,9 @@ def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.C
 
     unknown = set(setting) - {"p", "eps"}
     if unknown or "p" not in setting or "eps" not in setting:
-        raise ValueError(f"optimizer.precondition={dict(setting)}: give exactly p and eps, e.g. optimizer.precondition={{p:-1,eps:1.0e-6}}")
+        raise ValueError(
+            f"optimizer.precondition={dict(setting)}: give exactly p and eps, e.g. optimizer.precondition={{p:-1,eps:1.0e-6}}"
+        )
     transform = fit_covariance_power(dm.train_set.x, float(setting.p), float(setting.eps))
     features = int(math.prod(dm.input_shape))
     name = first_layer_weight(make_model_factory(cfg, dm.num_classes, dm.input_shape)(), features)
@@ -94,16 +100,22 @@ def make_loss(cfg: DictConfig, num_classes: int) -> SpectralDecoupling | None:
 
 def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> ModelRecipe:
     """The run's model, optimizer, learning rate and training loss, each built once from the config."""
-    return ModelRecipe(make_model_factory(cfg, num_classes, input_shape), make_optimizer(cfg), run_lr(cfg),
-                       loss=make_loss(cfg, num_classes), mup=cfg.model.base_width is not None)
+    return ModelRecipe(
+        make_model_factory(cfg, num_classes, input_shape),
+        make_optimizer(cfg),
+        run_lr(cfg),
+        loss=make_loss(cfg, num_classes),
+        mup=cfg.model.base_width is not None,
+    )
 
 
 def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], Classifier]:
     """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl/engine/runs.py
     ``module_factory``: with ``trainer.compile`` a run compiles once)."""
     t = cfg.trainer
-    return module_factory(make_model_recipe(cfg, num_classes, input_shape), t.precision, t.channels_last,
-                          check_compile(t.compile))
+    return module_factory(
+        make_model_recipe(cfg, num_classes, input_shape), t.precision, t.channels_last, check_compile(t.compile)
+    )
 
 
 def make_datamodule(cfg: DictConfig, device: torch.device | None = None) -> ErasedDataModule:
@@ -129,8 +141,11 @@ def make_profiler(name: str | None, folder: Path) -> Any:
         raise ValueError(f"trainer.profiler={name!r}: choose one of {PROFILERS} or null")
     from lightning.pytorch import profilers
 
-    kind = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
-            "pytorch": profilers.PyTorchProfiler}[name]
+    kind = {
+        "simple": profilers.SimpleProfiler,
+        "advanced": profilers.AdvancedProfiler,
+        "pytorch": profilers.PyTorchProfiler,
+    }[name]
     return kind(dirpath=str(folder), filename="profile")
 
 
@@ -150,10 +165,13 @@ def make_user_callbacks(cfg: DictConfig) -> list[L.Callback]:
         try:
             callback = instantiate(spec)
         except Exception as err:  # an import or argument error of the user's class: name the entry
-            raise ValueError(f"callbacks.{name}: cannot build {spec.get('_target_')!r} ({type(err).__name__}: {err}); "
-                             f"fix its _target_ or arguments, or drop it with ~callbacks.{name}") from err
+            raise ValueError(
+                f"callbacks.{name}: cannot build {spec.get('_target_')!r} ({type(err).__name__}: {err}); "
+                f"fix its _target_ or arguments, or drop it with ~callbacks.{name}"
+            ) from err
         if not isinstance(callback, L.Callback):
-            raise ValueError(f"callbacks.{name}: {spec.get('_target_')!r} made a {type(callback).__name__}, not a "
-                             f"lightning.Callback")
+            raise ValueError(
+                f"callbacks.{name}: {spec.get('_target_')!r} made a {type(callback).__name__}, not a lightning.Callback"
+            )
         made.append(callback)
     return made

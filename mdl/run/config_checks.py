@@ -57,14 +57,18 @@ def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
             hint = f"did you mean {group}.{near[0]}? " if near else ""
-            raise ValueError(f"{group}.{key}: unknown setting, it would be ignored; {hint}"
-                             f"{group} takes {', '.join(sorted(map(str, known)))}")
+            raise ValueError(
+                f"{group}.{key}: unknown setting, it would be ignored; {hint}"
+                f"{group} takes {', '.join(sorted(map(str, known)))}"
+            )
 
 
 def conf_names(key: str) -> list[str]:
     """The values of ``key`` (``eraser.name``) that the files of its config group set."""
     group, leaf = NAMED_BY_GROUP[key], key.split(".", 1)[1]
-    return sorted({str(v) for path in (CONF_DIR / group).glob("*.yaml") if (v := OmegaConf.load(path).get(leaf)) is not None})
+    return sorted(
+        {str(v) for path in (CONF_DIR / group).glob("*.yaml") if (v := OmegaConf.load(path).get(leaf)) is not None}
+    )
 
 
 def check_before_imports(cfg: DictConfig) -> None:
@@ -88,11 +92,15 @@ def check_model_options(cfg: DictConfig) -> None:
         if known is not None and key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean model.options.{near[0]}? " if near else ""
-            raise ValueError(f"model.options.{key}: model {model!r} takes no such option; {hint}it takes {', '.join(known) or 'none'}")
+            raise ValueError(
+                f"model.options.{key}: model {model!r} takes no such option; {hint}it takes {', '.join(known) or 'none'}"
+            )
         allowed = MODEL_OPTION_VALUES.get((model, str(key)))
         if allowed is not None and value not in allowed:
-            raise ValueError(f"model.options.{key}={value!r}: model {model!r} takes one of {list(allowed)}; "
-                             f"e.g. model.options.{key}={allowed[0]}")
+            raise ValueError(
+                f"model.options.{key}={value!r}: model {model!r} takes one of {list(allowed)}; "
+                f"e.g. model.options.{key}={allowed[0]}"
+            )
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -118,11 +126,14 @@ def validate_config(cfg: DictConfig) -> None:
     check_source_options(cfg.data.source, cfg.data.get("options") or {})
     check_eraser_options(cfg.eraser.name, cfg.eraser.get("options") or {})
     d = cfg.data
-    check_data_settings(d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction)
+    check_data_settings(
+        d.val_size, d.test_size, d.batch_size, d.eval_batch_size, d.qda_regularization, d.padding_fraction
+    )
 
 
 def check_config(cfg: DictConfig) -> None:
     """The checks of validate_config that need no torch (no registry, no data module)."""
+
     def require_int(key: str, low: int, usual: str, allowed: tuple[Any, ...] = ()) -> None:
         value = OmegaConf.select(cfg, key)
         if value in allowed and not isinstance(value, bool):
@@ -137,29 +148,45 @@ def check_config(cfg: DictConfig) -> None:
     for key, values in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=values[0])
         if not any(value is v if isinstance(v, bool) or v is None else value == v for v in values):
-            shown = ", ".join("null" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+            shown = ", ".join(
+                "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for v in values
+            )
             raise ValueError(f"{key}={value!r}: choose one of {shown}")
     check_logger(cfg)
     for name, spec in (cfg.get("callbacks") or {}).items():
         if not (isinstance(spec, DictConfig) and spec.get("_target_")):
-            raise ValueError(f"callbacks.{name}={spec!r}: a callback needs a class to build; "
-                             f"e.g. +callbacks.{name}._target_=lightning.pytorch.callbacks.ModelSummary")
+            raise ValueError(
+                f"callbacks.{name}={spec!r}: a callback needs a class to build; "
+                f"e.g. +callbacks.{name}._target_=lightning.pytorch.callbacks.ModelSummary"
+            )
     if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
         raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
     for group in ("trainer", "mdl", "data"):
         refuse_unknown_keys(cfg, group)
     check_model_options(cfg)
-    for key, low, usual in (("seed", 0, "0"), ("data_seed", 0, "0"), ("width", 1, "128"), ("depth", 1, "2"),
-                            ("mdl.num_blocks", 2, "10"), ("mdl.first_block", 1, "1024"),
-                            ("trainer.patience", 0, "30"), ("model.base_depth", 1, "2"), ("mdl.steps_per_group", 1, "16")):
+    for key, low, usual in (
+        ("seed", 0, "0"),
+        ("data_seed", 0, "0"),
+        ("width", 1, "128"),
+        ("depth", 1, "2"),
+        ("mdl.num_blocks", 2, "10"),
+        ("mdl.first_block", 1, "1024"),
+        ("trainer.patience", 0, "30"),
+        ("model.base_depth", 1, "2"),
+        ("mdl.steps_per_group", 1, "16"),
+    ):
         require_int(key, low, usual)
     every = cfg.mdl.checkpoint_every_s
     if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
-        raise ValueError(f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
-                         f"e.g. mdl.checkpoint_every_s=30")
+        raise ValueError(
+            f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
+            f"e.g. mdl.checkpoint_every_s=30"
+        )
     lease = cfg.mdl.get("lock_lease_s")
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
-        raise ValueError(f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300")
+        raise ValueError(
+            f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"
+        )
     from mdl.engine.memory import check_pack_data_fraction  # imports torch: after the early checks
 
     check_pack_data_fraction(cfg.mdl.get("pack_data_fraction"))  # used only by packs, refused in any run: one rule
@@ -169,8 +196,10 @@ def check_config(cfg: DictConfig) -> None:
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         why = ""
         if lr is None and cfg.get("lr_search") is not None:  # +lr=best (mdl/report/lr.py write_best_lrs)
-            why = (f" (the lr search's table, +lr=best, has none for data {cfg.data.source}, model {cfg.model.name}, "
-                   f"eraser {cfg.eraser.name}: search with these, or leave +lr=best out)")
+            why = (
+                f" (the lr search's table, +lr=best, has none for data {cfg.data.source}, model {cfg.model.name}, "
+                f"eraser {cfg.eraser.name}: search with these, or leave +lr=best out)"
+            )
         elif lr is None:
             why = f" (no default for data.source={cfg.data.source!r} in optimizer.lr_by_data)"
         raise ValueError(f"optimizer.lr={lr!r}{why}: must be a positive number; e.g. optimizer.lr=5e-4")
@@ -187,7 +216,9 @@ def check_trainer_config(cfg: DictConfig) -> torch.device:
             f"trainer.precision=bf16 (or fp32). Remove trainer.kwargs.precision."
         )
     if kwargs.get("devices") not in (None, 1):
-        raise ValueError(f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N")
+        raise ValueError(
+            f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N"
+        )
     from mdl.engine.device import training_device
     from models.precision import check_compile, check_precision
 

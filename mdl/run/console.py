@@ -17,8 +17,10 @@ CONFIG_FILE = "config.yaml"  # the resolved config, in the run folder
 
 def check_print_config(value: Any) -> None:
     if not any(value is v if isinstance(v, bool) else value == v for v in PRINT_CONFIG):
-        raise ValueError(f"print_config={value!r}: choose overrides (the job's overrides and the config file's path), "
-                         f"full (the whole resolved config) or false")
+        raise ValueError(
+            f"print_config={value!r}: choose overrides (the job's overrides and the config file's path), "
+            f"full (the whole resolved config) or false"
+        )
 
 
 def show_config(cfg: DictConfig, overrides: list[str], run_dir: Path) -> None:
@@ -30,17 +32,29 @@ def show_config(cfg: DictConfig, overrides: list[str], run_dir: Path) -> None:
     path = run_dir / CONFIG_FILE
     OmegaConf.save(cfg, path, resolve=True)
     if mode in (True, "full"):
-        print(f"config ({path}; print_config=overrides shortens it, false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}",
-              flush=True)
+        print(
+            f"config ({path}; print_config=overrides shortens it, false hides it):\n{OmegaConf.to_yaml(cfg, resolve=True)}",
+            flush=True,
+        )
     else:
-        print(f"config: {' '.join(overrides) or 'the defaults'} (all of it: {path}; print_config=full prints it)", flush=True)
+        print(
+            f"config: {' '.join(overrides) or 'the defaults'} (all of it: {path}; print_config=full prints it)",
+            flush=True,
+        )
 
 
-def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+def one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
     return f"warning: {message} ({category.__name__})\n"
 
 
-HIDDEN_BY_DEFAULT = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)  # Python's own choice
+HIDDEN_BY_DEFAULT = (
+    DeprecationWarning,
+    PendingDeprecationWarning,
+    ImportWarning,
+    ResourceWarning,
+)  # Python's own choice
 
 
 def one_line_warnings() -> None:

@@ -36,11 +36,16 @@ class OverfitResult:
         return self.final_loss <= FITS_LOSS_FRACTION * self.initial_loss and self.final_accuracy >= FITS_ACCURACY
 
     def describe(self) -> str:
-        verdict = ("fits it" if self.fits else
-                   "does NOT fit it: check the learning rate (optimizer.lr), the architecture, or whether erasure left "
-                   "the labels learnable")
-        return (f"overfit check: {self.steps} steps on one batch of {self.examples} examples: loss "
-                f"{self.initial_loss:.4f} -> {self.final_loss:.4g} nats, accuracy {self.final_accuracy:.3f}; the model {verdict}")
+        verdict = (
+            "fits it"
+            if self.fits
+            else "does NOT fit it: check the learning rate (optimizer.lr), the architecture, or whether erasure left "
+            "the labels learnable"
+        )
+        return (
+            f"overfit check: {self.steps} steps on one batch of {self.examples} examples: loss "
+            f"{self.initial_loss:.4f} -> {self.final_loss:.4g} nats, accuracy {self.final_accuracy:.3f}; the model {verdict}"
+        )
 
 
 def batch_metrics(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
@@ -55,12 +60,16 @@ def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
     from mdl.run.identity import training_threads
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"overfit_one_batch={steps!r}: the number of steps, an integer >= 1; e.g. overfit_one_batch=300")
+        raise ValueError(
+            f"overfit_one_batch={steps!r}: the number of steps, an integer >= 1; e.g. overfit_one_batch=300"
+        )
     validate_config(cfg)
     device = check_trainer_config(cfg)
     torch.manual_seed(cfg.seed)
     dm = make_datamodule(cfg, device)
-    torch.set_num_threads(training_threads(cfg))  # as a run trains (prepare_run): torch's default oversubscribes shared CPUs
+    torch.set_num_threads(
+        training_threads(cfg)
+    )  # as a run trains (prepare_run): torch's default oversubscribes shared CPUs
     module = make_module_factory(cfg, dm.num_classes, dm.input_shape)().to(device)
     n = min(int(cfg.data.batch_size), len(dm.train_set))
     x, y = dm.train_set.x[:n].to(device), dm.train_set.y[:n].to(device)

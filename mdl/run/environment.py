@@ -49,8 +49,11 @@ def environment_differences(stored: dict[str, Any] | None, current: dict[str, An
     environments were recorded) differs in everything, as ``unrecorded``."""
     if not stored:
         return ["environment: unrecorded -> recorded"]
-    return [f"{key}: {stored.get(key)} -> {current.get(key)}" for key in sorted(set(stored) | set(current))
-            if stored.get(key) != current.get(key)]
+    return [
+        f"{key}: {stored.get(key)} -> {current.get(key)}"
+        for key in sorted(set(stored) | set(current))
+        if stored.get(key) != current.get(key)
+    ]
 
 
 def describe(environment: dict[str, Any] | None) -> str:

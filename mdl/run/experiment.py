@@ -27,12 +27,26 @@ from mdl.engine.driver import train_runs
 from mdl.engine.runs import Fitting, Run
 from mdl.engine.preemption import Preempted, sigterm_guard
 from mdl.results import (
-    FAILURE_FILE, PROGRESS_FILE, RESULTS_FILE, RUN_CONFIG_FILE, DamagedRecord, atomic_write_json, capped_fits,
-    code_version, git_sha,
-    read_checked_json, read_json, write_checked_json,
+    FAILURE_FILE,
+    PROGRESS_FILE,
+    RESULTS_FILE,
+    RUN_CONFIG_FILE,
+    DamagedRecord,
+    atomic_write_json,
+    capped_fits,
+    code_version,
+    git_sha,
+    read_checked_json,
+    read_json,
+    write_checked_json,
 )
 from mdl.run.components import (
-    make_datamodule, make_final_curves, make_model_recipe, make_preconditioner, make_profiler, make_user_callbacks,
+    make_datamodule,
+    make_final_curves,
+    make_model_recipe,
+    make_preconditioner,
+    make_profiler,
+    make_user_callbacks,
     show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
@@ -54,7 +68,9 @@ def quiet_lightning() -> None:
     import warnings
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.pytorch.callbacks.model_summary").setLevel(logging.INFO)  # asked for: callbacks=model_summary
+    logging.getLogger("lightning.pytorch.callbacks.model_summary").setLevel(
+        logging.INFO
+    )  # asked for: callbacks=model_summary
     logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
     for pattern in (".*srun.*", ".*LeafSpec.*", ".*does not have many workers.*", ".*litlogger.*"):
         warnings.filterwarnings("ignore", message=pattern)
@@ -62,7 +78,10 @@ def quiet_lightning() -> None:
 
 def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
     job = Job.checked(cfg, run_dir, overrides)
-    with run_lock(job.store, cfg.mdl.lock_lease_s), sigterm_guard():  # a second process with the same config waits, then skips or resumes;
+    with (
+        run_lock(job.store, cfg.mdl.lock_lease_s),
+        sigterm_guard(),
+    ):  # a second process with the same config waits, then skips or resumes;
         # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/engine/preemption.py)
         done = job.stored_results()
         if done is not None:
@@ -110,14 +129,23 @@ class Job:
             discard_resume_state(store)
         if done is not None:
             log.info("skipped: a finished run of this config exists (%s)", store / RESULTS_FILE)
-            write_checked_json(self.run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)})
+            write_checked_json(
+                self.run_dir / RESULTS_FILE, {**done, "skipped": True, "reused_from": str(store / RESULTS_FILE)}
+            )
             logging_never_fails(log_stored_run, cfg, self.run_dir, self.overrides, done, store)
             return {**done, "skipped": True}
         # what this store entry is, for `python -m mdl.runs` while the run is partial (results.json holds it too),
         # and where this attempt writes; an earlier attempt's failure is over
-        atomic_write_json(store / RUN_CONFIG_FILE, {"config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
-                                                     "config_hash": self.key, "code_version": code_version(),
-                                                     ENVIRONMENT_KEY: self.environment(), "run_dir": str(self.run_dir.resolve())})
+        atomic_write_json(
+            store / RUN_CONFIG_FILE,
+            {
+                "config": json_safe(OmegaConf.to_container(cfg, resolve=True)),
+                "config_hash": self.key,
+                "code_version": code_version(),
+                ENVIRONMENT_KEY: self.environment(),
+                "run_dir": str(self.run_dir.resolve()),
+            },
+        )
         (store / FAILURE_FILE).unlink(missing_ok=True)
         return None
 
@@ -134,12 +162,21 @@ class Job:
             return True
         where = self.store / RESULTS_FILE
         if self.cfg.mdl.get("reuse_across_environments", False):
-            log.warning("reusing the %s of this config made in another environment (%s), as "
-                        "mdl.reuse_across_environments=true asks: %s", what, "; ".join(differences), where.parent)
+            log.warning(
+                "reusing the %s of this config made in another environment (%s), as "
+                "mdl.reuse_across_environments=true asks: %s",
+                what,
+                "; ".join(differences),
+                where.parent,
+            )
             return True
-        log.warning("the %s of this config in %s was made in another environment (%s): its numbers can differ in the "
-                    "last bits, so this run is computed here again (mdl.reuse_across_environments=true reuses it instead)",
-                    what, where.parent, "; ".join(differences))
+        log.warning(
+            "the %s of this config in %s was made in another environment (%s): its numbers can differ in the "
+            "last bits, so this run is computed here again (mdl.reuse_across_environments=true reuses it instead)",
+            what,
+            where.parent,
+            "; ".join(differences),
+        )
         return False
 
     @contextmanager
@@ -262,7 +299,9 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     logger = make_logger(cfg, run_dir, job.overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
     for key_set_by_device in ("accelerator", "devices", "precision"):
-        trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl/engine/device.py and models/precision.py own them
+        trainer_kwargs.pop(
+            key_set_by_device, None
+        )  # checked above; mdl/engine/device.py and models/precision.py own them
     t = cfg.trainer
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
@@ -271,22 +310,48 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     engine = "sequential" if rules.backtrack else engine_name(cfg.mdl)  # one member per fit
     log.info(
         "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
-        job.key, engine, device, t.precision, t.compile, t.channels_last, dm.num_train, boundaries,
+        job.key,
+        engine,
+        device,
+        t.precision,
+        t.compile,
+        t.channels_last,
+        dm.num_train,
+        boundaries,
     )
     on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
     if engine != "sequential" and t.channels_last:
-        log.info("fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
-                 "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)")
-    run = Run(dm, boundaries, cfg.seed, model, job.store, on_block=on_block, on_epoch=on_epoch,
-              final_curves=final_curves, label=job.label)
+        log.info(
+            "fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
+            "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)"
+        )
+    run = Run(
+        dm,
+        boundaries,
+        cfg.seed,
+        model,
+        job.store,
+        on_block=on_block,
+        on_epoch=on_epoch,
+        final_curves=final_curves,
+        label=job.label,
+    )
     fitting = Fitting(
-        trainer_kwargs, t.patience, folder=job.store, identity=run_identity(job.store),
-        members_per_fit=members_per_fit(cfg.mdl), checkpoint_every_s=cfg.mdl.checkpoint_every_s,
-        steps_per_group=cfg.mdl.steps_per_group, paper_loss=check_paper_loss(cfg.mdl.paper_loss), rules=rules,
-        callbacks=[*precondition, *make_user_callbacks(cfg)], precision=t.precision, channels_last=t.channels_last,
+        trainer_kwargs,
+        t.patience,
+        folder=job.store,
+        identity=run_identity(job.store),
+        members_per_fit=members_per_fit(cfg.mdl),
+        checkpoint_every_s=cfg.mdl.checkpoint_every_s,
+        steps_per_group=cfg.mdl.steps_per_group,
+        paper_loss=check_paper_loss(cfg.mdl.paper_loss),
+        rules=rules,
+        callbacks=[*precondition, *make_user_callbacks(cfg)],
+        precision=t.precision,
+        channels_last=t.channels_last,
         compile_backend=check_compile(t.compile),
     )
     return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, engine)
@@ -355,10 +420,15 @@ def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: 
         return
     capped = capped_fits(outcome, max_epochs)
     if capped:
-        log.warning("%s%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
-                    "they may still have been improving (under-trained models code longer); raise "
-                    "trainer.kwargs.max_epochs (or -1: until early stopping)", f"{label}: " if label else "",
-                    ", ".join(capped), max_epochs, patience)
+        log.warning(
+            "%s%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "
+            "they may still have been improving (under-trained models code longer); raise "
+            "trainer.kwargs.max_epochs (or -1: until early stopping)",
+            f"{label}: " if label else "",
+            ", ".join(capped),
+            max_epochs,
+            patience,
+        )
 
 
 def has_resume_state(store: Path) -> bool:

@@ -27,8 +27,10 @@ GROUPS = {  # the groups a user chooses from, in the order a run is described; t
     "hydra/launcher": "where a sweep's jobs run (basic: one after another here; slurm; packed: one fit per pack)",
 }
 INTERNAL_GROUPS = ("cost", "paths", "experiment")  # experiment: the presets, listed apart
-KEYS = ("seed=0  data_seed=0  width=128  depth=2  device=auto|cpu|cuda  optimizer.lr=5e-4",
-        "tags=[a,b]  skip_if_done=true  print_config=overrides|full|false")
+KEYS = (
+    "seed=0  data_seed=0  width=128  depth=2  device=auto|cpu|cuda  optimizer.lr=5e-4",
+    "tags=[a,b]  skip_if_done=true  print_config=overrides|full|false",
+)
 WIDTH = 110  # characters a line of the help takes at most
 
 
@@ -82,21 +84,32 @@ def defaults() -> dict[str, str]:
 
 def help_text() -> str:
     """The whole --help screen, ``$`` written ``$$`` for Hydra's template substitution."""
-    lines = ["python launch.py [group=option ...] [key=value ...]       one run",
-             "python launch.py -m eraser=none,leace seed=0,1,2 [...]     a sweep (every combination), then its report",
-             "", "Groups (group=option, * the default):"]
+    lines = [
+        "python launch.py [group=option ...] [key=value ...]       one run",
+        "python launch.py -m eraser=none,leace seed=0,1,2 [...]     a sweep (every combination), then its report",
+        "",
+        "Groups (group=option, * the default):",
+    ]
     chosen = defaults()
     for group, what in GROUPS.items():
         options = [f"{o}*" if chosen.get(group) == o else o for o in group_options(group)]
         lines += [f"  {group.ljust(15)}{what}", f"  {'':15}{', '.join(options) or '-'}"]
-    lines += ["", "Keys most runs set:", *(f"  {k}" for k in KEYS), "", "Presets (+experiment=NAME; paper/NAME/smoke: the same sweep, tiny, "
-              "on digits in minutes on a CPU):"]
+    lines += [
+        "",
+        "Keys most runs set:",
+        *(f"  {k}" for k in KEYS),
+        "",
+        "Presets (+experiment=NAME; paper/NAME/smoke: the same sweep, tiny, on digits in minutes on a CPU):",
+    ]
     entries = presets()
     pad = max(len(n) for n, _ in entries)
     lines += [f"  {n.ljust(pad)}  {clip(d, WIDTH - pad - 4)}" for n, d in entries]
-    lines += ["", "Any key can be set (model.options.activation=gelu); python launch.py --cfg job prints them all.",
-              "Docs: README.md and docs/. Hydra's own flags: python launch.py --hydra-help.",
-              'Tab completion (bash): eval "$(python launch.py -sc install=bash)"']
+    lines += [
+        "",
+        "Any key can be set (model.options.activation=gelu); python launch.py --cfg job prints them all.",
+        "Docs: README.md and docs/. Hydra's own flags: python launch.py --hydra-help.",
+        'Tab completion (bash): eval "$(python launch.py -sc install=bash)"',
+    ]
     return "\n".join(lines).replace("$", "$$")
 
 
@@ -111,14 +124,16 @@ def complete_nested_options() -> None:
     def query(self: Any, word: str, config_name: str | None, words: list[str]) -> tuple[list[str], bool]:
         matched, exact = original(self, word, config_name, words)
         sign = word[:1] if word[:1] in "+~" else ""
-        group, eq, value = word[len(sign):].partition("=")
+        group, eq, value = word[len(sign) :].partition("=")
         if not eq:
             return matched, exact
         folder = value.rpartition("/")[0]
         where = f"{group}/{folder}" if folder else group
         found = []
         for kind, end in ((ObjectType.CONFIG, ""), (ObjectType.GROUP, "/")):
-            for name in self.config_loader.get_group_options(where, results_filter=kind, config_name=config_name, overrides=words):
+            for name in self.config_loader.get_group_options(
+                where, results_filter=kind, config_name=config_name, overrides=words
+            ):
                 found.append(f"{sign}{group}={folder + '/' if folder else ''}{name}{end}")
         kept = [m for m in dict.fromkeys([*matched, *found]) if m.startswith(word) and not is_internal(m.rstrip("/"))]
         return kept, exact

@@ -25,13 +25,26 @@ from mdl.engine.members import AUTO
 
 BOOKKEEPING_KEYS = (
     # where things go and how they are recorded
-    "paths", "logger", "tags", "hydra", "skip_if_done", "print_config", "data.cache_dir",
+    "paths",
+    "logger",
+    "tags",
+    "hydra",
+    "skip_if_done",
+    "print_config",
+    "data.cache_dir",
     # where and how a data set is fetched (not what it holds)
-    "data.options.root", "data.options.download",
+    "data.options.root",
+    "data.options.download",
     # how fast or how often
-    "mdl.checkpoint_every_s", "mdl.default_engine", "mdl.steps_per_group", "mdl.lock_lease_s", "mdl.pack_data_fraction",
+    "mdl.checkpoint_every_s",
+    "mdl.default_engine",
+    "mdl.steps_per_group",
+    "mdl.lock_lease_s",
+    "mdl.pack_data_fraction",
     "mdl.reuse_across_environments",
-    "trainer.torch_threads", "trainer.threads_by_engine", "trainer.profiler",
+    "trainer.torch_threads",
+    "trainer.threads_by_engine",
+    "trainer.profiler",
     # a table looked up once: the optimizer.lr it sets is what counts (an lr search's answers, +lr=best)
     "lr_search",
 )
@@ -60,7 +73,6 @@ def without_bookkeeping(config: dict[str, Any]) -> dict[str, Any]:
 ENGINES = {"stacked": None, "sequential": 1}  # mdl.engine: a name for mdl.members_per_fit (None = all)
 
 
-
 def members_per_fit(mdl: Any) -> int | str | None:
     """``mdl.members_per_fit`` (``all``, ``auto`` or an integer >= 1), or, when it is null, what ``mdl.engine``
     names; None means all members in one fit. ``mdl`` is the config's ``mdl`` node or a plain dict."""
@@ -68,17 +80,21 @@ def members_per_fit(mdl: Any) -> int | str | None:
     if value is None:
         engine = mdl.get("engine")
         if engine not in ENGINES:
-            raise ValueError(f"unknown engine mdl.engine={engine!r}; choose one of {tuple(ENGINES)} "
-                             f"(or set mdl.members_per_fit=all|auto|1|k)")
+            raise ValueError(
+                f"unknown engine mdl.engine={engine!r}; choose one of {tuple(ENGINES)} "
+                f"(or set mdl.members_per_fit=all|auto|1|k)"
+            )
         return ENGINES[engine]
     if value == "all":
         return None
     if value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"mdl.members_per_fit={value!r}: must be all, auto, or an integer >= 1 (1 = one model per "
-                         f"fit, as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked; auto = "
-                         f"as many as fit in the device's memory)")
+        raise ValueError(
+            f"mdl.members_per_fit={value!r}: must be all, auto, or an integer >= 1 (1 = one model per "
+            f"fit, as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked; auto = "
+            f"as many as fit in the device's memory)"
+        )
     return value
 
 
@@ -87,7 +103,9 @@ def engine_name(mdl: Any) -> str:
     k = members_per_fit(mdl)
     if k == AUTO:
         return "fits by memory"
-    if k is None or k >= mdl["num_blocks"]:  # a run has num_blocks members (one per boundary; the last is the final fit)
+    if (
+        k is None or k >= mdl["num_blocks"]
+    ):  # a run has num_blocks members (one per boundary; the last is the final fit)
         return "stacked"
     return "sequential" if k == 1 else f"fits of {k}"
 
@@ -122,7 +140,11 @@ def canonical_lr_source(config: dict[str, Any]) -> None:
         data["lr"] = by_data[data["source"]]
 
 
-MAP_ERASERS = ("leace", "qleace", "alf_qleace")  # fitted on the training split alone before eraser.fit_scope applied to them
+MAP_ERASERS = (
+    "leace",
+    "qleace",
+    "alf_qleace",
+)  # fitted on the training split alone before eraser.fit_scope applied to them
 
 
 def canonical_fit_scope(config: dict[str, Any]) -> None:
@@ -153,6 +175,7 @@ def canonical_swin_variant(config: dict[str, Any]) -> None:
 
 
 # --- a run's identity: the config hash ----------------------------------------------------------
+
 
 def allocated_cpus() -> int:
     """The CPU threads a run trains with by default: the CPUs Slurm allocated to the task

@@ -30,8 +30,11 @@ class LogFile:
 
 def current_log_files() -> tuple[LogFile, ...]:
     """The files the root logger writes to now: inside a Hydra job's task, that job's own log file."""
-    return tuple(LogFile(Path(h.baseFilename), h.formatter) for h in logging.getLogger().handlers
-                 if isinstance(h, logging.FileHandler))
+    return tuple(
+        LogFile(Path(h.baseFilename), h.formatter)
+        for h in logging.getLogger().handlers
+        if isinstance(h, logging.FileHandler)
+    )
 
 
 @contextmanager
@@ -46,6 +49,7 @@ def own_lines(*jobs: str) -> Iterator[None]:
 
 def owned_by(jobs: Sequence[str], fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` whose lines belong to these jobs wherever it is called (a hook the engine calls for one run of a fit)."""
+
     @wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         with own_lines(*jobs):

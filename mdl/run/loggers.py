@@ -33,8 +33,13 @@ from mdl.run.identity import engine_name, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
-SUMMARY_KEYS = ("paper_mdl", "paper_mdl_last_block", "paper_mdl_val_min", "online_codelength_bits",
-                "online_bits_per_example")  # the run's numbers; a fit's own are named by fit_summary
+SUMMARY_KEYS = (
+    "paper_mdl",
+    "paper_mdl_last_block",
+    "paper_mdl_val_min",
+    "online_codelength_bits",
+    "online_bits_per_example",
+)  # the run's numbers; a fit's own are named by fit_summary
 SERIES = ("val_loss", "train_loss", "val_accuracy")  # per epoch of every fit, as <block or final>/<series>
 WANDB_MARKER = "wandb_logged.json"  # in the run store: the W&B projects a finished run has been logged to
 
@@ -48,8 +53,10 @@ def logger_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     found = {str(name): sub for name, sub in node.items() if OmegaConf.is_dict(sub) and "_target_" in sub}
     stray = [str(name) for name in node if str(name) not in found]
     if stray:
-        raise ValueError(f"logger.{stray[0]}: not a logger (each logger's settings sit under its name, e.g. "
-                         f"logger.wandb.project=...; choose loggers with logger=csv or logger=[csv,wandb])")
+        raise ValueError(
+            f"logger.{stray[0]}: not a logger (each logger's settings sit under its name, e.g. "
+            f"logger.wandb.project=...; choose loggers with logger=csv or logger=[csv,wandb])"
+        )
     return found
 
 
@@ -131,6 +138,7 @@ def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
 
 def run_name(overrides: list[str], run_dir: Path) -> str:
     """The job's own overrides, without those that do not change what it computes (logger=wandb, paths...)."""
+
     def kept(override: str) -> bool:
         key = override.split("=", 1)[0].lstrip("+~")
         return not is_bookkeeping(key.split("/")[0]) and key.split("/")[0] not in ("experiment", "report")
@@ -143,8 +151,14 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         os.environ["WANDB_MODE"] = "offline"
     preset, debug = preset_name(), hydra_choice("debug")
     wandb = wandb_config(cfg)
-    tags = [f"data:{cfg.data.source}", f"model:{cfg.model.name}", f"eraser:{cfg.eraser.name}", f"engine:{engine_name(cfg.mdl)}",
-            *([f"preset:{preset}"] if preset else []), *([f"debug:{debug}"] if debug else [])]
+    tags = [
+        f"data:{cfg.data.source}",
+        f"model:{cfg.model.name}",
+        f"eraser:{cfg.eraser.name}",
+        f"engine:{engine_name(cfg.mdl)}",
+        *([f"preset:{preset}"] if preset else []),
+        *([f"debug:{debug}"] if debug else []),
+    ]
     return {
         "group": wandb.group or wandb_group(run_dir, preset, debug),
         "job_type": wandb.job_type or cfg.eraser.name,
@@ -162,9 +176,13 @@ def check_logger(cfg: DictConfig) -> None:
     import importlib.util
 
     targets = [str(c._target_) for c in logger_configs(cfg).values()]
-    if any("TensorBoardLogger" in t for t in targets) and not any(importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")):
-        raise ImportError("logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
-                          "(or choose logger=csv, logger=wandb or logger=null)")
+    if any("TensorBoardLogger" in t for t in targets) and not any(
+        importlib.util.find_spec(m) for m in ("tensorboard", "tensorboardX")
+    ):
+        raise ImportError(
+            "logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
+            "(or choose logger=csv, logger=wandb or logger=null)"
+        )
 
 
 def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str], only_wandb: bool = False) -> LoggerGroup | None:
@@ -210,7 +228,10 @@ def drop_series_summaries(run: Any) -> None:
 def fit_summary(name: str, val_loss_curve: list[float], best_val_loss: float | None) -> dict[str, float]:
     """A fit's losses as the summary names them: ``<name>/best_val_loss`` (the kept weights') and
     ``<name>/last_val_loss`` (the last epoch's)."""
-    values = {f"{name}/best_val_loss": best_val_loss, f"{name}/last_val_loss": val_loss_curve[-1] if val_loss_curve else None}
+    values = {
+        f"{name}/best_val_loss": best_val_loss,
+        f"{name}/last_val_loss": val_loss_curve[-1] if val_loss_curve else None,
+    }
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -221,9 +242,9 @@ def update_summary(logger: LoggerGroup, values: dict[str, Any]) -> None:
     logger.log_metrics(values, [m for m in logger.loggers if m is not logger.wandb])
 
 
-
-def log_epoch(logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float,
-              val_accuracy: float | None = None) -> None:
+def log_epoch(
+    logger: LoggerGroup, name: str, epoch: int, train_loss: float, val_loss: float, val_accuracy: float | None = None
+) -> None:
     metrics = {f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch}
     if val_accuracy is not None:
         metrics[f"{name}/val_accuracy"] = val_accuracy
@@ -235,7 +256,8 @@ def live_epochs(logger: LoggerGroup, num_blocks: int) -> Callable[..., None]:
     happens, so a multi-hour fit shows its curves live."""
     share_epoch_axis(logger)
     return lambda member, epoch, train, val, accuracy=None: log_epoch(
-        logger, series_name(member, num_blocks), epoch, train, val, accuracy)
+        logger, series_name(member, num_blocks), epoch, train, val, accuracy
+    )
 
 
 def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool = False) -> None:
@@ -247,8 +269,14 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
         for epoch, (train, val) in enumerate(zip(block.train_loss_curve, block.val_loss_curve)):
             log_epoch(logger, prefix, epoch, train, val)
     best = block.val_bits_per_example * math.log(2)  # bits -> nats, as the curves
-    update_summary(logger, {f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval, f"{prefix}/n_train": block.n_train,
-                            **fit_summary(prefix, block.val_loss_curve, best)})
+    update_summary(
+        logger,
+        {
+            f"{prefix}/eval_bits_per_example": block.eval_bits / block.n_eval,
+            f"{prefix}/n_train": block.n_train,
+            **fit_summary(prefix, block.val_loss_curve, best),
+        },
+    )
 
 
 def log_results(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live: bool = True) -> None:
@@ -274,8 +302,11 @@ def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live
             if value is not None:
                 logger.log_metrics({f"final/{name}": value, "epoch": epoch})
     numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
-    erasure = {f"erasure/{k}": v for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    erasure = {
+        f"erasure/{k}": v
+        for k, v in (results.get("data_diagnostics") or {}).get("erasure", {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     final = fit_summary("final", results.get("val_loss_curve") or [], results.get("final_val_loss"))
     update_summary(logger, {**numbers, **final, **erasure})
     run = logger.wandb_run
@@ -292,8 +323,15 @@ def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> No
     columns = ["block", "n_train", "n_eval", "eval_bits_per_example", "epochs", "best_after_epochs", "last_block_bits"]
     table = wandb.Table(columns=columns)
     for i, b in enumerate(results.get("blocks", [])):
-        table.add_data(i + 1, b["n_train"], b["n_eval"], b["eval_bits"] / b["n_eval"], b["epochs"],
-                       b.get("best_after_epochs"), b.get("heldout_bits_per_example"))
+        table.add_data(
+            i + 1,
+            b["n_train"],
+            b["n_eval"],
+            b["eval_bits"] / b["n_eval"],
+            b["epochs"],
+            b.get("best_after_epochs"),
+            b.get("heldout_bits_per_example"),
+        )
     experiment.log({"blocks": table})
     artifact = wandb.Artifact(f"results-{results.get('config_hash', 'run')}", type="results")
     for path in (run_dir / "results.json", Path(results["eraser_path"]) if results.get("eraser_path") else None):

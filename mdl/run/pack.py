@@ -34,7 +34,14 @@ from mdl.engine.preemption import sigterm_guard
 from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
 from mdl.run.experiment import (
-    Job, PreparedRun, checkpoint_bytes, finish_run, job_data, prepare_run, summary, train_alone,
+    Job,
+    PreparedRun,
+    checkpoint_bytes,
+    finish_run,
+    job_data,
+    prepare_run,
+    summary,
+    train_alone,
 )
 from mdl.run.identity import config_hash, members_per_fit
 from mdl.run.job_logs import job_log_files, own_lines, owned_by
@@ -84,15 +91,18 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
     launcher: skipped as done (or, with skip_if_done=false, trained again alone)."""
     keys = {pack_key(job.cfg) for job in jobs}
     if len(jobs) > 1 and (None in keys or len(keys) > 1):
-        raise ValueError("run_pack: these runs differ in more than their seed, eraser and data seed "
-                         "(or train one member per fit)")
+        raise ValueError(
+            "run_pack: these runs differ in more than their seed, eraser and data seed (or train one member per fit)"
+        )
     jobs = [replace(job, label=run_label(jobs, job)) for job in jobs]
     first: dict[str, int] = {}
     for i, job in enumerate(jobs):
         first.setdefault(job.key, i)
     results: dict[int, dict[str, Any]] = {}
     with ExitStack() as held, sigterm_guard(), job_log_files({job.key: job.log_files for job in jobs}):
-        for i in sorted(first.values(), key=lambda i: jobs[i].key):  # one lock order: packs never wait on each other in a cycle
+        for i in sorted(
+            first.values(), key=lambda i: jobs[i].key
+        ):  # one lock order: packs never wait on each other in a cycle
             held.enter_context(run_lock(jobs[i].store, jobs[i].cfg.mdl.lock_lease_s))
         todo = []
         for i in sorted(first.values()):
@@ -103,7 +113,9 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
                 todo.append(i)
         if len(todo) == 1:
             results[todo[0]] = _run_alone(jobs[todo[0]])
-        elif todo:  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
+        elif (
+            todo
+        ):  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
             todo.sort(key=lambda i: jobs[i].key)
             for i, result in zip(todo, _train_together([jobs[i] for i in todo], [jobs[i] for i in first.values()])):
                 results[i] = result
@@ -163,12 +175,20 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     fraction = measured.cfg.mdl.pack_data_fraction
     record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
     at_once = recorded_split(record) or data_modules_at_once(first.resident_bytes(), first.device, fraction)
-    parts = [[job for group in groups[a:a + at_once] for job in group] for a in range(0, len(groups), at_once)]
+    parts = [[job for group in groups[a : a + at_once] for job in group] for a in range(0, len(groups), at_once)]
     if len(parts) > 1:
-        log.warning("pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
-                    "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another", len(pack), len(groups),
-                    first.resident_bytes() / 1e9, len(parts), at_once, fraction, memory_bytes(first.device) / 1e9,
-                    first.device)
+        log.warning(
+            "pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
+            "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another",
+            len(pack),
+            len(groups),
+            first.resident_bytes() / 1e9,
+            len(parts),
+            at_once,
+            fraction,
+            memory_bytes(first.device) / 1e9,
+            first.device,
+        )
         if recorded_split(record) is None:  # a relaunch (another GPU, another allocation) splits as this launch did
             record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(record, json.dumps({"data_sets_at_once": at_once}).encode())
@@ -202,8 +222,12 @@ def recorded_split(record: Path) -> int | None:
         if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
             raise ValueError(f"data_sets_at_once={at_once!r} is not a count >= 1")
     except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning("the pack's split record %s is damaged (%s: %s): splitting the pack again and rewriting it",
-                    record, type(err).__name__, err)
+        log.warning(
+            "the pack's split record %s is damaged (%s: %s): splitting the pack again and rewriting it",
+            record,
+            type(err).__name__,
+            err,
+        )
         record.unlink(missing_ok=True)
         return None
     return at_once
@@ -248,16 +272,21 @@ def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
         shape = (tuple(run.run.data.input_shape), run.run.data.num_classes, tuple(run.run.boundaries))
         groups.setdefault(shape, []).append(i)
     if len(groups) > 1:
-        log.warning("pack split in %d fits: its runs' data differ in shape, classes or blocks (%s)",
-                    len(groups), "; ".join(str(k) for k in groups))
+        log.warning(
+            "pack split in %d fits: its runs' data differ in shape, classes or blocks (%s)",
+            len(groups),
+            "; ".join(str(k) for k in groups),
+        )
     return list(groups.values())
 
 
 def run_label(jobs: Sequence[Job], job: Job) -> str:
     """How log lines and the progress display name a run of a pack: the values of seed, eraser and data_seed that vary
     among its ``jobs``."""
+
     def values(j: Job) -> dict[str, Any]:
         return {"seed": j.cfg.seed, "eraser": j.cfg.eraser.get("name"), "data_seed": j.cfg.data_seed}
+
     varying = [k for k in ("eraser", "data_seed", "seed") if len({str(values(j)[k]) for j in jobs}) > 1]
     return " ".join(f"{k} {values(job)[k]}" for k in varying) or f"seed {job.cfg.seed}"
 
@@ -270,8 +299,12 @@ def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dic
     cfg = jobs[0].cfg
     folder = pack_folder(jobs, pack)
     fitting = replace(prepared[0].fitting, folder=folder, identity=pack_identity(folder, jobs))
-    require_space(Path(cfg.paths.store_dir), sum(checkpoint_bytes(p.job.cfg, p.run.model.make_model) for p in prepared),
-                  f"this pack's checkpoints ({len(prepared)} runs)", "paths.output_root")  # in the pack's folder, at once
+    require_space(
+        Path(cfg.paths.store_dir),
+        sum(checkpoint_bytes(p.job.cfg, p.run.model.make_model) for p in prepared),
+        f"this pack's checkpoints ({len(prepared)} runs)",
+        "paths.output_root",
+    )  # in the pack's folder, at once
     runs = [replace(p.run, label=p.job.label, wrap=partial(owned_by, [p.job.key])) for p in prepared]
     with ExitStack() as named:
         for job in jobs:

@@ -38,9 +38,15 @@ NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
 def storage_error(folder: Path, setting: str, err: OSError) -> OSError:
     """An OSError whose message names the folder, the cause and the setting that moves it."""
     if err.errno in NO_SPACE:
-        return type(err)(err.errno, f"cannot write to {folder}: the disk is full. Free space or choose another folder with {setting}=<dir>")
-    return type(err)(err.errno, f"cannot write to {folder}: it is not writable ({err.strerror or err}). Choose another folder "
-                                f"with {setting}=<dir>")
+        return type(err)(
+            err.errno,
+            f"cannot write to {folder}: the disk is full. Free space or choose another folder with {setting}=<dir>",
+        )
+    return type(err)(
+        err.errno,
+        f"cannot write to {folder}: it is not writable ({err.strerror or err}). Choose another folder "
+        f"with {setting}=<dir>",
+    )
 
 
 def require_writable(folder: Path, setting: str) -> None:
@@ -69,7 +75,13 @@ def lock_holder(lease_s: float | None = None) -> dict[str, Any]:
     slurm = os.environ.get("SLURM_JOB_ID")
     if slurm and os.environ.get("SLURM_ARRAY_TASK_ID"):
         slurm = f"{os.environ.get('SLURM_ARRAY_JOB_ID', slurm)}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": slurm, "started": time.time(), "lease_s": lease_s}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job": slurm,
+        "started": time.time(),
+        "lease_s": lease_s,
+    }
 
 
 def holder_lease(holder: dict[str, Any], lease_s: float) -> float:
@@ -146,8 +158,10 @@ class OutputRootCheck(Callback):
         root = Path(str(config.paths.output_root))
         try:
             if root.exists() and not root.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, f"paths.output_root={root} is a file, not a folder; "
-                                         f"choose a folder with paths.output_root=<dir>")
+                raise NotADirectoryError(
+                    errno.ENOTDIR,
+                    f"paths.output_root={root} is a file, not a folder; choose a folder with paths.output_root=<dir>",
+                )
             require_writable(root, "paths.output_root")
         except OSError as err:
             print(f"error: {err.strerror or err}", file=sys.stderr, flush=True)

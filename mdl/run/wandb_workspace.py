@@ -37,26 +37,66 @@ class SectionSpec:
 
 
 SECTIONS = (
-    SectionSpec("The paper's numbers", (
-        PanelSpec("bar", "Paper MDL by eraser", "Does erasure slow learning? (the paper's table)",
-                  ("paper_mdl", "online_bits_per_example"), groupby="eraser.name"),
-        PanelSpec("scatter", "Paper MDL against width", "Does the gap stay as the model grows? (Figure 3)",
-                  ("width", "paper_mdl")),
-    )),
-    SectionSpec("Blocks, live", (
-        PanelSpec("line", "Validation loss of every block", "Which prefixes are hard to learn?",
-                  regex=r"block\d+/val_loss"),
-        PanelSpec("line", "Validation accuracy of every block", "How well does each prefix's model classify?",
-                  regex=r"block\d+/val_accuracy"),
-        PanelSpec("line", "Training loss of every block", "Is a block still training or stuck?",
-                  regex=r"block\d+/train_loss"),
-    )),
-    SectionSpec("Final fit", (
-        PanelSpec("line", "Final fit: validation loss by eraser", "Does the control learn faster? (backfiring)",
-                  ("final/val_loss",), groupby="eraser.name"),
-        PanelSpec("line", "Final fit: validation accuracy by eraser", "How far below the control's accuracy?",
-                  ("final/val_accuracy",), groupby="eraser.name"),
-    )),
+    SectionSpec(
+        "The paper's numbers",
+        (
+            PanelSpec(
+                "bar",
+                "Paper MDL by eraser",
+                "Does erasure slow learning? (the paper's table)",
+                ("paper_mdl", "online_bits_per_example"),
+                groupby="eraser.name",
+            ),
+            PanelSpec(
+                "scatter",
+                "Paper MDL against width",
+                "Does the gap stay as the model grows? (Figure 3)",
+                ("width", "paper_mdl"),
+            ),
+        ),
+    ),
+    SectionSpec(
+        "Blocks, live",
+        (
+            PanelSpec(
+                "line",
+                "Validation loss of every block",
+                "Which prefixes are hard to learn?",
+                regex=r"block\d+/val_loss",
+            ),
+            PanelSpec(
+                "line",
+                "Validation accuracy of every block",
+                "How well does each prefix's model classify?",
+                regex=r"block\d+/val_accuracy",
+            ),
+            PanelSpec(
+                "line",
+                "Training loss of every block",
+                "Is a block still training or stuck?",
+                regex=r"block\d+/train_loss",
+            ),
+        ),
+    ),
+    SectionSpec(
+        "Final fit",
+        (
+            PanelSpec(
+                "line",
+                "Final fit: validation loss by eraser",
+                "Does the control learn faster? (backfiring)",
+                ("final/val_loss",),
+                groupby="eraser.name",
+            ),
+            PanelSpec(
+                "line",
+                "Final fit: validation accuracy by eraser",
+                "How far below the control's accuracy?",
+                ("final/val_accuracy",),
+                groupby="eraser.name",
+            ),
+        ),
+    ),
 )
 
 
@@ -91,7 +131,9 @@ def build(entity: str, project: str, name: str = "Slowing learning: the paper's 
         raise ValueError(f"unknown panel kind {p.kind!r}")
 
     return ws.Workspace(
-        entity=entity, project=project, name=name,
+        entity=entity,
+        project=project,
+        name=name,
         sections=[ws.Section(name=s.name, panels=[panel(p) for p in s.panels], is_open=True) for s in SECTIONS],
         runset_settings=ws.RunsetSettings(groupby=[expr.Config("eraser.name")]),
     )

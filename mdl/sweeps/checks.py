@@ -39,10 +39,14 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger(__name__)
 
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-LOCAL_LAUNCHER = "hydra_plugins.mdl_local.local_launcher.LocalLauncher"  # hydra/launcher=local: the plugin's, ending as a run
+LOCAL_LAUNCHER = (
+    "hydra_plugins.mdl_local.local_launcher.LocalLauncher"  # hydra/launcher=local: the plugin's, ending as a run
+)
 PLUGIN_LOCAL_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
 PACKED_LAUNCHER = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # hydra/launcher=packed
-PACKED_SLURM_LAUNCHER = "hydra_plugins.mdl_packed.packed_slurm_launcher.PackedSlurmLauncher"  # =packed_slurm: slurm's keys
+PACKED_SLURM_LAUNCHER = (
+    "hydra_plugins.mdl_packed.packed_slurm_launcher.PackedSlurmLauncher"  # =packed_slurm: slurm's keys
+)
 PACKING_LAUNCHERS = (PACKED_LAUNCHER, PACKED_SLURM_LAUNCHER)
 
 # Plugin keys consumed by the launcher itself rather than passed to sbatch.
@@ -59,8 +63,12 @@ def _queue_conf(target: str) -> type | None:
     """The plugin's config dataclass for a launcher target, or None for other launchers."""
     from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf, SlurmQueueConf
 
-    return {SLURM_LAUNCHER: SlurmQueueConf, PACKED_SLURM_LAUNCHER: SlurmQueueConf, LOCAL_LAUNCHER: LocalQueueConf,
-            PLUGIN_LOCAL_LAUNCHER: LocalQueueConf}.get(target)
+    return {
+        SLURM_LAUNCHER: SlurmQueueConf,
+        PACKED_SLURM_LAUNCHER: SlurmQueueConf,
+        LOCAL_LAUNCHER: LocalQueueConf,
+        PLUGIN_LOCAL_LAUNCHER: LocalQueueConf,
+    }.get(target)
 
 
 def accepted_keys(target: str) -> list[str]:
@@ -151,9 +159,7 @@ def _test_submission(params: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory(prefix="sweep-check-") as folder:
         script = _make_sbatch_string(command="true", folder=folder, **sbatch_flags(params))
         try:
-            proc = subprocess.run(
-                ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60
-            )
+            proc = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
             raise SweepSetupError(
                 "`sbatch --test-only` did not answer within 60 s: is the Slurm controller up? "
@@ -173,9 +179,23 @@ def _test_submission(params: dict[str, Any]) -> None:
 
 
 _RESOURCE_KEYS = {
-    "partition", "account", "qos", "gpus_per_node", "gpus_per_task", "gres", "cpus_per_task",
-    "cpus_per_gpu", "mem_gb", "mem_per_cpu", "mem_per_gpu", "timeout_min", "nodes",
-    "tasks_per_node", "constraint", "exclude", "additional_parameters",
+    "partition",
+    "account",
+    "qos",
+    "gpus_per_node",
+    "gpus_per_task",
+    "gres",
+    "cpus_per_task",
+    "cpus_per_gpu",
+    "mem_gb",
+    "mem_per_cpu",
+    "mem_per_gpu",
+    "timeout_min",
+    "nodes",
+    "tasks_per_node",
+    "constraint",
+    "exclude",
+    "additional_parameters",
 }
 
 

@@ -65,10 +65,14 @@ def _flops(name: str, width: int, depth: int, shape: tuple[int, ...], num_classe
     return counter.get_total_flops() / 2
 
 
-def forward_flops(name: str, width: int, depth: int, shape: Sequence[int], options: Any = None, num_classes: int = 10) -> float:
+def forward_flops(
+    name: str, width: int, depth: int, shape: Sequence[int], options: Any = None, num_classes: int = 10
+) -> float:
     """Matmul and convolution FLOPs of one example's forward pass (no weights are allocated)."""
     opts = OmegaConf.to_container(options, resolve=True) if OmegaConf.is_config(options) else dict(options or {})
-    return _flops(name, int(width), int(depth), tuple(int(s) for s in shape), int(num_classes), json.dumps(opts, sort_keys=True))
+    return _flops(
+        name, int(width), int(depth), tuple(int(s) for s in shape), int(num_classes), json.dumps(opts, sort_keys=True)
+    )
 
 
 class CostTable:
@@ -79,8 +83,13 @@ class CostTable:
         self.path = path if path.is_absolute() else CONF_DIR / path
         self.data = OmegaConf.to_container(OmegaConf.load(self.path), resolve=True)
         self.assume = self.data["assumptions"]
-        self.measured = {device: MeasuredRates(self.data[device]["points"], self.data[device]["batch"], self.data[device]["eval_batch"])
-                         for device in ("cpu", "gpu") if self.data[device].get("points")}
+        self.measured = {
+            device: MeasuredRates(
+                self.data[device]["points"], self.data[device]["batch"], self.data[device]["eval_batch"]
+            )
+            for device in ("cpu", "gpu")
+            if self.data[device].get("points")
+        }
         self.gpu = self.data["gpu"]
 
     def rates(self, device: str, model: str, trainer: DictConfig, stacked: bool = False) -> tuple[Rate, Rate, bool]:
@@ -114,8 +123,11 @@ class CostTable:
         """A pack's own seconds besides its members' work (a run alone: a pack of one): one job overhead,
         compilation once, and a fit overhead per fit."""
         per_device = self.data[device]
-        return (per_device["job_overhead_s"] + len(self.fit_sizes(cfg, runs)) * per_device["fit_overhead_s"]
-                + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0))
+        return (
+            per_device["job_overhead_s"]
+            + len(self.fit_sizes(cfg, runs)) * per_device["fit_overhead_s"]
+            + (self.gpu["compile_s"] if device == "gpu" and cfg.trainer.compile else 0)
+        )
 
     def _boundaries(self, cfg: DictConfig) -> list[int]:
         from mdl.schedule import block_boundaries, protocol_rounding
@@ -141,15 +153,26 @@ class CostTable:
         stacked = packed or max(self.fit_sizes(cfg)) > 1
         train_rate, val_rate, stacked_rate = self.rates(device, cfg.model.name, cfg.trainer, stacked)
         f = forward_flops(cfg.model.name, cfg.width, cfg.depth, shape, cfg.model.options, k)
-        erase = 2 * math.prod(shape) ** 2 if cfg.data.augment_order == "augment_then_erase" and cfg.eraser.name != "none" else 0
+        erase = (
+            2 * math.prod(shape) ** 2
+            if cfg.data.augment_order == "augment_then_erase" and cfg.eraser.name != "none"
+            else 0
+        )
         batch, eval_batch = cfg.data.batch_size, cfg.data.eval_batch_size
         step = train_rate.batch_seconds(batch * (3 * f + erase))  # one member's step (its share of a stack's)
-        val = math.ceil(cfg.data.val_size / eval_batch) * val_rate.overhead_s + cfg.data.val_size * f / val_rate.flops_per_s
+        val = (
+            math.ceil(cfg.data.val_size / eval_batch) * val_rate.overhead_s
+            + cfg.data.val_size * f / val_rate.flops_per_s
+        )
         max_epochs = cfg.trainer.kwargs.get("max_epochs")
         seconds = 0.0 if packed else self.pack_overhead(cfg, device, runs=1)  # a run alone: a pack of one
         for n_fit in [*bounds[:-1], n]:
             steps = math.ceil(n_fit / batch)
-            epochs = math.ceil(cfg.optimizer.get("warmup_steps", 0) / steps) + self.assume["best_epoch_after_warmup"] + cfg.trainer.patience
+            epochs = (
+                math.ceil(cfg.optimizer.get("warmup_steps", 0) / steps)
+                + self.assume["best_epoch_after_warmup"]
+                + cfg.trainer.patience
+            )
             if max_epochs not in (None, -1):
                 epochs = min(epochs, max_epochs)
             seconds += epochs * (steps * step + val)
@@ -230,7 +253,9 @@ def cost_report(master: DictConfig, table: CostTable) -> str:
     return "\n".join(lines)
 
 
-def sweep_seconds(table: CostTable, configs: list[tuple[DictConfig, int, tuple[str, ...]]]) -> tuple[float, float, float]:
+def sweep_seconds(
+    table: CostTable, configs: list[tuple[DictConfig, int, tuple[str, ...]]]
+) -> tuple[float, float, float]:
     """(GPU seconds, CPU seconds, longest job's GPU seconds) of the sweep's runs, each run alone."""
     gpu = cpu = longest = 0.0
     for cfg, count, _ in configs:

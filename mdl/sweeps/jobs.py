@@ -41,8 +41,13 @@ def planned_jobs(sweep_dir: Path) -> list[list[str]] | None:
     try:
         return _expanded(path)
     except Exception as err:  # noqa: BLE001 - yaml, omegaconf and Hydra's parser raise many types for a damaged file
-        log.warning("%s is damaged (%s: %s): the jobs of this sweep that wrote no results cannot be listed; the "
-                    "results found are reported", path, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        log.warning(
+            "%s is damaged (%s: %s): the jobs of this sweep that wrote no results cannot be listed; the "
+            "results found are reported",
+            path,
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+        )
         return None
 
 
@@ -55,7 +60,9 @@ def _expanded(path: Path) -> list[list[str]] | None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = hydra.sweeper.get("params") or {}  # a preset's sweep (hydra.sweeper.params) comes first, as in BasicSweeper
+    params = (
+        hydra.sweeper.get("params") or {}
+    )  # a preset's sweep (hydra.sweeper.params) comes first, as in BasicSweeper
     task = [f"{key}={value}" for key, value in params.items()] + list(hydra.overrides.task)
     parsed = OverridesParser.create().parse_overrides(task)
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]

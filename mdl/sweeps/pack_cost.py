@@ -27,10 +27,15 @@ class PackedCost:
     def line(self, jobs: int, alone_gpu_s: float) -> str:
         from mdl.run.pack import packs_line
 
-        rate = ("members' steps at the measured rate of a stack" if self.stacked_rates else
-                "members' steps at one member's rate (no measured GPU rate of a stack for these models: an assumption)")
-        return (f"  packed: {packs_line(jobs, self.packs + self.lone)}, each pack one job with one job overhead, {rate}; "
-                f"job by job: {alone_gpu_s / 3600:.3g} GPU-hours")
+        rate = (
+            "members' steps at the measured rate of a stack"
+            if self.stacked_rates
+            else "members' steps at one member's rate (no measured GPU rate of a stack for these models: an assumption)"
+        )
+        return (
+            f"  packed: {packs_line(jobs, self.packs + self.lone)}, each pack one job with one job overhead, {rate}; "
+            f"job by job: {alone_gpu_s / 3600:.3g} GPU-hours"
+        )
 
 
 def pack_groups(master: DictConfig, jobs: list[list[str]], configs: Configs) -> dict[tuple, list[tuple[str, ...]]]:
