@@ -163,11 +163,7 @@ def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[s
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    meta = {
-        **metadata,
-        "cache_format_version": str(CACHE_FORMAT_VERSION),
-        "checksum": tensors_checksum(tensors),
-    }
+    meta = {**metadata, "cache_format_version": str(CACHE_FORMAT_VERSION), "checksum": tensors_checksum(tensors)}
     with cache_writes(path.parent):  # a full disk: OSError (save_file_as_oserror), so cache_writes explains it
         atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), meta))
 

@@ -189,10 +189,7 @@ def erasure_report(
         order = torch.randperm(y.shape[0], generator=gen)
         n_test = max(1, int(round(holdout_fraction * y.shape[0])))
         test_idx, train_idx = order[:n_test], order[n_test:]
-        splits = {
-            "before": (x_before[train_idx], x_before[test_idx]),
-            "after": (x_after[train_idx], x_after[test_idx]),
-        }
+        splits = {"before": (x_before[train_idx], x_before[test_idx]), "after": (x_after[train_idx], x_after[test_idx])}
         y_train, y_held = y[train_idx], y[test_idx]
     else:
         splits = {"before": (x_before, x_test_before), "after": (x_after, x_test_after)}

@@ -61,10 +61,7 @@ def original_targets(x: Tensor) -> tuple[Tensor, Tensor, float]:
 
 
 def fit_original(
-    original: Tensor,
-    rows: list[Tensor],
-    weights: dict[str, float],
-    lbfgs: dict[str, int],
+    original: Tensor, rows: list[Tensor], weights: dict[str, float], lbfgs: dict[str, int]
 ) -> tuple[Tensor, list[float]]:
     """The recipe ``original`` (module docstring): each class alone, one L-BFGS call of ``steps`` iterations,
     then uint8. Returns the stored data and the class-weighted loss before and after (two entries)."""

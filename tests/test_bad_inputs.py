@@ -211,10 +211,7 @@ def test_labels_must_be_integers() -> None:
 
 @pytest.mark.parametrize(
     "x, words",
-    [
-        (torch.full((6, 1, 2, 2), float("nan")), "NaN or infinite"),
-        (torch.full((6, 1, 2, 2), 0.5), "identical"),
-    ],
+    [(torch.full((6, 1, 2, 2), float("nan")), "NaN or infinite"), (torch.full((6, 1, 2, 2), 0.5), "identical")],
 )
 def test_every_source_is_checked(x: torch.Tensor, words: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import datamodules.sources as sources

@@ -1058,7 +1058,7 @@ def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
 )
 def test_a_damaged_multirun_record_is_named_and_the_report_still_made(tmp_path: Path, caplog, damage: str):
     """A multirun.yaml cut short or garbled used to end `python -m mdl.report` in a yaml traceback."""
-    from mdl.sweeps.jobs import missing_jobs
+    from mdl.run.sweep_jobs import missing_jobs
 
     (tmp_path / "multirun.yaml").write_text(damage)
     assert missing_jobs([tmp_path]) == []

@@ -193,10 +193,7 @@ def test_missing_sbatch_is_explained(monkeypatch, tmp_path):
     check_launcher(compose_hydra([]).hydra.launcher)  # Hydra's basic launcher: nothing to check
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["unknown_key", "no_sbatch"],
-)
+@pytest.mark.parametrize("case", ["unknown_key", "no_sbatch"])
 def test_launch_stops_before_submission(case, env, tmp_path, tag):
     """The real entry point exits 1 with the message, creates no sweep folder, submits nothing."""
     args = ["-m", "hydra/launcher=slurm", *SWEEP, *FAST, f"hydra.launcher.comment={tag}", *callback_args()]

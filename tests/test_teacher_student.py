@@ -52,9 +52,7 @@ def prominent_maxima(curve: torch.Tensor, fraction: float = 0.01) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "n, ridge, noise",
-    [(150, 0.0, 0.5), (60, 0.0, 0.5), (150, 2.0, 0.5)],
-    ids=["n>d", "n<d (null space)", "ridge"],
+    "n, ridge, noise", [(150, 0.0, 0.5), (60, 0.0, 0.5), (150, 2.0, 0.5)], ids=["n>d", "n<d (null space)", "ridge"]
 )
 def test_closed_form_matches_iterated_gradient_descent(n: int, ridge: float, noise: float) -> None:
     problem = multiscale_linear(n=n, d=100, p=50, kappa=50.0, noise=noise, seed=1)

@@ -154,3 +154,20 @@ def test_a_logger_setting_outside_its_logger_is_named(tmp_path: Path) -> None:
     proc = run_launch(["logger=wandb", "+logger.project=foo", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
     assert proc.returncode == 2
     assert "logger.project: not a logger" in proc.stderr and "logger.wandb.project" in proc.stderr
+
+
+def test_the_run_images_function_is_named_by_config_and_checked_before_the_run(tmp_path: Path) -> None:
+    """The picture W&B logs with a run is the report's function named in conf/logger/wandb.yaml (no import up the
+    layers); a name that is no module fails before the data load, with the fix; null logs none."""
+    import pytest
+
+    from conftest import compose_config
+    from mdl.run.loggers import LoggerGroup, check_logger, run_images
+
+    cfg = compose_config(["logger=wandb", "logger.wandb.run_images=no_such_module.panel"])
+    with pytest.raises(ValueError, match=r"no such module 'no_such_module'.*logger.wandb.run_images=null"):
+        check_logger(cfg)
+    check_logger(compose_config(["logger=wandb", "logger.wandb.run_images=null"]))
+    assert compose_config(["logger=wandb"]).logger.wandb.run_images == "mdl.report.figure1.run_panel"
+    assert run_images(LoggerGroup([], None, None), tmp_path) == []
+    assert run_images(LoggerGroup([], None, "mdl.report.figure1.no_such_function"), tmp_path) == []  # never fails a run

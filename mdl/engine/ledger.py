@@ -128,11 +128,7 @@ def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = 
 
 
 def prequential_results(
-    boundaries: Sequence[int],
-    k: int,
-    blocks: list[BlockResult],
-    final: MemberOutcome,
-    paper_loss: str,
+    boundaries: Sequence[int], k: int, blocks: list[BlockResult], final: MemberOutcome, paper_loss: str
 ) -> dict[str, Any]:
     """The results.json fields of a prequential run. Both estimates of the paper MDL are recorded;
     ``paper_mdl`` is the one ``paper_loss`` names."""

@@ -228,11 +228,7 @@ def fit_prefix(
 
 
 def fit_one_member(
-    dm: ErasedDataModule,
-    boundaries: Sequence[int],
-    member: int,
-    seed: int,
-    fit: Callable[..., FitOutcome],
+    dm: ErasedDataModule, boundaries: Sequence[int], member: int, seed: int, fit: Callable[..., FitOutcome]
 ) -> tuple[MemberOutcome, float]:
     """Seed, fit (``fit(n_train)``: ``fit_prefix`` with the run's settings) and score one member
     with its kept weights; returns its outcome and the fit's seconds."""

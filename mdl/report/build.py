@@ -38,22 +38,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mdl.report.csvs import write_csvs
 from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
 from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
-from mdl.report.protocols import protocol_section, untrained_count
+from mdl.report.protocols import protocol_section
 from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
 from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
 from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
-from mdl.sweeps.jobs import MissingJob, missing_jobs
-from mdl.report.tables import (
-    PARTIAL_MARK,
-    _num,
-    _triple,
-    markdown_table,
-    pivot,
-    write_csv,
-    write_latex_table,
-)
+from mdl.run.sweep_jobs import MissingJob, missing_jobs
+from mdl.report.tables import PARTIAL_MARK, markdown_table, pivot
 from mdl.report.stats import (
     METRICS,
     BackfireFlag,
@@ -62,165 +55,10 @@ from mdl.report.stats import (
     backfire_flags,
     build_cells,
     coverage,
-    curve_stats,
     erasers_of,
     mdl_backfire,
-    mdl_increase,
     row_differences,
 )
-
-
-def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[BackfireFlag], out: Path) -> list[Path]:
-    keys = list(sweep.row_keys)
-    metric_cols = [f"{m}_{s}" for m in METRICS for s in ("mean", "std", "n")]
-    partial = {id(c): lacking for c, lacking in cov.partial}
-    table_rows = []
-    for c in cells:
-        stats = [v for m in METRICS for v in _triple(c, m)]
-        table_rows.append(
-            [
-                c.arch,
-                *c.row,
-                c.eraser,
-                c.n,
-                " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
-                " ".join(partial.get(id(c), [])),
-                *stats,
-            ]
-        )
-    for arch, row, eraser in cov.missing:
-        table_rows.append([arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))])
-    paths = [
-        write_csv(
-            out / "table.csv",
-            ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
-            table_rows,
-        )
-    ]
-    paths.append(write_latex_table(out / "table.tex", sweep, cells))
-
-    run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
-    paths.append(
-        write_csv(
-            out / "runs.csv",
-            [
-                "architecture",
-                *keys,
-                "eraser",
-                "seed",
-                *run_metrics,
-                "epochs",
-                "blocks_at_untrained",
-                "git_sha",
-                "code_version_full",
-                "path",
-            ],
-            (
-                [
-                    r.arch,
-                    *r.row,
-                    r.eraser,
-                    sweep.replicate_label(r.replicate),
-                    *(_num(r.results.get(m)) for m in run_metrics),
-                    len(r.results.get("val_loss_curve") or []),
-                    _num(untrained_count(r)),
-                    r.results.get("git_sha") or "",
-                    r.code_version,
-                    str(r.path),
-                ]
-                for r in sweep.runs
-            ),
-        )
-    )
-    width = [] if "width" in keys else ["width"]  # a column of its own when it is not a row key
-    paths.append(
-        write_csv(
-            out / "mdl_increase.csv",
-            [
-                "architecture",
-                *keys,
-                "eraser",
-                *width,
-                "increase_bits_per_sample",
-                "increase_se",
-                "increase_relative",
-                "control_mean",
-                "n_erased",
-                "n_control",
-            ],
-            (
-                [
-                    i.arch,
-                    *i.row,
-                    i.eraser,
-                    *([_num(i.width)] if width else []),
-                    _num(i.increase),
-                    _num(i.se),
-                    _num(i.relative),
-                    _num(i.control_mean),
-                    i.n_erased,
-                    i.n_control,
-                ]
-                for i in mdl_increase(sweep, cells)
-            ),
-        )
-    )
-
-    curve_rows = []
-    for c in cells:
-        stats = curve_stats(c)
-        if stats is None:
-            continue
-        for t in range(len(stats.mean)):
-            curve_rows.append(
-                [
-                    c.arch,
-                    *c.row,
-                    c.eraser,
-                    t + 1,
-                    _num(stats.mean[t]),
-                    _num(stats.std[t]),
-                    _num(stats.low[t]),
-                    _num(stats.high[t]),
-                    stats.n_seeds,
-                ]
-            )
-    paths.append(
-        write_csv(
-            out / "loss_curves.csv",
-            [
-                "architecture",
-                *keys,
-                "eraser",
-                "epoch",
-                "val_loss_mean_nats",
-                "val_loss_std_nats",
-                "val_loss_min_nats",
-                "val_loss_max_nats",
-                "n_seeds",
-            ],
-            curve_rows,
-        )
-    )
-    paths.append(
-        write_csv(
-            out / "backfiring.csv",
-            ["architecture", *keys, "eraser", "early_gap_nats", "late_gap_nats", "crossing_epoch", "compared_epochs"],
-            (
-                [
-                    f.arch,
-                    *f.row,
-                    f.eraser,
-                    _num(f.result.early_gap),
-                    _num(f.result.late_gap),
-                    f.result.crossing_epoch,
-                    f.result.epochs,
-                ]
-                for f in flags
-            ),
-        )
-    )
-    return paths
 
 
 # --- the report --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 
 from mdl.report.figures import FigureFile, _save, plt, slug
 from mdl.report.style import display_name, eraser_colors
-from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key
+from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key, load_sweep
 
 RANDOM_FIT_IMAGES = 8192
 
@@ -167,3 +167,13 @@ def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: flo
             if i == 0:
                 ax.set_title(display_name(label), color=colors.get(label, "black"))
     return _save(fig, path)
+
+
+def run_panel(run_dir: Path) -> list[tuple[Path, str]]:
+    """One run's panel of Figure 1 (a few training images as given, under the run's fitted eraser and under a
+    random projection of equal rank), drawn as the report draws it, in ``<run dir>/figures``; none for the
+    control. W&B logs it with the run (conf/logger/wandb.yaml ``run_images``)."""
+    folder = run_dir / "figures"
+    folder.mkdir(parents=True, exist_ok=True)
+    figures, _ = figure1(load_sweep([run_dir]), folder, n_images=4)
+    return [(f.path, f.title) for f in figures]

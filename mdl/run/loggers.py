@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from hydra.utils import instantiate
+from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.run.identity import engine_name, is_bookkeeping
@@ -81,9 +81,10 @@ class LoggerGroup:
     every loss, is the member's own epoch. Lightning's loggers left alone put every TensorBoard event at step 0 and
     restart the CSV's count at each flush."""
 
-    def __init__(self, loggers: list[Any], wandb: Any = None) -> None:
+    def __init__(self, loggers: list[Any], wandb: Any = None, run_images: str | None = None) -> None:
         self.loggers = loggers
         self.wandb = wandb  # the W&B logger among them, if any
+        self.run_images = run_images  # the W&B logger's run_images function (a dotted name), if any
         self.step = 0  # the next row's step
 
     def log_metrics(self, metrics: dict[str, Any], loggers: list[Any] | None = None) -> None:
@@ -124,7 +125,7 @@ def wandb_group(run_dir: Path, preset: str | None, debug: str | None) -> str:
     """What the runs have in common and when: the preset, or a sweep's swept keys (``eraser x seed``), then the
     sweep's date and time (a single run: ``runs`` and the day); ``debug`` first for a debug run, so it never
     shares a group with real ones."""
-    from mdl.sweeps.jobs import planned_jobs, sweep_dimensions
+    from mdl.run.sweep_jobs import planned_jobs, sweep_dimensions
 
     folder = run_dir.parent
     jobs = planned_jobs(folder)  # None: a single run (runs/<date>/<time>), or a sweeper that cannot be replayed
@@ -183,22 +184,31 @@ def check_logger(cfg: DictConfig) -> None:
             "logger=tensorboard needs the tensorboard package: pip install -e '.[tensorboard]' "
             "(or choose logger=csv, logger=wandb or logger=null)"
         )
+    images = (wandb_config(cfg) or {}).get("run_images")
+    module = str(images).rpartition(".")[0]
+    if images is not None and not (module and importlib.util.find_spec(module)):
+        raise ValueError(
+            f"logger.wandb.run_images={images}: no such module {module!r}; name a function by its dotted path "
+            "(mdl.report.figure1.run_panel) or set logger.wandb.run_images=null"
+        )
 
 
 def make_logger(cfg: DictConfig, run_dir: Path, overrides: list[str], only_wandb: bool = False) -> LoggerGroup | None:
     """The chosen loggers (``only_wandb``: the W&B one alone), or None when there are none."""
-    loggers, wandb_logger = [], None
+    loggers, wandb_logger, images = [], None, None
     for node in logger_configs(cfg).values():
         wandb = _is_wandb(node)
         if only_wandb and not wandb:
             continue
-        extra: dict[str, Any] = {"save_dir": node.get("save_dir") or str(run_dir)}
+        params = OmegaConf.to_container(node, resolve=True)
+        params["save_dir"] = node.get("save_dir") or str(run_dir)
         if wandb:
-            extra |= wandb_settings(cfg, run_dir, overrides)
-        params = {**OmegaConf.to_container(node, resolve=True), **extra, "_recursive_": False, "_convert_": "all"}
+            images = params.pop("run_images", None)  # ours, not WandbLogger's
+            params |= wandb_settings(cfg, run_dir, overrides)
+        params |= {"_recursive_": False, "_convert_": "all"}
         loggers.append(instantiate(params))  # a dict, since 'config' is also instantiate's own argument name
         wandb_logger = loggers[-1] if wandb else wandb_logger
-    return LoggerGroup(loggers, wandb_logger) if loggers else None
+    return LoggerGroup(loggers, wandb_logger, images) if loggers else None
 
 
 def series_name(member: int, num_blocks: int) -> str:
@@ -313,11 +323,11 @@ def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live
     if run is not None:
         run.config.update({"environment": results.get("environment")}, allow_val_change=True)  # what computed it
         drop_series_summaries(run)
-        _wandb_extras(run, results, run_dir)
+        _wandb_extras(run, results, run_dir, run_images(logger, run_dir))
     return run
 
 
-def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> None:
+def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path, images: list[tuple[Path, str]]) -> None:
     import wandb
 
     columns = ["block", "n_train", "n_eval", "eval_bits_per_example", "epochs", "best_after_epochs", "last_block_bits"]
@@ -338,28 +348,20 @@ def _wandb_extras(experiment: Any, results: dict[str, Any], run_dir: Path) -> No
         if path is not None and path.is_file():
             artifact.add_file(str(path))
     experiment.log_artifact(artifact)
-    for path, caption in erased_images(run_dir):
+    for path, caption in images:
         experiment.log({"erased_images": wandb.Image(str(path), caption=caption)})
 
 
-def erased_images(run_dir: Path) -> list[tuple[Path, str]]:
-    """This run's panel of the paper's Figure 1 (a few training images as given, under the run's fitted
-    eraser and under a random projection of equal rank), drawn as the report draws it, in
-    ``<run dir>/figures``; none for the control or when the images cannot be loaded."""
-    try:
-        from mdl.report.figure1 import figure1
-        from mdl.report.runs import load_sweep
-
-        figures, _ = figure1(load_sweep([run_dir]), _mkdir(run_dir / "figures"), n_images=4)
-    except Exception as err:  # noqa: BLE001 - a picture must never fail a finished run
-        log.warning("no erased-image panel for W&B (%s: %s)", type(err).__name__, err)
+def run_images(logger: LoggerGroup, run_dir: Path) -> list[tuple[Path, str]]:
+    """The images W&B shows for this run: what the W&B logger's ``run_images`` function (a dotted name in
+    conf/logger/wandb.yaml, drawn by the report's code) writes for ``run_dir``; none when it is null or fails."""
+    if logger.run_images is None:
         return []
-    return [(f.path, f.title) for f in figures]
-
-
-def _mkdir(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    try:
+        return get_method(logger.run_images)(run_dir)
+    except Exception as err:  # noqa: BLE001 - a picture must never fail a finished run
+        log.warning("no run images for W&B (%s: %s)", type(err).__name__, err)
+        return []
 
 
 def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results: dict[str, Any], store: Path) -> None:

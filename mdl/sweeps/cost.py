@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.sweeps.checks import PACKING_LAUNCHERS
-from mdl.sweeps.jobs import SEED_KEYS, sweep_dimensions, without_keys
+from mdl.run.sweep_jobs import SEED_KEYS, sweep_dimensions, without_keys
 from mdl.sweeps.rates import CPU_SETTING, MeasuredRates, Rate, anchored_gpu_rate, gpu_setting
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from mdl.sweeps.jobs import SEED_KEYS, without_keys
+from mdl.run.sweep_jobs import SEED_KEYS, without_keys
 
 Configs = list[tuple[DictConfig, int, tuple[str, ...]]]  # cost.job_configs: (config, runs it stands for, overrides)
 
