@@ -335,6 +335,9 @@ def build_lenet(
     dense: Sequence[int] | None = None,
     **options: Any,
 ) -> LeNet:
+    """The LeNet of ``variant`` at this width and depth. Its sizes are normally filled in by ``resolve_lenet``
+    at the target width (so the muP base models get the same sizes and muP changes no learning rate, as in the
+    original); ``channels`` and ``dense`` given in model.options are used as they are."""
     if options:
         raise ValueError(
             f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "
