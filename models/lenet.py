@@ -14,7 +14,7 @@ base model with these same sizes (cli.py passes one conv/fc configuration to bot
 learning rate; here the sizes are fixed at the requested width (``register_model(..., resolve=...)``),
 which gives the same. Learning rate depth scaling (lr * (2 / depth) ** 0.5) applies as in cli.py.
 
-``dense_stack`` (this project's earlier LeNet): the same two convolutions, then ``depth`` dense layers of
+``dense_stack`` (ours): the same two convolutions, then ``depth`` dense layers of
 ``width`` units; channels searched so the count matches the MLP's (``lenet_channels``; within 1% on the
 paper's grid). Depth then means what it means for the MLP.
 
