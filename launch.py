@@ -21,6 +21,9 @@ register_resolvers()  # before Hydra resolves the config (job folder names)
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    """One run (or, under ``-m``, one job of a sweep): check the config before torch is imported, so a wrong
+    value fails in a second, print it, then run it (or ``debug=overfit``'s check instead). Returns the paper MDL,
+    which Hydra's sweepers can optimise; a user error exits 2 with one line, as every launcher's job does."""
     hc = HydraConfig.get()
     one_line_warnings()
     run_dir = Path(hc.runtime.output_dir)

@@ -46,6 +46,8 @@ class ErasedDataModule(L.LightningDataModule):
     batches (a pack of runs sets it per run)."""
 
     def __init__(self, options: DataOptions, seed: int = 0) -> None:
+        """Only the state the module carries: the work (load, split, fit, erase, each from the cache when it
+        holds it) is ``setup``'s, where Lightning expects it, and a second ``setup`` finds it done."""
         super().__init__()
         self.options = options
         self.seed = seed

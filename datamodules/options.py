@@ -5,8 +5,8 @@ cache keys they determine.
 The keys hash what decides the cached files' content (``datamodules.cache.cache_key``): the fitted eraser's key the
 source, the split and the eraser node (less its ``checks``, which only judge the result), and the transform when the
 eraser is fitted on transformed data; the erased data's key that eraser key plus how validation and test are labelled,
-the augmentation order and the steps after the eraser. A setting that is off leaves its key out, so keys made before
-it existed still hit.
+the augmentation order and the steps after the eraser. A setting that is off leaves its key out, so a new setting
+invalidates no cached file while it is off.
 """
 
 from __future__ import annotations

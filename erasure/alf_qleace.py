@@ -162,6 +162,9 @@ class AlfQLeaceEraser(Eraser):
         device: str = "auto",
         batch_size: int = 8192,
     ) -> "AlfQLeaceEraser":
+        """Fit LEACE, then the rank-1 directions on the LEACE'd class covariances, on x (n, d) and labels y (n,).
+        Options are checked before any moment is computed, so a wrong one fails at once; ``device`` is only where
+        the float64 work runs (the eraser's tensors come back on the CPU)."""
         if not 0.0 <= target_fraction < 1.0:
             raise ValueError(f"target_fraction must lie in [0, 1), got {target_fraction}")
         if max_rank is not None and (isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 0):

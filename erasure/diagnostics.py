@@ -6,13 +6,13 @@
 - ``linear_probe_acc`` (multinomial logistic regression) and ``qda_acc`` (quadratic discriminant):
   accuracy on held-out data, i.e. how much linear and quadratic information is left;
 each with suffix ``_before`` and ``_after``, plus ``chance``: the expected accuracy of a guess drawn
-from the probe-training class prior, sum_k p_train(k) p_heldout(k) (1/K for balanced classes; the
-majority-class rate, used before, is what a probe that learned nothing but the prior would score
-and overstates chance on imbalanced data). The probes are kept cheap: at most ``max_samples``
+from the probe-training class prior, sum_k p_train(k) p_heldout(k) (1/K for balanced classes; not the
+majority-class rate, which is what a probe that learned nothing but the prior would score and
+overstates chance on imbalanced data). The probes are kept cheap: at most ``max_samples``
 training rows, and PCA to ``max_features`` dimensions (fitted on the probe's training rows) when
 given; by default (None) as many dimensions as the data has, up to one less than the smallest class
 of the probe's training rows (so QDA's class covariances are estimable: 3072-dimensional CIFAR-10 is
-probed on about 500 dimensions, not the 64 of before). Features that vary only at rounding level
+probed on about 500 dimensions). Features that vary only at rounding level
 (``informative_features``) are left out before standardising. scikit-learn is imported lazily, so erasure/
 stays importable with torch alone.
 

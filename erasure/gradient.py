@@ -120,7 +120,7 @@ class GradientEraser(Eraser):
     initial_gaps: dict[str, float]
     final_gaps: dict[str, float]
 
-    recipe: str = "joint"  # files saved before recipes existed hold joint fits
+    recipe: str = "joint"  # a saved fit that names no recipe is a joint fit
     exact_means: bool = False
     rms_change: float = float("nan")  # sqrt(mean((x' - x)^2)) over all pixels of the fitting data
     # rms_change / sqrt(mean((x - mean)^2)): the change relative to the data's own spread (0 = untouched, 1 = as

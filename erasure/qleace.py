@@ -223,6 +223,9 @@ class QLeaceEraser(Eraser):
         device: str = "auto",
         batch_size: int = 8192,
     ) -> "QLeaceEraser":
+        """Fit the barycenter and every class's transport map on x (n, d) and labels y (n,). ``device`` is only
+        where the float64 moments and iterations run: the eraser's tensors come back on the CPU, and its user puts
+        them where the data is. ``tol`` trades iterations for optimality only (erasure is exact at any tol)."""
         if not (tol > 0 and max_iter >= 1):
             raise ValueError(f"QLEACE needs tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
         check_shrinkage(shrinkage)

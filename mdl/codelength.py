@@ -12,7 +12,7 @@ PAPER_LOSSES = {
     # of the last partition that no model trains on or selects with -- here the last prequential block
     # [t_{S-1}, N), which none of the S-1 prefix models sees -- with the untrained model a candidate.
     "last_block": "best-validation weights scored on the last block (held out from training and selection)",
-    # This project's earlier estimate: the minimum validation loss itself, on the split that chose the
+    # Ours, kept to compare with last_block: the minimum validation loss itself, on the split that chose the
     # epoch (biased low: selected and scored on the same examples).
     "val_min": "minimum validation loss over epochs (selected and scored on the validation split)",
 }

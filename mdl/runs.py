@@ -202,6 +202,9 @@ def damaged_run(folder: Path, record: Path, err: Exception) -> StoredRun:
 
 
 def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None) -> list[StoredRun]:
+    """The runs recorded in ``store``, those whose config matches every ``--where KEY=VALUE`` and in
+    ``status``, in hash order. A key no run holds is refused rather than matching nothing, so a typo cannot look
+    like an empty store."""
     if not store.is_dir():
         raise FileNotFoundError(
             f"no run store at {store}; runs are recorded there by launch.py "
@@ -263,6 +266,8 @@ def store_dir(overrides: Sequence[str]) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: the table of the store's runs (and ``--csv``), exit 2 with one ``error:`` line
+    when the store or a filter is wrong, so a script can tell a bad query from an empty answer."""
     parser = argparse.ArgumentParser(prog="python -m mdl.runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides that move the store, e.g. paths.output_root=/x")
     parser.add_argument(

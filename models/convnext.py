@@ -66,6 +66,9 @@ def build_convnext(
     drop_path_rate: float = 0.0,
     **options: Any,
 ) -> ConvNeXt:
+    """ConvNeXt V2 at this width and depth with a MuReadout head (the module docstring has the scaling).
+    The stackable subclass is used wherever a stacked form exists, so a fit of several members runs grouped
+    convolutions; ``conv_mlp`` and stochastic depth have no stacked form and fall back to vmap."""
     if options:
         raise ValueError(
             f"unknown convnext options {sorted(options)}; it takes stage_depths, kernel_size, patch_size, conv_mlp, "

@@ -14,7 +14,7 @@ base model with these same sizes (cli.py passes one conv/fc configuration to bot
 learning rate; here the sizes are fixed at the requested width (``register_model(..., resolve=...)``),
 which gives the same. Learning rate depth scaling (lr * (2 / depth) ** 0.5) applies as in cli.py.
 
-``dense_stack`` (this project's earlier LeNet): the same two convolutions, then ``depth`` dense layers of
+``dense_stack`` (ours): the same two convolutions, then ``depth`` dense layers of
 ``width`` units; channels searched so the count matches the MLP's (``lenet_channels``; within 1% on the
 paper's grid). Depth then means what it means for the MLP.
 
@@ -335,6 +335,9 @@ def build_lenet(
     dense: Sequence[int] | None = None,
     **options: Any,
 ) -> LeNet:
+    """The LeNet of ``variant`` at this width and depth. Its sizes are normally filled in by ``resolve_lenet``
+    at the target width (so the muP base models get the same sizes and muP changes no learning rate, as in the
+    original); ``channels`` and ``dense`` given in model.options are used as they are."""
     if options:
         raise ValueError(
             f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "

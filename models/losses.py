@@ -77,8 +77,8 @@ def _on_device(values: tuple[float, ...], dtype: torch.dtype, device: torch.devi
 
 
 def loss_from_options(options: Mapping[str, Any] | None, num_classes: int | None = None) -> SpectralDecoupling | None:
-    """The ``loss`` config group as a setting: None for plain cross-entropy (also for old configs
-    without the group), a checked ``SpectralDecoupling`` otherwise."""
+    """The ``loss`` config group as a setting: None for plain cross-entropy (also for a config
+    without the group, as a stored run's may be), a checked ``SpectralDecoupling`` otherwise."""
     options = dict(options or {"name": "ce"})
     name = options.pop("name", "ce")
     if name not in LOSSES:

@@ -56,7 +56,7 @@ class StackedClassifier(L.LightningModule):
         # member id -> its run, in a fit of several runs (a pack); each run's rows compute as a stack of their own
         self.run_of = dict(run_of or {})
         # this epoch's loss sums per row; a buffer, so moving the module (.to, .cuda) moves it with the stack
-        # (not saved in the state dict: on_save_checkpoint stores it, as before)
+        # (not saved in the state dict: on_save_checkpoint stores it)
         self.register_buffer("train_sums", torch.zeros(stack.num_members, dtype=torch.float64), persistent=False)
         self.automatic_optimization = False  # training_step steps the optimizer once per step of its group
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start

@@ -146,6 +146,9 @@ def build_swin(
     heads: Sequence[int] | None = None,
     **options: Any,
 ) -> nn.Module:
+    """Swin V2 at this width and depth: timm's (the default; the head and window rules of the module docstring)
+    or, with ``variant=original``, torchvision's as the paper presets ran it. Windows that timm would pad are
+    refused and stages that attend over one token are warned of before the model is built, naming the option."""
     if options:
         raise ValueError(
             f"unknown swin options {sorted(options)}; it takes variant, stage_depths, head_dim, head_scaling, heads, "

@@ -56,6 +56,10 @@ def build_original_swin(
     mlp_ratio: float,
     drop_path_rate: float,
 ) -> SwinTransformer:
+    """torchvision's Swin V2 at this width and depth, as the original code built it (``variant=original``,
+    reached through ``build_swin``). Heads, window and stage depths are the original's unless given. Values that would
+    fail deep inside torchvision (heads that do not divide a stage's width, a patch that does not divide the input) are
+    refused here, naming the setting; a window that does not tile the grid is padded, as in the original."""
     stage_depths = list(ORIGINAL_STAGE_DEPTHS if stage_depths is None else stage_depths)
     heads = list(ORIGINAL_HEADS if heads is None else heads)
     if len(stage_depths) < 1 or min(stage_depths) < 1:

@@ -1,6 +1,7 @@
 """The layout docs/architecture.md describes, checked on the source: layers import downwards only
 (launch -> mdl -> (models, datamodules) -> erasure), no import cycle among our modules (imports inside
-functions included), and no module so long that a newcomer cannot read it in one sitting."""
+functions included), no module so long that a newcomer cannot read it in one sitting, and no long public function
+without a docstring saying what it is for."""
 
 from __future__ import annotations
 
@@ -131,3 +132,24 @@ def test_no_module_is_too_long() -> None:
         if (n := reading_lines(p.read_text())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} reading lines (split them by concern): {long}"
+
+
+DOCSTRING_LINES = 15  # a public function longer than this says what it is for and why
+
+
+def _sources() -> list[Path]:
+    """Every file of ours: the packages, the packed launchers (hydra_plugins/) and the entry point."""
+    return [p for d in (*PACKAGES, "hydra_plugins") for p in (REPO / d).rglob("*.py")] + [REPO / "launch.py"]
+
+
+def test_long_public_functions_have_docstrings() -> None:
+    bare = [
+        f"{p.relative_to(REPO)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and not node.name.startswith("_")
+        and node.end_lineno - node.lineno + 1 > DOCSTRING_LINES
+        and ast.get_docstring(node) is None
+    ]
+    assert not bare, f"public functions over {DOCSTRING_LINES} lines without a docstring (what it is for, why): {bare}"

@@ -138,6 +138,9 @@ class PackedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's entry: check every job first (a refused job stops the sweep before any training), group
+        the checked ones into packs and train the packs one after another in this process. One SIGTERM guard spans
+        the whole sweep, so a preemption checkpoints the pack in training and starts no other."""
         from mdl.run.pack import pack_key, packs_line
 
         assert self.config is not None and self.hydra_context is not None

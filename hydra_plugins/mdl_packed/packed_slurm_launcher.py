@@ -53,6 +53,8 @@ class PackedSlurmLauncher(SlurmLauncher):
         return done
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Hydra's entry: compose every job here only to group them into packs, then submit one array task per
+        pack (``__call__`` checks and trains it on its node) and collect each job's return in the sweep's order."""
         from mdl.run.pack import pack_key, packs_line
 
         assert self.config is not None and self.hydra_context is not None

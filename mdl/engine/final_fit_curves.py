@@ -55,6 +55,9 @@ class FinalFitCurves(L.Callback):
 
     @torch.no_grad()
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit of one member: after each validation of the final fit, accuracy (and loss) on every extra set,
+        with the weights just validated (a schedule-free optimizer's evaluation weights). Sanity checks are skipped:
+        they are not epochs, and the curves must line up with the validation curve."""
         if trainer.sanity_checking:
             return
         was_training = pl_module.training

@@ -1,8 +1,8 @@
 """The one live region on a terminal: redrawn in place, erased when it ends, every log line printed above it.
 
 A region redrawn in place moves the cursor up by the height it drew last. Anything else written to the
-terminal meanwhile breaks that count: Hydra's stream handler holds the real stdout, so its lines were
-overwritten by the next redraw, parts of earlier frames stayed on screen, and the next line began right
+terminal meanwhile breaks that count: Hydra's stream handler holds the real stdout, so its lines would be
+overwritten by the next redraw, parts of earlier frames would stay on screen, and the next line would begin right
 after the region's last character. So while a region is live, every logging handler that writes to the
 terminal writes through the region's console, which prints above the region; when the fit ends the region
 is erased and the lines printed meanwhile stay. Off a terminal (a log file, CI, Slurm) there is no region.

@@ -73,6 +73,9 @@ class MemberProgress(L.Callback):
         batch: Any = None,
         batch_idx: int = 0,
     ) -> None:
+        """Count the steps (a group of steps per batch in a stacked fit) for the time-left estimate; redraw the
+        table at most twice a second on a terminal, or log a line every ``interval`` seconds, so the display
+        never costs the fit noticeable time."""
         self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
         now = time.monotonic()
         if self.table.on and now - self.last > 0.5:

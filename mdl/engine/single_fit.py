@@ -88,6 +88,10 @@ class EpochProtocol(L.Callback):
             self._snapshot(pl_module, trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The protocol at the end of an epoch: validate the evaluation weights, let the callbacks that wait for
+        validation see them, keep the best epoch's weights, then stop, or backtrack to the best epoch when the
+        protocol says so. Done here rather than in Lightning's validation loop, whose host work per epoch costs as
+        much as an epoch of a small model."""
         pl_module.zero_grad(set_to_none=True)  # as Lightning before validating: no gradients held meanwhile
         mean = pl_module.validate(self.val_batches(), as_trained=self.rules.evaluate_as_trained)
         if self.after_validation:  # as Lightning calls them: the model in eval mode, no autograd

@@ -135,6 +135,9 @@ class StackedProtocol(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, module: StackedClassifier, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        """Count every member's steps; the members whose epoch ended at this batch are validated together (one
+        pass per data set) and judged by the protocol, and those that stop leave the stack. The fit ends when no
+        member is left, which is why this runs per batch: members' epochs end at different steps."""
         ended = []
         for m in module.members:
             state = self.members[m]

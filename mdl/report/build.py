@@ -255,6 +255,9 @@ def render(
     late_fraction: float,
     paper: Sequence[str] = (),
 ) -> str:
+    """report.md's text for one design: the header, tables, the paper comparison, coverage, backfiring,
+    figures, notes and the files beside it. Figures and files are linked relative to ``out``, so the report folder
+    can be moved or archived whole."""
     md = [
         *_header(sweep, cells, dirs),
         *_tables(sweep, cells, cov),
@@ -471,6 +474,8 @@ def _where(sweep: Sweep, arch: str, row: tuple[Any, ...]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mdl.report``: build the report of the given sweep folders. A setting or folder to change
+    (no results, a bad key, an unwritable ``--out``) ends with one ``error:`` line and exit 2, not a traceback."""
     parser = argparse.ArgumentParser(prog="python -m mdl.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directories searched for results.json")
     parser.add_argument("--out", default=None, help="report directory (default: <first SWEEP_DIR>/report)")

@@ -95,6 +95,9 @@ def lr_points(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> lis
 
 
 def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> list[LrChoice]:
+    """Per architecture, other settings and eraser, the swept lr with the lowest mean ``metric``, with
+    every lr tried (to tell whether the best lies at the grid's edge) and the data, model and eraser names that
+    key the config a later sweep composes (``write_best_lrs``)."""
     groups: dict[tuple[str, str, str], list[LrPoint]] = {}
     for p in lr_points(sweep, cells, metric):
         groups.setdefault(p.key, []).append(p)

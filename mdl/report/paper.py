@@ -282,6 +282,8 @@ def paper_section(sweep: Sweep, cells: Sequence[Cell], compare_to: str | None) -
 
 
 def comparison_header(sweep: Sweep) -> list[str]:
+    """The columns of paper_comparison.csv: the cell (with the sweep's row keys), ours, the paper's and the
+    differences in both units, so the CSV can be read without the report."""
     return [
         "table",
         "paper_location",

@@ -21,7 +21,7 @@ table, per design, instead of one table with a row key for every key some design
 The code version that computed a run (``code_version`` in results.json, else ``git_sha``, else
 ``unknown``) is part of a condition by default: when a sweep holds more than one version, runs of
 different versions are never averaged together and the version becomes the last row key
-(``code_version``). ``merge_code_versions=True`` averages them as before; the report says which.
+(``code_version``). ``merge_code_versions=True`` averages them in one cell; the report says which.
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-PRINT_CONFIG = ("overrides", "full", True, False)  # true: full (its earlier meaning)
+PRINT_CONFIG = (
+    "overrides",
+    "full",
+    True,
+    False,
+)  # true: the same as full (print_config=true asks for the config: all of it)
 CONFIG_FILE = "config.yaml"  # the resolved config, in the run folder
 
 

@@ -55,6 +55,9 @@ def batch_metrics(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
 
 
 def overfit_one_batch(cfg: DictConfig, steps: int) -> OverfitResult:
+    """Train the run's own module (muP groups, optimizer, lr, data and eraser from ``cfg``) on one batch for
+    ``steps`` steps and measure it before and after. The config is checked as a run checks it, so the check
+    answers for exactly the run it stands in for."""
     from mdl.run.components import make_datamodule, make_module_factory
     from mdl.run.config_checks import check_trainer_config, validate_config
     from mdl.run.identity import training_threads

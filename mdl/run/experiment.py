@@ -443,7 +443,7 @@ def discard_resume_state(store: Path) -> None:
 
 def summary(results: dict[str, Any], path: Path) -> str:
     k = results["num_classes"]
-    estimate = results.get("paper_loss", "val_min")  # runs made before mdl.paper_loss existed measured val_min
+    estimate = results.get("paper_loss", "val_min")  # a results.json without paper_loss measured val_min
     other = {"last_block": "val_min", "val_min": "last_block"}[estimate]
     also = f"; {other}: {results[f'paper_mdl_{other}']:.4f}" if f"paper_mdl_{other}" in results else ""
     return (

@@ -122,6 +122,8 @@ def complete_nested_options() -> None:
     original = CompletionPlugin._query_config_groups
 
     def query(self: Any, word: str, config_name: str | None, words: list[str]) -> tuple[list[str], bool]:
+        """Hydra's completion of ``group=value``, plus the configs and folders in ``value``'s subfolder, so
+        nested presets complete one path segment at a time like files."""
         matched, exact = original(self, word, config_name, words)
         sign = word[:1] if word[:1] in "+~" else ""
         group, eq, value = word[len(sign) :].partition("=")
