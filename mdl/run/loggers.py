@@ -148,6 +148,8 @@ def run_name(overrides: list[str], run_dir: Path) -> str:
 
 
 def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    """The W&B run's group, job type, name, tags and config for this run (what the dashboard groups and filters
+    by); offline unless an API key or WANDB_MODE is set."""
     if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
         os.environ["WANDB_MODE"] = "offline"
     preset, debug = preset_name(), hydra_choice("debug")
