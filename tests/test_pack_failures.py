@@ -236,7 +236,7 @@ def test_a_damaged_parts_record_is_named_and_made_again(tmp_path: Path, caplog, 
 
 def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monkeypatch) -> None:
     """Room for one run's checkpoints but not for the pack's (they live in the pack's folder, all runs' members in
-    one file): refused before training. Before, only one run's were counted, and the fit failed seconds in."""
+    one file): refused before training, not seconds into the fit."""
     import shutil
     from collections import namedtuple
 
