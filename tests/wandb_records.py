@@ -9,17 +9,31 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32768
 HEADER = 7
 
 
+WRITTEN_WITHIN_S = 60.0  # W&B's writer may still be writing a finished run's file: how long to wait for its end
+
+
 def records(path: str | Path):
-    """Records of a W&B run file (.wandb): a 7-byte header, then LevelDB-log framing in 32 KiB blocks."""
+    """Records of a W&B run file (.wandb), once W&B has written them all (its last record, ``exit``, is there: a run
+    closed by ``finish`` may still be written by W&B's own process for a moment, longer on a loaded machine)."""
+    deadline = time.monotonic() + WRITTEN_WITHIN_S
+    while True:
+        found = list(_parse(Path(path).read_bytes()))
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return iter(found)
+        time.sleep(0.2)
+
+
+def _parse(raw: bytes):
+    """The records of a run file's bytes: a 7-byte header, then LevelDB-log framing in 32 KiB blocks."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    raw = Path(path).read_bytes()
     assert raw[:4] == b":W&B", raw[:7]
     pos, pending = HEADER, b""
     while pos + HEADER <= len(raw):
