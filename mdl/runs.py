@@ -3,11 +3,12 @@
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
 its config hash, status (finished; failed, with the error's first line; partial: blocks done of all; started: no
 block yet; damaged: its record cannot be read, named in a warning), data set, model, width, depth, eraser, seed,
-learning rate, how its members were grouped into fits (``mdl.members_per_fit``), paper MDL, every other config key that differs between runs of one data set, model and
-eraser (e.g. ``activation``), tags, date, code version, the environment that computed it (torch, device, threads)
-and the run's folder. ``--where eraser.name=leace`` keeps the runs whose resolved config has that value
-(repeatable; dotted keys as in overrides; a key no run has is refused with the nearest one), ``--status`` those in
-that state, ``--csv`` writes the table (every listed column, numbers in full precision) to a file as well.
+learning rate, how its members were grouped into fits (``mdl.members_per_fit``), paper MDL, every other config key
+that differs between runs of one data set, model and eraser (e.g. ``activation``), tags, date, code version, the
+environment that computed it (torch, device, threads) and the run's folder. ``--where eraser.name=leace`` keeps
+the runs whose resolved config has that value (repeatable; dotted keys as in overrides; a key no run has is refused
+with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every listed column, numbers in
+full precision) to a file as well.
 
 ``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl/run/rehash.py), once
 after the config's keys or the hash changed, so that relaunches find the runs done instead of training them again.

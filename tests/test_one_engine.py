@@ -23,6 +23,7 @@ from mdl.run.identity import config_hash
 from mdl.run.identity import grouping, members_per_fit
 from conftest import FAST, REPO, compose_config, run_launch
 from mdl.run.config_checks import check_before_imports
+from mdl.sweeps.cost import main as cost_main
 
 sys.path.insert(0, str(REPO / "scripts"))
 from make_reference import MODES, REFERENCE, matching_record, overrides  # noqa: E402
@@ -89,11 +90,14 @@ def test_members_per_fit_is_the_one_key_with_its_default_in_each_model_file(tmp_
     assert len({key(f"mdl.members_per_fit={k}") for k in ("1", "3", "4", "all", "auto")}) == 5
 
 
-def test_the_retired_engine_keys_are_refused_naming_the_replacement(tmp_path: Path) -> None:
+def test_the_retired_engine_keys_are_refused_naming_the_replacement(tmp_path: Path, capsys) -> None:
     for args in (["mdl.engine=stacked"], ["-m", "mdl.engine=sequential,stacked"], ["+mdl.default_engine.mlp=stacked"]):
         done = run_launch([*args, f"paths.output_root={tmp_path}"], tmp_path)
         assert done.returncode == 2 and "mdl.members_per_fit=all" in done.stderr, done.stderr
         assert not (tmp_path / "store").exists()
+    with pytest.raises(SystemExit):
+        cost_main(["-m", "mdl.engine=stacked,sequential"])
+    assert "use mdl.members_per_fit=all (was mdl.engine=stacked)" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"mdl.engine is gone.*mdl.members_per_fit=1 \(was mdl.engine=sequential\)"):
         check_before_imports(compose_config(["+mdl.engine=sequential"]))
 
