@@ -9,7 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mdl.run.config_checks import check_before_imports
+from mdl.run.config_checks import check_before_imports, retired_key_error
 from mdl.run.console import one_line_warnings, show_config
 from mdl.run.exits import ends_like_a_run
 from mdl.run.imports import imports_frozen
@@ -73,8 +73,20 @@ def without_null_groups(argv: list[str]) -> list[str]:
 
 NULLABLE_GROUPS = ("logger",)
 
+
+def refuse_retired_overrides(argv: list[str]) -> None:
+    """An override of a key that no longer exists (``mdl.engine=stacked``) names its replacement; Hydra would only
+    say that the key is not in the config."""
+    for arg in argv:
+        why = retired_key_error(arg)
+        if why is not None:
+            print(f"error: {arg}: {why}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
+
 if __name__ == "__main__":
     sys.argv = sys.argv[:1] + without_null_groups(sys.argv[1:])
+    refuse_retired_overrides(sys.argv[1:])
     if {"-sc", "--shell-completion"} & set(sys.argv):
         from mdl.run.help import complete_nested_options
 

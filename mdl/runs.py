@@ -3,11 +3,15 @@
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
 its config hash, status (finished; failed, with the error's first line; partial: blocks done of all; started: no
 block yet; damaged: its record cannot be read, named in a warning), data set, model, width, depth, eraser, seed,
-learning rate, engine, paper MDL, every other config key that differs between runs of one data set, model and
-eraser (e.g. ``activation``), tags, date, code version, the environment that computed it (torch, device, threads)
-and the run's folder. ``--where eraser.name=leace`` keeps the runs whose resolved config has that value
-(repeatable; dotted keys as in overrides; a key no run has is refused with the nearest one), ``--status`` those in
-that state, ``--csv`` writes the table (every listed column, numbers in full precision) to a file as well.
+learning rate, how its members were grouped into fits (``mdl.members_per_fit``), paper MDL, every other config key
+that differs between runs of one data set, model and eraser (e.g. ``activation``), tags, date, code version, the
+environment that computed it (torch, device, threads) and the run's folder. ``--where eraser.name=leace`` keeps
+the runs whose resolved config has that value (repeatable; dotted keys as in overrides; a key no run has is refused
+with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every listed column, numbers in
+full precision) to a file as well.
+
+``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl/run/rehash.py), once
+after the config's keys or the hash changed, so that relaunches find the runs done instead of training them again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Sequence
 
 from mdl.report.runs import display_names, flatten, is_ignored_key
 from mdl.run.environment import describe
+from mdl.run.identity import grouping
 from mdl.results import (
     FAILURE_FILE,
     PROGRESS_FILE,
@@ -35,7 +40,7 @@ from mdl.results import (
 )
 
 STATUSES = ("finished", "failed", "partial", "started", "damaged")
-HEAD = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "lr", "engine", "paper_mdl")
+HEAD = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "lr", "fits", "paper_mdl")
 TAIL = ("tags", "date", "code_version", "environment", "path")
 # the config keys the fixed columns show (a swept key among them is not repeated)
 COLUMN_KEYS = {
@@ -46,6 +51,7 @@ COLUMN_KEYS = {
     "eraser": "eraser.name",
     "seed": "seed",
     "lr": "optimizer.lr",
+    "fits": "mdl.members_per_fit",  # shown as the grouping it makes (stacked, sequential, fits of k)
     "tags": "tags",
 }
 COLUMNS = (*HEAD, *TAIL)  # plus the swept keys between them, and ``error`` when a listed run failed
@@ -115,7 +121,7 @@ def read_run(folder: Path) -> StoredRun | None:
         "hash": folder.name,
         "status": shown,
         **{column: select(config, key) for column, key in COLUMN_KEYS.items()},
-        "engine": (results or {}).get("engine") or select(config, "mdl.engine"),
+        "fits": (results or {}).get("engine") or _grouping(config),
         "paper_mdl": (results or {}).get("paper_mdl"),
         "date": _last_written(folder),
         "code_version": record.get("code_version"),
@@ -124,6 +130,14 @@ def read_run(folder: Path) -> StoredRun | None:
         "error": (failure or {}).get("error") if status == "failed" else None,
     }
     return StoredRun(folder, status, config, values)
+
+
+def _grouping(config: dict[str, Any]) -> str | None:
+    """stacked, sequential, fits of k or fits by memory (mdl/run/identity.py); None for a config that does not say."""
+    try:
+        return grouping(config["mdl"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _last_written(folder: Path) -> str:
@@ -275,9 +289,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--status", choices=STATUSES, default=None)
     parser.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV (full precision)")
+    parser.add_argument(
+        "--rehash", action="store_true", help="move every stored run to the folder its config hash names today"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="with --rehash: say what would move, move nothing")
     args = parser.parse_args(argv)
+    if args.dry_run and not args.rehash:
+        parser.error("--dry-run goes with --rehash: python -m mdl.runs --rehash --dry-run")
     from hydra.errors import HydraException
 
+    if args.rehash:
+        return rehash(args.overrides, args.dry_run)
     try:
         runs = list_runs(store_dir(args.overrides), args.where, args.status)
     except (FileNotFoundError, ValueError, HydraException) as err:
@@ -289,6 +311,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.csv:
         write_csv(args.csv, runs, columns)
     return 0
+
+
+def rehash(overrides: Sequence[str], dry_run: bool) -> int:
+    """``--rehash``: one line per run moved or left; exit status 1 when a run that should move was left."""
+    from hydra.errors import HydraException
+
+    from mdl.run.rehash import rehash_store
+
+    try:
+        lines, left = rehash_store(store_dir(overrides), dry_run)
+    except (FileNotFoundError, HydraException) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 1 if left else 0
 
 
 if __name__ == "__main__":

@@ -196,8 +196,8 @@ def _require_stackable(model: nn.Module) -> None:
             isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0
         ):
             raise ValueError(
-                f"{type(module).__name__} at {name or 'the top'} cannot be stacked (mdl.engine=stacked); "
-                f"use mdl.engine=sequential (mdl.members_per_fit=1) for this model"
+                f"{type(module).__name__} at {name or 'the top'} cannot be stacked (mdl.members_per_fit other than 1); "
+                f"use mdl.members_per_fit=1 (one member per fit) for this model"
             )
 
 

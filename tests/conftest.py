@@ -38,6 +38,8 @@ CONF = REPO / "conf"
 
 # A run that takes seconds: few epochs, three blocks.
 FAST = ["debug=fast"]  # conf/debug/fast.yaml: tiny data and epochs for any config (test_cli checks what it sets)
+# The two groupings the tests compare, by the words results.json's "engine" records: all members in one fit, one per fit.
+FITS = {"stacked": "mdl.members_per_fit=all", "sequential": "mdl.members_per_fit=1"}
 
 
 def compose_config(overrides: list[str], output_root: Path | None = None) -> DictConfig:

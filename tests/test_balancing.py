@@ -145,7 +145,7 @@ def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(DeviceBatches, "__iter__", record)
     cfg = compose_config(
-        [*FAST, "data.balance=rwy", "eraser=none", "mdl.engine=sequential", "skip_if_done=false"], tmp_path
+        [*FAST, "data.balance=rwy", "eraser=none", "mdl.members_per_fit=1", "skip_if_done=false"], tmp_path
     )
     results = run_experiment(cfg, tmp_path / "run")
     train = datamodule("rwy").train_set.x.flatten(1)

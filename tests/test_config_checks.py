@@ -7,10 +7,16 @@ import inspect
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from conftest import CONF, FAST, compose_config, run_launch
-from mdl.run.config_checks import CHOICES, MODEL_OPTION_VALUES, NAMED_BY_GROUP, check_before_imports, conf_names
+from conftest import FAST, compose_config, run_launch
+from mdl.run.config_checks import (
+    CHOICES,
+    MODEL_OPTION_VALUES,
+    NAMED_BY_GROUP,
+    check_before_imports,
+    conf_names,
+    group_file,
+)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +100,7 @@ def test_the_early_checks_tables_equal_their_owners() -> None:
             "input_shape",
             "options",
         }
-        assert set(OmegaConf.load(CONF / "model" / f"{name}.yaml").options) == taken, name
+        assert set(group_file("model", name).options) == taken, name
 
 
 def test_overfit_check_trains_with_the_runs_threads(monkeypatch) -> None:

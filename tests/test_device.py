@@ -16,7 +16,7 @@ import schedulefree
 import torch
 from lightning.pytorch.strategies.strategy import Strategy
 
-from conftest import FAST, RecordOps, compose_config, host_reads
+from conftest import FITS, FAST, RecordOps, compose_config, host_reads
 from datamodules.augment import Augmentation
 from datamodules.loader import DeviceBatches
 from mdl.engine.checkpoints import DamagedCheckpoint, RunCheckpointIO, is_intact
@@ -32,7 +32,7 @@ def test_scoring_and_restore_do_not_trust_where_lightning_left_the_module(
     engine: str, fits: int, tmp_path: Path, monkeypatch
 ) -> None:
     """Two prefix fits and the final fit (sequential) or the one stacked fit are each moved away."""
-    settings = [*FAST, f"mdl.engine={engine}"]
+    settings = [*FAST, FITS[engine]]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     original = Strategy.teardown
     moved = []

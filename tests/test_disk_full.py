@@ -18,7 +18,7 @@ from mdl.run.config_checks import check_trainer_config
 from mdl.run.experiment import CHECKPOINT_BYTES_PER_PARAMETER, checkpoint_bytes, run_experiment
 from mdl.results import RESULTS_FILE
 
-STACKED = FAST + ["mdl.engine=stacked", "mdl.checkpoint_every_s=0", "trainer.torch_threads=1"]
+STACKED = FAST + ["mdl.members_per_fit=all", "mdl.checkpoint_every_s=0", "trainer.torch_threads=1"]
 NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss")
 
 
@@ -85,7 +85,7 @@ def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Pat
         done = run_launch(
             FAST
             + [
-                "mdl.engine=stacked",
+                "mdl.members_per_fit=all",
                 "width=256",
                 "model.base_width=256",
                 f"paths.output_root={small}",

@@ -19,7 +19,7 @@ import pytest
 import schedulefree
 import torch
 
-from conftest import FAST, compose_config, cuda_only, python_path, run_launch
+from conftest import FITS, FAST, compose_config, cuda_only, python_path, run_launch
 from erasure import fit_eraser
 from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
@@ -45,7 +45,7 @@ def _finite_results(results: dict) -> None:
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
 @pytest.mark.parametrize("model", sorted(MODEL_SETTINGS))
 def test_every_model_runs_end_to_end_on_cuda(model: str, engine: str, tmp_path: Path) -> None:
-    cfg = compose_config([*GPU, f"model={model}", *MODEL_SETTINGS[model], f"mdl.engine={engine}"], tmp_path)
+    cfg = compose_config([*GPU, f"model={model}", *MODEL_SETTINGS[model], FITS[engine]], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     _finite_results(results)
     assert results["config"]["device"] == "cuda" and results["engine"] == engine
@@ -54,7 +54,7 @@ def test_every_model_runs_end_to_end_on_cuda(model: str, engine: str, tmp_path: 
 def test_stacked_run_killed_and_resumed_on_cuda_is_bit_identical(tmp_path: Path, monkeypatch) -> None:
     from test_resume import assert_resumes_exactly
 
-    settings = [*GPU, "mdl.engine=stacked", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8"]
+    settings = [*GPU, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8"]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     assert_resumes_exactly(settings, reference, (1, 3), tmp_path, monkeypatch)
 

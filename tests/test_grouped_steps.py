@@ -20,7 +20,7 @@ from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_
 from models import create_model
 from models.module import Classifier
 
-SEQUENTIAL = [*FAST, "mdl.engine=sequential", "mdl.checkpoint_every_s=0", "skip_if_done=false"]
+SEQUENTIAL = [*FAST, "mdl.members_per_fit=1", "mdl.checkpoint_every_s=0", "skip_if_done=false"]
 
 
 def test_groups_hold_the_loaders_batches_in_order() -> None:

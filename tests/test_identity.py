@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from conftest import CONF, FAST, compose_config
 from mdl.run.identity import config_hash
-from mdl.run.identity import BOOKKEEPING_KEYS, is_bookkeeping
+from mdl.run.identity import BOOKKEEPING_KEYS, is_bookkeeping, without_bookkeeping
 from mdl.report.runs import is_ignored_key
 
 GROUP_CHOICES = {"hydra/launcher", "logger", "experiment", "+experiment", "report", "+report"}  # same for a whole sweep
@@ -53,30 +53,40 @@ def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
     for override in (
         "width=64",
         "eraser=qleace",
-        "mdl.engine=sequential",
+        "mdl.members_per_fit=1",
         "trainer.patience=3",
         "data.options.n_test=5",
     ):
         assert not is_bookkeeping(override.split("=")[0]), override
 
 
-def test_moving_the_lr_defaults_to_the_optimizer_config_keeps_every_run_s_identity() -> None:
-    """The data sets' default learning rates moved from conf/data (data.lr) to conf/optimizer
-    (optimizer.lr_by_data): every data set, with its default lr, an overridden one and another model and
-    eraser, composes the same lr and the same config hash as before the move (hashes stored from that code)."""
+def test_the_data_sets_default_lrs_are_where_optimizer_lr_comes_from_not_part_of_a_run() -> None:
+    """The defaults table (optimizer.lr_by_data) is looked up once: optimizer.lr is what a run trains with, so the
+    table's entry for another data set leaves a run alone, and every data set composes the lr its reference holds
+    (tests/reference/hashes_before_lr_moved.json: the lrs of commit 3a3c467, when conf/data held them)."""
     import json
 
-    from mdl.run.identity import MAP_ERASERS
-
     stored = json.loads((Path(__file__).parent / "reference" / "hashes_before_lr_moved.json").read_text())["runs"]
-    assert len(stored) == 21
     for overrides, before in stored.items():
         cfg = compose_config(overrides.split())
-        if cfg.eraser.name in MAP_ERASERS:  # that code fitted them on the training split (eraser.fit_scope=split now)
-            cfg = compose_config([*overrides.split(), "eraser.fit_scope=split"])
-        assert cfg.optimizer.lr == before["lr"], overrides
-        assert config_hash(cfg) == before["hash"], overrides
-        assert "lr" not in cfg.data
+        assert cfg.optimizer.lr == before["lr"] and "lr" not in cfg.data, overrides
+    base = config_hash(compose_config(FAST))
+    assert config_hash(compose_config([*FAST, "optimizer.lr_by_data.svhn=1e-2"])) == base
+    assert config_hash(compose_config([*FAST, "optimizer.lr_by_data.digits=1e-2"])) != base  # optimizer.lr moved
+
+
+def test_the_hash_is_the_resolved_config_minus_bookkeeping_plus_cpu_threads_and_nothing_else() -> None:
+    """No key is dropped or rewritten on the way (a run's identity is what it ran): defaults that are off (probes,
+    callbacks, the sound protocol, null options) count as they are."""
+    import hashlib
+    import json
+
+    for overrides in ([], ["model=swin", "eraser=qleace"], ["protocol=original", "model=convnext"]):
+        cfg = compose_config([*FAST, "device=cpu", "trainer.torch_threads=1", *overrides])
+        plain = without_bookkeeping(OmegaConf.to_container(cfg, resolve=True)) | {"cpu_threads": 1}
+        assert {"probes", "callbacks", "protocol"} <= set(plain) and plain["data"]["balance"] is None
+        blob = json.dumps(plain, sort_keys=True, default=str).encode()
+        assert config_hash(cfg) == hashlib.sha256(blob).hexdigest()[:16], overrides
 
 
 def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_leaves_out(tmp_path, monkeypatch) -> None:
@@ -95,12 +105,3 @@ def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_le
     assert keys("data.options.root=/b", "data.options.download=true") == base  # fetched elsewhere: same data, same run
     moved = keys("data.options.root=/a", "data.options.download=false", "data.options.decode_batch_size=64")
     assert moved[0] != base[0] and moved[1] != base[1]  # an option the identity keeps, the cache key keeps too
-
-
-def test_the_identity_and_the_data_name_the_same_pooled_erasers() -> None:
-    """mdl/run/identity.py keeps the old identity of eraser.fit_scope=split for the erasers whose config fits on the
-    pool by default (datamodules/settings.py); the two lists stay one."""
-    from datamodules.settings import POOLED_ERASERS
-    from mdl.run.identity import MAP_ERASERS
-
-    assert MAP_ERASERS == POOLED_ERASERS

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FAST, compose_config
+from conftest import FITS, FAST, compose_config
 from datamodules.maxent_probes import class_cholesky, sample_class_gaussians
 from erasure import class_moments, fit_eraser
 from mdl.run.experiment import run_experiment
@@ -106,7 +106,7 @@ def test_probes_off_keep_the_config_hash():
 
 @pytest.mark.parametrize("engine", ["stacked", "sequential"])
 def test_digits_run_writes_the_curves_and_trains_as_without_probes(engine: str, tmp_path: Path):
-    settings = [*FAST, f"mdl.engine={engine}", "trainer.kwargs.max_epochs=4", "trainer.patience=10"]
+    settings = [*FAST, FITS[engine], "trainer.kwargs.max_epochs=4", "trainer.patience=10"]
     off = run_experiment(compose_config(settings, tmp_path / "off"), tmp_path / "off")
     on = run_experiment(compose_config([*settings, *PROBES], tmp_path / "on"), tmp_path / "on")
     assert not any(key in off for key in (*CURVES, "maxent_probes"))
@@ -126,7 +126,7 @@ def test_engines_record_the_same_curves(tmp_path: Path):
     """The stacked engine mirrors the sequential one (same init, batches, protocol), probes included."""
     settings = [*FAST, "trainer.kwargs.max_epochs=3", *PROBES]
     runs = {
-        e: run_experiment(compose_config([*settings, f"mdl.engine={e}"], tmp_path / e), tmp_path / e)
+        e: run_experiment(compose_config([*settings, FITS[e]], tmp_path / e), tmp_path / e)
         for e in ("stacked", "sequential")
     }
     for key in CURVES:
@@ -137,7 +137,7 @@ def test_on_gaussian_classes_probe_accuracy_equals_real_accuracy(tmp_path: Path)
     """The real data ARE class Gaussians: probes and validation are samples of (almost) the same
     distribution, so their accuracies agree within binomial error at every epoch."""
     cfg = compose_config(
-        [*GAUSSIAN, "eraser=none", "mdl.engine=stacked", "trainer.kwargs.max_epochs=8", *PROBES], tmp_path
+        [*GAUSSIAN, "eraser=none", "mdl.members_per_fit=all", "trainer.kwargs.max_epochs=8", *PROBES], tmp_path
     )
     r = run_experiment(cfg, tmp_path / "run")
     n = r["maxent_probes"]["n"]
@@ -151,7 +151,7 @@ def test_on_gaussian_classes_probe_accuracy_equals_real_accuracy(tmp_path: Path)
 def test_after_qleace_probes_are_at_chance_from_the_first_epoch(tmp_path: Path):
     """Every class Gaussian is the same after QLEACE: whatever the model predicts is independent of
     the probe's class, so with equal class counts its accuracy is 1/K within binomial error."""
-    settings = [*GAUSSIAN, "mdl.engine=sequential", "trainer.kwargs.max_epochs=6", *PROBES, "probes.n_per_class=400"]
+    settings = [*GAUSSIAN, "mdl.members_per_fit=1", "trainer.kwargs.max_epochs=6", *PROBES, "probes.n_per_class=400"]
     r = run_experiment(compose_config([*settings, "eraser=qleace"], tmp_path / "q"), tmp_path / "q")
     n, k = r["maxent_probes"]["n"], r["num_classes"]
     assert n == 1200 and r["maxent_probes"]["n_per_class"] == [400] * 3
@@ -165,7 +165,7 @@ def test_after_qleace_probes_are_at_chance_from_the_first_epoch(tmp_path: Path):
 def test_stacked_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
     settings = [
         *FAST,
-        "mdl.engine=stacked",
+        "mdl.members_per_fit=all",
         "mdl.checkpoint_every_s=0",
         "trainer.kwargs.max_epochs=5",
         "trainer.patience=3",
@@ -178,7 +178,7 @@ def test_stacked_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch
 def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
     settings = [
         *FAST,
-        "mdl.engine=sequential",
+        "mdl.members_per_fit=1",
         "mdl.checkpoint_every_s=0",
         "trainer.kwargs.max_epochs=3",
         "trainer.patience=3",

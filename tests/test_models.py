@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import io
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,11 +21,11 @@ from models import available_models, create_model, depth_scaled_lr, mup_param_gr
 from models.mlp import SwiGLU, mlp_param_count, swiglu_param_count
 from models.precision import CompiledModel
 from models.swin import tiling_windows
+from mdl.run.config_checks import group_file
 
 # 8x8 digits leave Swin's last stages with a single token; the builder says so (tested below).
 pytestmark = pytest.mark.filterwarnings("ignore:swin on a 8x8 input")
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 SHAPES = [(1, 8, 8), (3, 32, 32), (3, 64, 64)]
 WIDTH, BASE = 16, 8
 NUM_CLASSES = 10
@@ -42,7 +41,7 @@ def one_thread():
 
 
 def model_conf(name: str):
-    return OmegaConf.load(CONF / f"{name}.yaml")
+    return group_file("model", name)
 
 
 def yaml_options(name: str) -> dict:

@@ -20,8 +20,10 @@ from mdl.engine.protocol import fits_of
 from mdl.run.environment import environment_differences
 from mdl.run.experiment import run_experiment
 from mdl.run.identity import config_hash
-from mdl.run.identity import engine_name, members_per_fit
-from conftest import FAST, REPO, compose_config
+from mdl.run.identity import grouping, members_per_fit
+from conftest import FAST, REPO, compose_config, run_launch
+from mdl.run.config_checks import check_before_imports
+from mdl.sweeps.cost import main as cost_main
 
 sys.path.insert(0, str(REPO / "scripts"))
 from make_reference import MODES, REFERENCE, matching_record, overrides  # noqa: E402
@@ -40,7 +42,9 @@ def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path,
     cfg = compose_config(overrides(engine), tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     assert results["engine"] == engine
-    for record in STORED["records"]:  # a finished run of the former engine is the same run
+    for record in STORED[
+        "records"
+    ]:  # the identity of the stored run (its hash as python -m mdl.runs --rehash gives it)
         assert config_hash(cfg) == record["runs"][engine]["config_hash"]
     record = matching_record(STORED, results["environment"])
     if record is not None:
@@ -68,43 +72,48 @@ def test_every_stored_record_names_its_environment_and_one_is_the_readmes() -> N
     assert sum(bool(r.get("readme")) for r in STORED["records"]) == 1
 
 
-def test_engine_names_and_members_per_fit_name_the_same_runs(tmp_path: Path) -> None:
+def test_members_per_fit_is_the_one_key_with_its_default_in_each_model_file(tmp_path: Path) -> None:
+    """Each conf/model file sets the grouping (the faster one) and trainer.threads_by_members_per_fit the threads that
+    go with it: one thread for one member per fit, otherwise null (the CPUs Slurm allocated)."""
+    defaults = {"mlp": "all", "lenet": "all", "convnext": 1, "swin": 1}
+    for model, k in defaults.items():
+        cfg = compose_config([f"model={model}"])
+        assert cfg.mdl.members_per_fit == k and "engine" not in cfg.mdl, model
+        assert cfg.trainer.torch_threads == (1 if k == 1 else None), model
+    for k, threads in (("1", 1), ("all", None), ("auto", None), ("3", None)):
+        assert compose_config([f"mdl.members_per_fit={k}"]).trainer.torch_threads == threads, k
+
     def key(*overrides: str) -> str:
         return config_hash(compose_config(["trainer.torch_threads=1", *overrides], tmp_path))
 
-    assert (
-        key("mdl.engine=stacked")
-        == key("mdl.members_per_fit=all")
-        == key("mdl.engine=sequential", "mdl.members_per_fit=all")
-    )
-    assert (
-        key("mdl.engine=sequential")
-        == key("mdl.members_per_fit=1")
-        == key("mdl.engine=stacked", "mdl.members_per_fit=1")
-    )
-    assert key("mdl.members_per_fit=10") == key("mdl.members_per_fit=all")  # 10 blocks: 10 members, all in one fit
-    assert (
-        len(
-            {
-                key("mdl.members_per_fit=3"),
-                key("mdl.members_per_fit=4"),
-                key("mdl.members_per_fit=all"),
-                key("mdl.members_per_fit=1"),
-            }
-        )
-        == 4
-    )
+    assert key() == key("mdl.members_per_fit=all") == key("model=mlp")
+    assert len({key(f"mdl.members_per_fit={k}") for k in ("1", "3", "4", "all", "auto")}) == 5
+
+
+def test_the_retired_engine_keys_are_refused_naming_the_replacement(tmp_path: Path, capsys) -> None:
+    for args in (["mdl.engine=stacked"], ["-m", "mdl.engine=sequential,stacked"], ["+mdl.default_engine.mlp=stacked"]):
+        done = run_launch([*args, f"paths.output_root={tmp_path}"], tmp_path)
+        assert done.returncode == 2 and "mdl.members_per_fit=all" in done.stderr, done.stderr
+        assert not (tmp_path / "store").exists()
+    with pytest.raises(SystemExit):
+        cost_main(["-m", "mdl.engine=stacked,sequential"])
+    assert "use mdl.members_per_fit=all (was mdl.engine=stacked)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"mdl.engine is gone.*mdl.members_per_fit=1 \(was mdl.engine=sequential\)"):
+        check_before_imports(compose_config(["+mdl.engine=sequential"]))
 
 
 def test_members_per_fit_is_read_and_checked() -> None:
-    assert members_per_fit({"engine": "stacked", "members_per_fit": None}) is None
-    assert members_per_fit({"engine": "stacked", "members_per_fit": 1}) == 1
-    assert engine_name({"engine": "sequential", "members_per_fit": 3, "num_blocks": 10}) == "fits of 3"
+    assert members_per_fit({"members_per_fit": "all"}) is None
+    assert members_per_fit({"members_per_fit": 1}) == 1
+    assert members_per_fit({"members_per_fit": "auto"}) == "auto"
+    assert grouping({"members_per_fit": 3, "num_blocks": 10}) == "fits of 3"
+    assert grouping({"members_per_fit": 10, "num_blocks": 10}) == "stacked"
+    assert grouping({"members_per_fit": 1, "num_blocks": 10}) == "sequential"
     for bad in (0, -2, "some", 1.5, True):
         with pytest.raises(ValueError, match="mdl.members_per_fit=.*all, auto, or an integer >= 1"):
-            members_per_fit({"engine": "stacked", "members_per_fit": bad})
-    with pytest.raises(ValueError, match="unknown engine mdl.engine='fast'"):
-        members_per_fit({"engine": "fast", "members_per_fit": None})
+            members_per_fit({"members_per_fit": bad})
+    with pytest.raises(ValueError, match="mdl.members_per_fit is not set: each conf/model/<name>.yaml sets"):
+        members_per_fit({"members_per_fit": None})
 
 
 def test_fits_cover_every_member_once_in_order() -> None:

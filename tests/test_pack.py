@@ -241,7 +241,7 @@ def test_conv_nets_packed_keep_their_numbers_to_the_bit(tmp_path: Path, model: s
     """Grouped convolutions (LeNet's and ConvNeXt's own stacked forms, Swin's under vmap) give a member other last
     bits in a stack of another size; a pack runs each run's members as a stack of their own (StackedModel.run's
     chunks), so every run keeps its numbers alone. Before: LeNet's paper MDL moved in the 6th digit."""
-    base = [*BASE, f"model={model}", "mdl.engine=stacked"]
+    base = [*BASE, f"model={model}", "mdl.members_per_fit=all"]
     variants = [["seed=0"], ["seed=1"], ["eraser=none"]]
     alone = [
         run_experiment(compose_config([*base, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")

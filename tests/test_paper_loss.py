@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import compose_config
+from conftest import FITS, compose_config
 from mdl.engine.single_fit import EpochProtocol
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
 from mdl.run.experiment import run_experiment, summary
@@ -39,7 +39,7 @@ def test_unknown_paper_loss_is_named() -> None:
 
 @pytest.mark.parametrize("engine", ["stacked", "sequential"])
 def test_paper_mdl_weights_each_models_loss_on_the_last_block(tmp_path: Path, engine: str) -> None:
-    res = run(tmp_path, engine, f"mdl.engine={engine}")
+    res = run(tmp_path, engine, FITS[engine])
     bounds, blocks = res["boundaries"], res["blocks"]
     assert res["paper_loss"] == "last_block"
     assert (
@@ -60,7 +60,7 @@ def test_no_block_ends_worse_on_validation_than_the_untrained_model(tmp_path: Pa
     """A zero-initialised muP readout predicts uniformly: the untrained model's validation loss is
     log2 K bits. With it as a candidate no block's kept weights can be worse; a block whose fits
     never beat it keeps it and pays exactly log2 K on the held-out chunk."""
-    res = run(tmp_path, engine, f"mdl.engine={engine}", "optimizer.lr=1e-9")  # too small to move the weights
+    res = run(tmp_path, engine, FITS[engine], "optimizer.lr=1e-9")  # too small to move the weights
     chance = math.log2(res["num_classes"])
     for block in res["blocks"]:
         assert block["val_bits_per_example"] <= chance + 1e-6

@@ -8,7 +8,7 @@ import pytest
 import schedulefree
 import torch
 
-from conftest import FAST, compose_config
+from conftest import FITS, FAST, compose_config
 from mdl.run.experiment import run_experiment
 from mdl.run.identity import config_hash
 from models import Classifier, create_model
@@ -52,14 +52,14 @@ def test_the_first_layer_gradient_is_right_multiplied_in_both_engines() -> None:
 
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
 def test_a_preconditioned_run_records_its_spectrum_and_trains_differently(engine: str, tmp_path: Path) -> None:
-    plain = run_experiment(compose_config([*FAST, f"mdl.engine={engine}"], tmp_path / "a"), tmp_path / "a" / "run")
-    cfg = compose_config([*FAST, f"mdl.engine={engine}", PRECONDITION], tmp_path / "b")
+    plain = run_experiment(compose_config([*FAST, FITS[engine]], tmp_path / "a"), tmp_path / "a" / "run")
+    cfg = compose_config([*FAST, FITS[engine], PRECONDITION], tmp_path / "b")
     results = run_experiment(cfg, tmp_path / "b" / "run")
     info = results["preconditioning"]
     assert info["parameter"] == "body.0.weight" and info["p"] == -1.0
     assert info["condition_after"] < 1.1 < info["condition_before"]  # whitening: a flat spectrum
     assert results["blocks"] != plain["blocks"]
-    assert config_hash(cfg) != config_hash(compose_config([*FAST, f"mdl.engine={engine}"]))
+    assert config_hash(cfg) != config_hash(compose_config([*FAST, FITS[engine]]))
 
 
 def test_a_model_without_a_linear_first_layer_is_refused(tmp_path: Path) -> None:

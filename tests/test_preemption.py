@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, python_path
+from conftest import FITS, REPO, python_path
 from mdl.engine.preemption import EXIT_CODE
 
 # Long enough to be interrupted (hundreds of epochs), checkpointing only at the first epoch end
@@ -72,7 +72,7 @@ def results_of(root: Path) -> dict:
 def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_finishes_as_if_uninterrupted(
     tmp_path: Path, engine: str
 ) -> None:
-    args = [*LONG_RUN, f"mdl.engine={engine}"]
+    args = [*LONG_RUN, FITS[engine]]
     reference = launch(args, tmp_path / "ref")
     assert reference.wait(timeout=600) == 0, reference.communicate()[1][-2000:]
 

@@ -74,7 +74,7 @@ def test_speed_counts_every_optimizer_step_of_a_group() -> None:
 
 import pytest  # noqa: E402
 
-from conftest import FAST, compose_config  # noqa: E402
+from conftest import FITS, FAST, compose_config  # noqa: E402
 
 
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
@@ -101,7 +101,7 @@ def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_p
         "log_block",
         lambda logger, i, b, curves=False: (events.append(("block", i)), real_block(logger, i, b, curves)),
     )
-    results = experiment.run_experiment(compose_config([*FAST, f"mdl.engine={engine}"], tmp_path), tmp_path / "run")
+    results = experiment.run_experiment(compose_config([*FAST, FITS[engine]], tmp_path), tmp_path / "run")
     num_blocks = len(results["blocks"])
     for m in range(num_blocks + 1):
         block = results["blocks"][m] if m < num_blocks else results

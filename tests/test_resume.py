@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, python_path, run_launch
+from conftest import FITS, REPO, python_path, run_launch
 
 SETTINGS = [  # the sequential engine's per-block checkpoints (tests/test_stacked.py: the stacked engine's)
-    "mdl.engine=sequential",
+    "mdl.members_per_fit=1",
     "mdl.checkpoint_every_s=0",
     "trainer.kwargs.max_epochs=30",
     "trainer.patience=10",
@@ -77,7 +77,7 @@ from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
 from mdl.run.experiment import run_experiment  # noqa: E402
 
 KILL_SETTINGS = [
-    "mdl.engine=sequential",
+    "mdl.members_per_fit=1",
     "mdl.checkpoint_every_s=0",
     "trainer.kwargs.max_epochs=25",
     "mdl.num_blocks=3",
@@ -177,7 +177,7 @@ def count_saves(cfg, run_dir: Path, monkeypatch) -> int:
 def test_resumed_run_logs_every_block(engine: str, tmp_path: Path, monkeypatch) -> None:
     """The CSV (and W&B, the same on_block) series of blocks finished before a kill are logged again by the
     resumed run: its log holds every block's curve, equal to an uninterrupted run's."""
-    settings = [*KILL_SETTINGS, "trainer.patience=2", f"mdl.engine={engine}"]
+    settings = [*KILL_SETTINGS, "trainer.patience=2", FITS[engine]]
     saves = count_saves(compose_config(settings, tmp_path / "ref"), tmp_path / "ref" / "run", monkeypatch)
     reference = block_series(tmp_path / "ref" / "run")
     assert len(reference) == 6  # train and val loss of blocks 1 and 2 and of the final fit

@@ -22,6 +22,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from conftest import FITS
+
 from mdl.sweeps.checks import (
     LOCAL_LAUNCHER,
     SLURM_LAUNCHER,
@@ -305,7 +307,7 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(interrupt, engine, 
         "mdl.num_blocks=3",
         "trainer.kwargs.max_epochs=40",
         "trainer.patience=40",
-        f"mdl.engine={engine}",
+        FITS[engine],
         "mdl.checkpoint_every_s=0",
     ]
     ref_env = dict(env, SLOWING_OUTPUT_ROOT=str(tmp_path / "reference"))

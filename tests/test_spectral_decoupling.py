@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from conftest import FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
+from conftest import FITS, FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
 from mdl.run.components import make_loss, make_model_factory, make_optimizer
 from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
@@ -292,7 +292,7 @@ SD_RUN = ["loss=spectral_decoupling", "loss.lambda=0.3"]
 
 def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path: Path) -> None:
     proc = run_launch(
-        ["-m", "mdl.engine=sequential,stacked", *FAST, *SD_RUN, f"paths.output_root={tmp_path}"], cwd=tmp_path
+        ["-m", "mdl.members_per_fit=1,all", *FAST, *SD_RUN, f"paths.output_root={tmp_path}"], cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     paths = sorted(tmp_path.glob("multirun/*/*/*/results.json"))
@@ -344,7 +344,7 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
         *FAST,
         *SD_RUN,
         "loss.lambda=1.0",
-        f"mdl.engine={engine}",
+        FITS[engine],
         "eraser=none",
         "trainer.kwargs.max_epochs=6",
         "trainer.patience=6",

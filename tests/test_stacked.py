@@ -13,7 +13,7 @@ import schedulefree
 import torch
 from mup import MuReadout
 
-from conftest import FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
+from conftest import FITS, FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.augment import Augmentation
 from datamodules.loader import DeviceBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches, TrainSource
@@ -34,7 +34,7 @@ def crop_flip(augment: bool) -> Augmentation | None:
     return Augmentation() if augment else None
 
 
-STACKED = [*FAST, "mdl.engine=stacked", "mdl.checkpoint_every_s=0"]
+STACKED = [*FAST, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0"]
 
 
 def test_each_member_starts_from_the_sequential_engines_initial_weights() -> None:
@@ -280,8 +280,7 @@ def test_engines_agree_within_the_seed_to_seed_spread(tmp_path: Path) -> None:
     """Digits, the default run, 5 seeds: the engines differ by less than the seeds do."""
     runs = {
         e: [
-            run_experiment(compose_config([f"mdl.engine={e}", f"seed={s}"], tmp_path / e), tmp_path / f"{e}{s}")
-            for s in range(5)
+            run_experiment(compose_config([FITS[e], f"seed={s}"], tmp_path / e), tmp_path / f"{e}{s}") for s in range(5)
         ]
         for e in ("sequential", "stacked")
     }
@@ -334,7 +333,7 @@ def test_every_registered_model_stacks(name: str, options: dict) -> None:
 
 def test_gradient_clipping_is_refused_by_the_stacked_engine(tmp_path: Path) -> None:
     cfg = compose_config([*STACKED, "+trainer.kwargs.gradient_clip_val=1.0"], tmp_path)
-    with pytest.raises(ValueError, match="use mdl.engine=sequential"):
+    with pytest.raises(ValueError, match="use mdl.members_per_fit=1"):
         run_experiment(cfg, tmp_path / "run")
 
 
@@ -375,16 +374,14 @@ def test_run_identity_is_the_engine_and_cpu_threads_not_how_often_it_checkpoints
         compose_config([*FAST, "trainer.torch_threads=3"])
     )
     assert base == config_hash(compose_config([*FAST, "data.balance=null", "data.transform=null"]))
-    assert base != config_hash(compose_config([*FAST, "mdl.engine=sequential"]))
+    assert base != config_hash(compose_config([*FAST, "mdl.members_per_fit=1"]))
     assert base != config_hash(compose_config([*FAST, "data.balance=suby"]))
 
 
 def test_patience_zero_stops_at_the_first_epoch_without_improvement_as_lightning_does(tmp_path: Path) -> None:
     results = {
         e: run_experiment(
-            compose_config(
-                [*FAST, f"mdl.engine={e}", "trainer.patience=0", "trainer.kwargs.max_epochs=30"], tmp_path / e
-            ),
+            compose_config([*FAST, FITS[e], "trainer.patience=0", "trainer.kwargs.max_epochs=30"], tmp_path / e),
             tmp_path / e / "run",
         )
         for e in ("sequential", "stacked")
@@ -407,7 +404,7 @@ def test_muP_learning_rates_equal_the_sequential_engines_to_the_bit() -> None:
 
 
 def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*use mdl.engine=sequential"):
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*use mdl.members_per_fit=1"):
         run_experiment(
             compose_config([*STACKED, "+trainer.kwargs.accumulate_grad_batches=2"], tmp_path), tmp_path / "run"
         )
@@ -416,11 +413,11 @@ def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tm
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"accumulate_grad_batches": 2}, "or use mdl.engine=sequential"),
-        ({"fast_dev_run": True}, "or use mdl.engine=sequential"),
-        ({"overfit_batches": 3}, "or use mdl.engine=sequential"),
-        ({"min_epochs": 5}, "or use mdl.engine=sequential"),
-        ({"limit_train_batches": 1}, "or use mdl.engine=sequential"),  # an int: one batch
+        ({"accumulate_grad_batches": 2}, "or use mdl.members_per_fit=1"),
+        ({"fast_dev_run": True}, "or use mdl.members_per_fit=1"),
+        ({"overfit_batches": 3}, "or use mdl.members_per_fit=1"),
+        ({"min_epochs": 5}, "or use mdl.members_per_fit=1"),
+        ({"limit_train_batches": 1}, "or use mdl.members_per_fit=1"),  # an int: one batch
         ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
         ({"limit_val_batches": 0.5}, "validates every model"),
         ({"val_check_interval": 10}, "validates every model"),
@@ -428,7 +425,7 @@ def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tm
         ({"min_steps": 5}, "use max_epochs"),
         ({"max_time": "00:01:00:00"}, "use max_epochs"),
         ({"max_steps": None}, "use max_epochs"),
-        ({"accumulate_grad_batches": None}, "or use mdl.engine=sequential"),  # None is not their default
+        ({"accumulate_grad_batches": None}, "or use mdl.members_per_fit=1"),  # None is not their default
     ],
 )
 def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(

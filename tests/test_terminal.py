@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, REPO, python_path
+from conftest import FITS, FAST, REPO, python_path
 
 pyte = pytest.importorskip("pyte", reason="the terminal emulator of the dev extra (pip install -e '.[dev]')")
 
@@ -118,7 +118,7 @@ LONG_ENOUGH = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=80", "train
 
 @pytest.mark.parametrize("engine", ["stacked", "sequential"])
 def test_the_screen_after_a_run_holds_every_block_line_and_no_table(engine: str, tmp_path: Path) -> None:
-    code, output = run_in_terminal([*LONG_ENOUGH, f"mdl.engine={engine}", f"paths.output_root={tmp_path}"], tmp_path)
+    code, output = run_in_terminal([*LONG_ENOUGH, FITS[engine], f"paths.output_root={tmp_path}"], tmp_path)
     lines = screen_lines(output)
     assert code == 0, "\n".join(lines)
     assert BOX.search(output.decode(errors="replace")), "no table was drawn: the run ended before the first frame"

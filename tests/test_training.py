@@ -126,14 +126,14 @@ def test_finished_config_is_skipped(tmp_path: Path) -> None:
 def test_a_finished_run_keeps_no_checkpoints_and_skip_if_done_false_runs_it_again(tmp_path: Path) -> None:
     """Checkpoints (the final one ~4x the model) serve only a resume; and with skip_if_done=false a run is
     trained again, not resumed from what an earlier attempt left (it reused a leftover final.ckpt)."""
-    cfg = compose_config([*FAST, "mdl.engine=sequential"], output_root=tmp_path)
+    cfg = compose_config([*FAST, "mdl.members_per_fit=1"], output_root=tmp_path)
     first = run_experiment(cfg, tmp_path / "one")
     (store,) = (tmp_path / "store").iterdir()
     assert not (store / "checkpoints").exists() and not (store / "progress.json").exists()
     (store / "checkpoints").mkdir()
     (store / "checkpoints" / "final.ckpt").write_bytes(b"left by an earlier attempt")
     again = run_experiment(
-        compose_config([*FAST, "mdl.engine=sequential", "skip_if_done=false"], output_root=tmp_path), tmp_path / "two"
+        compose_config([*FAST, "mdl.members_per_fit=1", "skip_if_done=false"], output_root=tmp_path), tmp_path / "two"
     )
     assert not again.get("skipped") and again["paper_mdl"] == first["paper_mdl"]
     assert not (store / "checkpoints").exists()

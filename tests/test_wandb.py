@@ -92,7 +92,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
         if isinstance(value, (int, float)):
             assert values[f"erasure/{key}"] == value, key
     run = run_record(run_file)
-    assert {"baseline", "v2", "data:digits", "model:mlp", "eraser:leace", "engine:stacked"} <= set(run.tags)
+    assert {"baseline", "v2", "data:digits", "model:mlp", "eraser:leace", "fits:stacked"} <= set(run.tags)
     assert "logger=wandb" not in run.display_name and "eraser=leace" in run.display_name
     assert run_file.parents[3].name in run.run_group  # the sweep's time
     logged = artifacts(run_file)

@@ -46,15 +46,15 @@ VALIDATES = (
 )
 STOPS = (
     "a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
-    "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, in the sequential engine, min_epochs)"
+    "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, with mdl.members_per_fit=1, min_epochs)"
 )
 STACKED = (
     "the members of a stacked fit follow the prequential protocol (one step per member per global step, "
-    "validation every member epoch, early stopping); remove it, or use mdl.engine=sequential (mdl.members_per_fit=1)"
+    "validation every member epoch, early stopping); remove it, or use mdl.members_per_fit=1 (one member per fit)"
 )
 CLIPS = (
-    "Lightning would clip the norm of the whole stack, not of each member; use mdl.engine=sequential "
-    "(mdl.members_per_fit=1) for gradient clipping"
+    "Lightning would clip the norm of the whole stack, not of each member; use mdl.members_per_fit=1 "
+    "(one member per fit) for gradient clipping"
 )
 
 

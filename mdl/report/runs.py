@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from mdl.run.environment import describe
-from mdl.run.identity import LR_SOURCES, is_bookkeeping
+from mdl.run.identity import is_bookkeeping
 
 RESULTS_NAME = "results.json"
 REQUIRED_KEYS = ("config",)
@@ -144,8 +144,6 @@ def is_replicate_key(key: str) -> bool:
 def is_ignored_key(key: str, encoded: str, extra_ignored: Iterable[str] = ()) -> bool:
     """Bookkeeping that differs between runs of one condition: paths, logger, hydra, --ignore."""
     if is_bookkeeping(key):  # mdl/run/identity.py: the keys a run's identity leaves out
-        return True
-    if any(key == k or key.startswith(k + ".") for k in LR_SOURCES):  # optimizer.lr holds the lr itself
         return True
     for prefix in extra_ignored:
         if key == prefix or key.startswith(prefix + "."):

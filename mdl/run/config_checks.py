@@ -44,15 +44,57 @@ CHOICES = {  # config key -> the values the code behind it takes
 NAMED_BY_GROUP = {"eraser.name": "eraser", "model.name": "model", "data.source": "data"}
 
 
+# Keys that no longer exist, with what replaced them: refused on the command line (launch.py) and in a config.
+RETIRED_KEYS = {
+    "mdl.engine": "mdl.engine is gone: mdl.members_per_fit alone says how members are grouped; use "
+    "mdl.members_per_fit=all (was mdl.engine=stacked) or mdl.members_per_fit=1 (was mdl.engine=sequential)",
+    "mdl.default_engine": "mdl.default_engine is gone: each conf/model/<name>.yaml sets the default of "
+    "mdl.members_per_fit; override it with mdl.members_per_fit=all or mdl.members_per_fit=1",
+    "trainer.threads_by_engine": "trainer.threads_by_engine is gone: trainer.threads_by_members_per_fit holds the "
+    "default thread counts; or set trainer.torch_threads=N",
+}
+
+
+def retired_key_error(override: str) -> str | None:
+    """The message for a command-line override of a retired key (``mdl.engine=stacked``, ``+mdl.engine=...``)."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    return next((why for old, why in RETIRED_KEYS.items() if key == old or key.startswith(old + ".")), None)
+
+
+def refuse_retired_keys(cfg: DictConfig) -> None:
+    """A retired key in a config (added with ``+``, or from a preset of one's own) names its replacement."""
+    absent = object()
+    for key, why in RETIRED_KEYS.items():
+        if OmegaConf.select(cfg, key, default=absent, throw_on_missing=False) is not absent:
+            raise ValueError(why)
+
+
 def probes_enabled(cfg: DictConfig) -> bool:
     """Whether the max-ent probes (conf/probes) are on; a config without the group has them off."""
     return bool(OmegaConf.select(cfg, "probes.enabled", default=False))
 
 
+def group_file(group: str, name: str) -> DictConfig:
+    """What conf/<group>/<name>.yaml gives its group: the file, or the ``<group>`` node of a file in the global
+    package (a model's file also sets its mdl.members_per_fit)."""
+    path = CONF_DIR / group / f"{name}.yaml"
+    node = OmegaConf.load(path)
+    if path.read_text().startswith("# @package _global_"):
+        return node.get(group) or OmegaConf.create({})
+    return node
+
+
+def known_keys(group: str) -> set[str]:
+    """The keys the files of ``group`` define, and those the model files set in it (mdl.members_per_fit)."""
+    files = [OmegaConf.load(path) for path in (CONF_DIR / group).glob("*.yaml")]
+    by_models = [OmegaConf.load(path).get(group) or {} for path in (CONF_DIR / "model").glob("*.yaml")]
+    return set().union(*(node.keys() for node in files), *(node.keys() for node in by_models)) - {"defaults"}
+
+
 def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
     """A key added to ``group`` on the command line (``+trainer.patiense=1``) that none of the group's
     config files defines would be ignored silently: refuse it, naming the nearest known key."""
-    known = set().union(*(OmegaConf.load(path).keys() for path in (CONF_DIR / group).glob("*.yaml"))) - {"defaults"}
+    known = known_keys(group)
     for key in cfg.get(group) or {}:
         if key not in known:
             near = difflib.get_close_matches(str(key), sorted(map(str, known)), n=1)
@@ -66,9 +108,8 @@ def refuse_unknown_keys(cfg: DictConfig, group: str) -> None:
 def conf_names(key: str) -> list[str]:
     """The values of ``key`` (``eraser.name``) that the files of its config group set."""
     group, leaf = NAMED_BY_GROUP[key], key.split(".", 1)[1]
-    return sorted(
-        {str(v) for path in (CONF_DIR / group).glob("*.yaml") if (v := OmegaConf.load(path).get(leaf)) is not None}
-    )
+    files = (group_file(group, path.stem) for path in (CONF_DIR / group).glob("*.yaml"))
+    return sorted({str(v) for node in files if (v := node.get(leaf)) is not None})
 
 
 def check_before_imports(cfg: DictConfig) -> None:
@@ -87,7 +128,7 @@ def check_model_options(cfg: DictConfig) -> None:
     loaded), and option values its builder refuses."""
     model, options = cfg.model.name, cfg.model.get("options") or {}
     path = CONF_DIR / "model" / f"{model}.yaml"
-    known = sorted(map(str, (OmegaConf.load(path).get("options") or {}).keys())) if path.is_file() else None
+    known = sorted(map(str, (group_file("model", model).get("options") or {}).keys())) if path.is_file() else None
     for key, value in options.items():
         if known is not None and key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
@@ -142,7 +183,8 @@ def check_config(cfg: DictConfig) -> None:
             also = "".join(f" or {'null' if v is None else v}" for v in allowed)
             raise ValueError(f"{key}={value!r}: must be an integer >= {low}{also}; e.g. {key}={usual}")
 
-    members_per_fit(cfg.mdl)  # a known engine name, or members_per_fit all or >= 1
+    refuse_retired_keys(cfg)
+    members_per_fit(cfg.mdl)  # all, auto or an integer >= 1
     check_paper_loss(cfg.mdl.paper_loss)
     check_print_config(cfg.get("print_config", "overrides"))
     for key, values in CHOICES.items():

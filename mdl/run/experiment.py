@@ -52,7 +52,7 @@ from mdl.run.components import (
 from mdl.run.config_checks import check_trainer_config, validate_config
 from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
 from mdl.engine.members import AUTO
-from mdl.run.identity import config_hash, engine_name, members_per_fit, training_threads
+from mdl.run.identity import config_hash, grouping, members_per_fit, training_threads
 from mdl.run.job_logs import LogFile
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
@@ -260,7 +260,7 @@ def finished_results(path: Path) -> dict[str, Any] | None:
 @dataclass
 class PreparedRun:
     """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl/engine/runs.py), with
-    what its results record beside the numbers (its logger, profiler, preconditioning, eraser file, engine)."""
+    what its results record beside the numbers (its logger, profiler, preconditioning, eraser file, grouping)."""
 
     job: Job
     run: Run
@@ -269,7 +269,7 @@ class PreparedRun:
     profiler: Any
     preconditioning: Any
     eraser_path: str | None
-    engine: str
+    grouping: str  # mdl/run/identity.py grouping: stacked, sequential, fits of k, fits by memory
 
 
 def job_data(job: Job) -> ErasedDataModule:
@@ -307,11 +307,11 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
     rules = LoopRules.of(cfg.get("protocol"))
-    engine = "sequential" if rules.backtrack else engine_name(cfg.mdl)  # one member per fit
+    fits = "sequential" if rules.backtrack else grouping(cfg.mdl)  # one member per fit
     log.info(
-        "run %s, %s engine, on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
+        "run %s (fits: %s) on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         job.key,
-        engine,
+        fits,
         device,
         t.precision,
         t.compile,
@@ -323,7 +323,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
     precondition, preconditioning = make_preconditioner(cfg, dm)
     final_curves = make_final_curves(cfg, dm)
-    if engine != "sequential" and t.channels_last:
+    if fits != "sequential" and t.channels_last:
         log.info(
             "fits of several members: ConvNeXt's stacked form is channels-last whatever the setting; other models' "
             "stacks run under vmap, where trainer.channels_last applies to fits of one member only (mdl.members_per_fit=1)"
@@ -354,7 +354,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
         channels_last=t.channels_last,
         compile_backend=check_compile(t.compile),
     )
-    return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, engine)
+    return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, fits)
 
 
 def train_alone(prepared: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
@@ -375,8 +375,8 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "overrides": job.overrides,
         "git_sha": git_sha(),
         "code_version": code_version(),
-        "engine": run.engine,
-        "members_per_fit": 1 if run.engine == "sequential" else members_per_fit(cfg.mdl) or "all",
+        "engine": run.grouping,  # the record's name for it (results.json readers, stored runs)
+        "members_per_fit": 1 if run.grouping == "sequential" else members_per_fit(cfg.mdl) or "all",
         "device": str(job.device),
         ENVIRONMENT_KEY: job.environment(),
         "eraser_path": run.eraser_path,
@@ -452,6 +452,6 @@ def summary(results: dict[str, Any], path: Path) -> str:
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
         f"final val loss: {results['final_val_loss']:.4f} nats\n"
-        f"engine: {results.get('engine', 'sequential')} (mdl.members_per_fit, or mdl.engine naming it)\n"
+        f"fits: {results.get('engine', 'sequential')} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
         f"results: {path}"
     )

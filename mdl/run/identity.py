@@ -7,13 +7,14 @@ run names leave them out (mdl/run/loggers.py). Hydra's job folder names leave th
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.
 
-Not among them: how members are grouped into fits (``mdl.members_per_fit``, or ``mdl.engine`` naming it:
-the modes' numbers differ in the last bits; ``canonical_fit_mode`` writes it one way), and on a CPU
-the thread count (``cpu_threads`` is added to the identity: 1 and 2 threads reduce sums in other orders).
+Not among them: how members are grouped into fits (``mdl.members_per_fit``: the groupings' numbers differ in
+the last bits), and on a CPU the thread count (``cpu_threads`` is added to the identity: 1 and 2 threads reduce
+sums in other orders).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -37,16 +38,17 @@ BOOKKEEPING_KEYS = (
     "data.options.download",
     # how fast or how often
     "mdl.checkpoint_every_s",
-    "mdl.default_engine",
     "mdl.steps_per_group",
     "mdl.lock_lease_s",
     "mdl.pack_data_fraction",
     "mdl.reuse_across_environments",
     "trainer.torch_threads",
-    "trainer.threads_by_engine",
+    "trainer.threads_by_members_per_fit",
     "trainer.profiler",
-    # a table looked up once: the optimizer.lr it sets is what counts (an lr search's answers, +lr=best)
+    # tables looked up once: the optimizer.lr they set is what counts (an lr search's answers, +lr=best; the
+    # data sets' default learning rates)
     "lr_search",
+    "optimizer.lr_by_data",
 )
 
 
@@ -68,38 +70,33 @@ def without_bookkeeping(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-# --- how many members a fit trains: mdl.members_per_fit, and mdl.engine as a name for it ---------------
-
-ENGINES = {"stacked": None, "sequential": 1}  # mdl.engine: a name for mdl.members_per_fit (None = all)
+# --- how many members a fit trains: mdl.members_per_fit ----------------------------------------------
 
 
 def members_per_fit(mdl: Any) -> int | str | None:
-    """``mdl.members_per_fit`` (``all``, ``auto`` or an integer >= 1), or, when it is null, what ``mdl.engine``
-    names; None means all members in one fit. ``mdl`` is the config's ``mdl`` node or a plain dict."""
+    """``mdl.members_per_fit`` (``all``, ``auto`` or an integer >= 1); None means all members in one fit.
+    ``mdl`` is the config's ``mdl`` node or a plain dict."""
     value = mdl.get("members_per_fit")
     if value is None:
-        engine = mdl.get("engine")
-        if engine not in ENGINES:
-            raise ValueError(
-                f"unknown engine mdl.engine={engine!r}; choose one of {tuple(ENGINES)} "
-                f"(or set mdl.members_per_fit=all|auto|1|k)"
-            )
-        return ENGINES[engine]
+        raise ValueError(
+            "mdl.members_per_fit is not set: each conf/model/<name>.yaml sets its default (mdl: members_per_fit: "
+            "all or 1); set it there or on the command line, e.g. mdl.members_per_fit=all"
+        )
     if value == "all":
         return None
     if value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
-            f"mdl.members_per_fit={value!r}: must be all, auto, or an integer >= 1 (1 = one model per "
-            f"fit, as mdl.engine=sequential; all = every member in one fit, as mdl.engine=stacked; auto = "
-            f"as many as fit in the device's memory)"
+            f"mdl.members_per_fit={value!r}: must be all, auto, or an integer >= 1 (1 = one model per fit; all = "
+            f"every member in one stacked fit; auto = as many as fit in the device's memory)"
         )
     return value
 
 
-def engine_name(mdl: Any) -> str:
-    """``stacked`` (all members in one fit), ``sequential`` (one per fit), ``fits of k`` or ``fits by memory``."""
+def grouping(mdl: Any) -> str:
+    """How a run's members are grouped, in words for people: ``stacked`` (all in one fit), ``sequential`` (one per
+    fit), ``fits of k`` or ``fits by memory``."""
     k = members_per_fit(mdl)
     if k == AUTO:
         return "fits by memory"
@@ -108,70 +105,6 @@ def engine_name(mdl: Any) -> str:
     ):  # a run has num_blocks members (one per boundary; the last is the final fit)
         return "stacked"
     return "sequential" if k == 1 else f"fits of {k}"
-
-
-def canonical_fit_mode(mdl: dict[str, Any]) -> None:
-    """In a plain config dict's ``mdl`` (changed in place), say how members are grouped in one way, so a run
-    keeps its identity however it was asked for: ``mdl.engine=stacked`` and ``mdl.members_per_fit=all``
-    are the same run, and so are runs made before ``members_per_fit`` existed."""
-    k = members_per_fit(mdl)
-    name = engine_name(mdl)
-    mdl.pop("members_per_fit", None)
-    several = name.startswith("fits ")
-    mdl["engine"] = "stacked" if several else name
-    if several:
-        mdl["members_per_fit"] = k
-
-
-# --- the learning rate's default: optimizer.lr_by_data, which conf/data held before ------------------
-
-# Keys that only say where optimizer.lr came from (the lr a run trained with is optimizer.lr itself):
-# the defaults table, and data.lr of runs made before the table moved from conf/data to conf/optimizer.
-LR_SOURCES = ("optimizer.lr_by_data", "data.lr")
-
-
-def canonical_lr_source(config: dict[str, Any]) -> None:
-    """In a plain config dict (changed in place), put the data set's default lr back where runs made before
-    the move had it (``data.lr``) and drop the table, so every run keeps its identity
-    (tests/test_identity.py compares with the hashes of that code)."""
-    by_data = (config.get("optimizer") or {}).pop("lr_by_data", None)
-    data = config.get("data")
-    if isinstance(by_data, dict) and isinstance(data, dict) and "lr" not in data and data.get("source") in by_data:
-        data["lr"] = by_data[data["source"]]
-
-
-MAP_ERASERS = (
-    "leace",
-    "qleace",
-    "alf_qleace",
-)  # fitted on the training split alone before eraser.fit_scope applied to them
-
-
-def canonical_fit_scope(config: dict[str, Any]) -> None:
-    """In a plain config dict (changed in place), drop ``eraser.fit_scope=split`` of an eraser in ``MAP_ERASERS``: that
-    fit (the training split alone) is what runs made before the key existed did, so they keep their identity."""
-    eraser = config.get("eraser")
-    if isinstance(eraser, dict) and eraser.get("name") in MAP_ERASERS and eraser.get("fit_scope") == "split":
-        eraser.pop("fit_scope")
-
-
-def canonical_drop_path(config: dict[str, Any]) -> None:
-    """In a plain config dict (changed in place), drop ``model.options.drop_path_rate`` when it is 0 (no stochastic
-    depth): what ConvNeXt and Swin runs made before the option existed did, so they keep their identity."""
-    options = (config.get("model") or {}).get("options")
-    if isinstance(options, dict) and options.get("drop_path_rate") == 0:
-        options.pop("drop_path_rate")
-
-
-def canonical_swin_variant(config: dict[str, Any]) -> None:
-    """In a plain config dict (changed in place), drop Swin's ``model.options.variant=timm`` and ``heads=null``: the
-    model runs made before the keys existed built, so they keep their identity."""
-    model = config.get("model") or {}
-    options = model.get("options")
-    if model.get("name") == "swin" and isinstance(options, dict) and options.get("variant") == "timm":
-        options.pop("variant")
-        if options.get("heads", "absent") is None:
-            options.pop("heads")
 
 
 # --- a run's identity: the config hash ----------------------------------------------------------
@@ -198,9 +131,6 @@ def allocated_cpus() -> int:
 DEFAULT_THREADS = allocated_cpus()  # trainer.torch_threads=null: the CPUs allocated to this task (1 outside Slurm)
 
 
-OPTIONAL_KEYS = {"data": ("balance", "transform"), "optimizer": ("precondition",)}
-
-
 def training_threads(cfg: DictConfig) -> int:
     """The CPU threads a run trains with: trainer.torch_threads, or the CPUs allocated to this process."""
     return int(cfg.trainer.get("torch_threads") or DEFAULT_THREADS)
@@ -210,25 +140,16 @@ def config_hash(cfg: DictConfig) -> str:
     """A short hash of the resolved config minus bookkeeping keys: the identity of a run. A run that
     trains on a CPU also carries its thread count: 1 and 2 threads give different numbers (sums are
     reduced in another order), so a run resumed or skipped with another count would mix them."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    if _trains_on_cpu(cfg):
-        data["cpu_threads"] = training_threads(cfg)
-    without_bookkeeping(data)  # where and how, not what
-    canonical_fit_mode(data["mdl"])  # mdl.engine=stacked and mdl.members_per_fit=all: one run
-    canonical_lr_source(data)  # the lr defaults table, where conf/data held it
-    if not (data.get("probes") or {}).get("enabled", False):
-        data.pop("probes", None)  # probes off: the hash runs had before the probes group existed
-    if not data.get("callbacks"):
-        data.pop("callbacks", None)  # none: the hash runs had before the callbacks group existed
-    canonical_fit_scope(data)  # eraser.fit_scope=split of a map eraser: the runs made before the key existed
-    canonical_swin_variant(data)  # the default Swin (timm): the runs made before model.options.variant existed
-    canonical_drop_path(data)  # model.options.drop_path_rate=0: the runs made before the option existed
-    if (data.get("protocol") or {}).get("name", "sound") == "sound":
-        data.pop("protocol", None)  # the default loop: the hash runs had before the protocol group existed
-    for group, keys in OPTIONAL_KEYS.items():
-        for key in keys:
-            if (data.get(group) or {}).get(key, "absent") is None:
-                data[group].pop(key)  # off: the hash runs had before the option existed
+    cpu_threads = training_threads(cfg) if _trains_on_cpu(cfg) else None
+    return identity_hash(OmegaConf.to_container(cfg, resolve=True), cpu_threads)
+
+
+def identity_hash(config: dict[str, Any], cpu_threads: int | None) -> str:
+    """``config_hash`` of a resolved config as a plain dict (a stored run's, mdl/run/rehash.py), with the CPU thread
+    count it trains with (None: it trains on a GPU)."""
+    data = without_bookkeeping(copy.deepcopy(config))  # where and how, not what
+    if cpu_threads is not None:
+        data["cpu_threads"] = cpu_threads
     blob = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

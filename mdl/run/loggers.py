@@ -29,7 +29,7 @@ from typing import Any, Callable
 from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mdl.run.identity import engine_name, is_bookkeeping
+from mdl.run.identity import grouping, is_bookkeeping
 from mdl.results import BlockResult, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
         f"data:{cfg.data.source}",
         f"model:{cfg.model.name}",
         f"eraser:{cfg.eraser.name}",
-        f"engine:{engine_name(cfg.mdl)}",
+        f"fits:{grouping(cfg.mdl)}",
         *([f"preset:{preset}"] if preset else []),
         *([f"debug:{debug}"] if debug else []),
     ]

@@ -294,6 +294,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return
+    from mdl.run.config_checks import retired_key_error
+
+    for arg in args:
+        if (why := retired_key_error(arg)) is not None:
+            print(f"error: {arg}: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             master = GlobalHydra.instance().hydra.compose_config("config", args, run_mode=RunMode.MULTIRUN)
