@@ -47,7 +47,7 @@ def main(cfg: DictConfig) -> float | None:
     from mdl.results import RESULTS_FILE
 
     quiet_lightning()
-    if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl/run/debug_checks.py)
+    if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl.run.debug_checks)
         from mdl.run.debug_checks import overfit_one_batch
 
         with ends_like_a_run():

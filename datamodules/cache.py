@@ -158,7 +158,7 @@ def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
 
 
 def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
-    """Write tensors with their checksum, atomically (erasure/files.py); an OS error (full disk, read-only
+    """Write tensors with their checksum, atomically (erasure.files); an OS error (full disk, read-only
     folder) becomes ``CacheWriteError``."""
     from safetensors.torch import save_file
 

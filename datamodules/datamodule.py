@@ -1,8 +1,8 @@
 """The LightningDataModule: load a source, split it by data_seed, fit the eraser, erase, serve batches.
 
-``setup`` composes the steps: load and split (datamodules/splits.py) -> fit the eraser on the rows its fit_scope
-names -> erase and diagnose (datamodules/erasing.py), the fitted eraser and the erased splits each cached on disk
-(datamodules/cache.py) under the keys of ``DataOptions`` (datamodules/options.py). Every job of a sweep that shares
+``setup`` composes the steps: load and split (datamodules.splits) -> fit the eraser on the rows its fit_scope
+names -> erase and diagnose (datamodules.erasing), the fitted eraser and the erased splits each cached on disk
+(datamodules.cache) under the keys of ``DataOptions`` (datamodules.options). Every job of a sweep that shares
 those reuses them; a cache hit does not even load the source. Afterwards every split is one tensor on the training
 device and batches come from ``DeviceBatches``. The training split is stored in its (seeded) shuffled order, which is
 also the prequential order: ``use_prefix(n)`` makes the loaders serve its first n examples.
@@ -10,7 +10,7 @@ also the prequential order: ``use_prefix(n)`` makes the loaders serve its first 
 Two optional steps around the eraser (both off by default, both part of the cache keys):
 ``balance`` (the gradient-starvation thesis, ch. 8): suby subsamples the training split by class before
 it is stored, so before the prequential order; rwy keeps it and draws every epoch's training batches
-class-balanced (datamodules/loader.py); validation and test are untouched.
+class-balanced (datamodules.loader); validation and test are untouched.
 ``transform`` (covariance_power, the preconditioning abstract) maps every split with
 x -> mu + c Sigma^{p/2} (x - mu), Sigma the training covariance, either before the eraser (the
 eraser is then fitted on transformed data) or after it (fitted on the erased training split).
@@ -94,7 +94,7 @@ class ErasedDataModule(L.LightningDataModule):
             )
             return eraser(), tensors, info
 
-        # minutes of single LAPACK calls at CIFAR-10's size: a SIGTERM stops them at once (datamodules/interrupts.py)
+        # minutes of single LAPACK calls at CIFAR-10's size: a SIGTERM stops them at once (datamodules.interrupts)
         self.eraser, tensors, info = interruptible(prepared)
         self._hold(tensors, info)
 
@@ -137,7 +137,7 @@ class ErasedDataModule(L.LightningDataModule):
         )
 
     def resident_bytes(self) -> int:
-        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl/run/pack.py); the
+        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl.run.pack); the
         eraser and batch buffers, small beside them, are not counted."""
         return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
 
@@ -154,7 +154,7 @@ class ErasedDataModule(L.LightningDataModule):
         """Serve only the first n training examples (the prequential prefix; None = all), in groups
         of ``steps_per_group`` batches per Lightning step when that is more than 1. ``reshuffle`` False:
         the prefix in its order every epoch; ``augment_per_batch``: one crop and flip per batch (both
-        protocol=original, mdl/engine/protocol.py ``LoopRules``)."""
+        protocol=original, ``mdl.engine.protocol.LoopRules``)."""
         if n is not None and not 0 < n <= self.num_train:
             raise ValueError(f"prefix {n} outside 1..{self.num_train}")
         if steps_per_group < 1:

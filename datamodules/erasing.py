@@ -1,6 +1,6 @@
 """Erasure as a step of its own, on tensors, without Lightning: fit the eraser on the rows its ``fit_scope`` names,
 then erase the splits with it and diagnose the result (``erase_splits``). The data module caches both results
-(datamodules/cache.py) and serves the erased splits.
+(datamodules.cache) and serves the erased splits.
 
 Label-dependent erasers (``requires_labels``, e.g. qleace) need a class for every example they map; an eraser that
 only edits the data it was fitted on (gradient) is fitted again on the validation and on the test split, with labels

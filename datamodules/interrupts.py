@@ -1,12 +1,12 @@
 """Long data work that a signal can stop at once: the source load, eraser fit, diagnostics and cache build.
 
-A run's SIGTERM handler (mdl/engine/preemption.py) raises in the main thread, but only between two Python
+A run's SIGTERM handler (mdl.engine.preemption) raises in the main thread, but only between two Python
 steps: one LAPACK call at CIFAR-10's size (an eigh of a 3072 x 3072 float64 matrix) took 77 s on a busy 2-core
 machine, and Slurm kills 30 s after SIGTERM. ``interruptible`` runs the work in a worker thread while the main
 thread waits in short joins, so the handler's exception ends the wait at once; the work is abandoned (its
 cache writes are renames, so nothing half-written is ever read; a temporary is removed by the next start,
-datamodules/cache.py). The process must then end without waiting for the worker: ``abandoned`` says so
-(mdl/run/exits.py ends it with ``os._exit``). Everything else (results, numbers, warnings, logs) is as if the
+datamodules.cache). The process must then end without waiting for the worker: ``abandoned`` says so
+(mdl.run.exits ends it with ``os._exit``). Everything else (results, numbers, warnings, logs) is as if the
 work ran in the main thread: torch's and numpy's random state and thread settings are process-wide.
 """
 

@@ -137,7 +137,7 @@ class DeviceBatches:
 
 @dataclass
 class BatchGroup:
-    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models/manual_steps.py)."""
+    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models.manual_steps)."""
 
     batches: list[tuple[Tensor, Tensor]]
 

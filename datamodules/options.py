@@ -95,7 +95,7 @@ class DataOptions:
     data_seed: int = 0
     source_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # data.options: the source loader's
     # source options that say where or how the data is fetched, not what it is: left out of the cache keys (the ones
-    # a run's identity leaves out, mdl/run/identity.py BOOKKEEPING_KEYS: one definition)
+    # a run's identity leaves out, mdl.run.identity.BOOKKEEPING_KEYS: one definition)
     options_not_data: tuple[str, ...] = ()
     val_size: int = 300
     test_size: int = 300

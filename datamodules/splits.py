@@ -40,7 +40,7 @@ def balance_indices(y: Tensor, method: str, data_seed: int) -> Tensor:
 
     suby: every class keeps its first m examples in that order, m the smallest class count (classes
     absent from the split are ignored); the kept examples keep their relative (random) order.
-    rwy: every example, as it is: RWY reweights the *sampling* of each epoch (datamodules/loader.py
+    rwy: every example, as it is: RWY reweights the *sampling* of each epoch (datamodules.loader
     ``class_balanced_weights``), never the stored data: a fixed bootstrap would put copies of training examples
     into the blocks the online code scores (35.6% of them on digits)."""
     check_balance(method)

@@ -2,7 +2,7 @@
 
 Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
 n_m class-balanced draws with replacement) and crop/flip draws
-from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules/loader.py),
+from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules.loader),
 so a member sees the batches the sequential engine's model for that prefix sees. One global
 step takes the next batch of every member still training; the batches are padded to a common
 batch size with per-example weights 0 where a member's last batch is short.
@@ -14,7 +14,7 @@ time. A group's batches are gathered from the resident training set with one ind
 and (augment-then-erase) erased together: a few large kernels instead of many small ones, and
 one Lightning step (whose fixed host cost is about half a millisecond) per group.
 
-Members of several runs packed into one fit (a pack: mdl/engine/driver.py train_runs) may each have their own training set
+Members of several runs packed into one fit (a pack: mdl.engine.driver.train_runs) may each have their own training set
 (another eraser, another data seed): ``TrainSource`` is one of them, and a group is gathered, augmented
 and erased per source, so a member's batches are what they are with its source alone.
 """

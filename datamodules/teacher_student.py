@@ -35,7 +35,7 @@ F64 = torch.float64
 
 
 def _generator(source: str, seed: int, part: str) -> torch.Generator:
-    """Independent streams for the teacher and each split (as datamodules/synthetic.py)."""
+    """Independent streams for the teacher and each split (as datamodules.synthetic)."""
     digest = hashlib.sha256(f"{source}/{int(seed)}/{part}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 

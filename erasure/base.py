@@ -98,7 +98,7 @@ class Eraser(ABC):
     requires_labels: ClassVar[bool] = False
     can_transform_new_data: ClassVar[bool] = True
     # targets class covariances (quadratically available information) too: a held-out quadratic probe
-    # far above chance after erasure is warned about (datamodules/erasure_checks.py quadratic_leftover)
+    # far above chance after erasure is warned about (datamodules.erasure_checks.quadratic_leftover)
     erases_quadratic: ClassVar[bool] = False
 
     # z-score statistics (erasure.preprocess): set by fit_eraser(..., zscore=True), applied to every
@@ -193,7 +193,7 @@ class Eraser(ABC):
 
 
 def save_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor], metadata: dict[str, str]) -> Path:
-    """One safetensors file, written atomically (erasure/files.py)."""
+    """One safetensors file, written atomically (erasure.files)."""
     from safetensors.torch import save_file
 
     return atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), metadata))

@@ -70,7 +70,7 @@ def sha256_hex(data: bytes) -> str:
 def source_digest(packages: tuple[str, ...]) -> str:
     """SHA-256 (hex) over the relative path and bytes of every .py file of these top-level packages: which
     code made something. Unlike a git sha it changes with uncommitted edits and exists outside a git checkout.
-    The run's code version (mdl/results.py ``code_version``) digests every package; the erasure cache
+    The run's code version (``mdl.results.code_version``) digests every package; the erasure cache
     digests the packages that make its files (erasure/ and datamodules/)."""
     h = hashlib.sha256()
     for package in packages:

@@ -1,4 +1,4 @@
-"""The gradient eraser's objectives (erasure/gradient.py): the three-term moment loss (``MomentLoss``) and
+"""The gradient eraser's objectives (erasure.gradient): the three-term moment loss (``MomentLoss``) and
 the fixed-target loss of the original code's leace_first recipe (``TargetLoss``), each with its analytic
 gradient over row chunks."""
 

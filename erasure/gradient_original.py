@@ -1,5 +1,5 @@
 """The gradient eraser's recipe ``original``: experiments/iterative_erasure.py@2a41748 as the paper's Table 16
-gradient column was made (erasure/gradient.py's module docstring says what it does; this module holds its steps):
+gradient column was made (erasure.gradient's module docstring says what it does; this module holds its steps):
 data in [0, 1], each class alone toward clamped global targets by L-BFGS, stored as uint8."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ x -> m + (I - U U^T)(x - m) with U a seeded, uniformly random orthonormal (d, r)
 Gaussian matrix) and m the data mean: an edit of rank r with no relation to the classes.
 Label-free. To match another eraser's edit rank (the paper's Figure 1 matches ALF-QLEACE), pass
 its rank (``rank=eraser.edit_rank``); in a run, ``eraser.options.rank_from=alf_qleace`` has the
-data module fit that eraser on the same data and pass its rank (datamodules/datamodule.py).
+data module fit that eraser on the same data and pass its rank (datamodules.datamodule).
 """
 
 from __future__ import annotations

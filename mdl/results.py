@@ -18,9 +18,9 @@ from typing import Any
 
 RESULTS_FILE = "results.json"
 RUN_CONFIG_FILE = "config.json"  # a run store entry's resolved config, written when the run starts
-PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl/engine/progress.py write_progress)
+PROGRESS_FILE = "progress.json"  # a run store entry's finished blocks (mdl.engine.progress.write_progress)
 FAILURE_FILE = (
-    "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl/run/experiment.py)
+    "failed.json"  # a run store entry's last attempt's error, until an attempt starts again (mdl.run.experiment)
 )
 
 
@@ -93,7 +93,7 @@ def read_checked_json(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def code_version() -> str:
-    """A short hash of the framework's own source files: what computed a result (erasure/files.py)."""
+    """A short hash of the framework's own source files: what computed a result (erasure.files)."""
     from erasure.files import (
         source_digest,
     )  # here, not above: erasure's package imports torch, this module's readers need not
@@ -102,7 +102,7 @@ def code_version() -> str:
 
 
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
-    """JSON (no NaN or infinity: they are not JSON), written atomically (erasure/files.py)."""
+    """JSON (no NaN or infinity: they are not JSON), written atomically (erasure.files)."""
     from erasure.files import atomic_write
 
     text = json.dumps(payload, indent=2, allow_nan=False)

@@ -10,7 +10,7 @@ the runs whose resolved config has that value (repeatable; dotted keys as in ove
 with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every listed column, numbers in
 full precision) to a file as well.
 
-``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl/run/rehash.py), once
+``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl.run.rehash), once
 after the config's keys or the hash changed, so that relaunches find the runs done instead of training them again.
 """
 
@@ -133,7 +133,7 @@ def read_run(folder: Path) -> StoredRun | None:
 
 
 def _grouping(config: dict[str, Any]) -> str | None:
-    """stacked, sequential, fits of k or fits by memory (mdl/run/identity.py); None for a config that does not say."""
+    """stacked, sequential, fits of k or fits by memory (mdl.run.identity); None for a config that does not say."""
     try:
         return grouping(config["mdl"])
     except (KeyError, TypeError, ValueError):

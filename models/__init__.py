@@ -8,7 +8,7 @@ from models.registry import available_models, create_model, register_model
 from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_shapes
 from models.module import Classifier, total_bits
 
-# Importing a module registers its models; convnext and swin (timm) register when first asked for (models/registry.py).
+# Importing a module registers its models; convnext and swin (timm) register when first asked for (models.registry).
 from models import lenet, mlp  # noqa: E402,F401
 
 __all__ = [

@@ -1,6 +1,6 @@
 """What the LightningModules need of a batch that is more than one (x, y) pair.
 
-The data side (datamodules/loader.py ``BatchGroup``, datamodules/stacked_batches.py ``StackedBatch``)
+The data side (``datamodules.loader.BatchGroup``, ``datamodules.stacked_batches.StackedBatch``)
 builds them; models only say what they read, so models import nothing from datamodules (docs/architecture.md's
 layers: mdl -> (models, datamodules) -> erasure).
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 
 @runtime_checkable
 class StepGroup(Protocol):
-    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models/manual_steps.py)."""
+    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models.manual_steps)."""
 
     batches: list[tuple[Tensor, Tensor]]
 

@@ -32,7 +32,7 @@ NUM_STAGES = 4  # timm's ConvNeXt always has four stages
 
 class StackableConvNeXt(ConvNeXt):
     """timm's ConvNeXt with a stacked form: a fit of several members runs them as one network with
-    grouped convolutions (models/convnext_stacked.py) instead of vmap's per-member fallbacks."""
+    grouped convolutions (models.convnext_stacked) instead of vmap's per-member fallbacks."""
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         return convnext_stacked.forward_stacked(self, params, x)
@@ -100,5 +100,5 @@ def build_convnext(
         )
     model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
     if architecture is StackableConvNeXt and not convnext_stacked.stackable(model):
-        raise AssertionError("convnext: the stacked form does not match this structure (models/convnext_stacked.py)")
+        raise AssertionError("convnext: the stacked form does not match this structure (models.convnext_stacked)")
     return model

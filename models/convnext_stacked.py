@@ -4,7 +4,7 @@ vmap runs a stack of ConvNeXts as a loop of per-member kernels wherever it lacks
 (adaptive pooling's ``as_strided_`` falls back to one call per member); here every layer is one
 kernel whatever M is: convolutions are grouped convolutions (groups = M x the layer's groups), the
 block's MLP is a grouped 1x1 convolution, layer norms and GRN act on the view (B, H, W, M, C) of
-channels-last images (models/stacked_ops.py). Member m's result equals its own ``forward`` up to
+channels-last images (models.stacked_ops). Member m's result equals its own ``forward`` up to
 float rounding (tests/test_conv_stacked.py checks outputs and gradients member by member).
 
 Only the structure ``models.convnext.build_convnext`` gives is handled (Linear MLP, no layer scale,

@@ -262,7 +262,7 @@ class LeNet(nn.Module):
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         """M members at once, x (M, B, C, H, W) -> (M, B, K): the members folded into the channel axis, each
-        convolution one grouped convolution (models/stacked_ops.py), the dense layers batched matmuls. vmap's
+        convolution one grouped convolution (models.stacked_ops), the dense layers batched matmuls. vmap's
         form launched 1.68x one model's kernels per step (its moves of the member axis); this 1.26x (67 against 53)."""
         members = x.shape[0]
         h = x.transpose(0, 1).flatten(1, 2).contiguous()  # (B, M*C, H, W): member m owns channels m*C..m*C+C-1

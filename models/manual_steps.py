@@ -5,7 +5,7 @@ Both engines can run a group of consecutive optimizer steps per Lightning traini
 of host time per training step (its closure, about a dozen hook dispatches, a generic batch
 transfer), as much as a whole step of a small model. Inside a group the raw optimizer is
 stepped directly, and the per-step callback hooks Lightning would have called are called here,
-in Lightning's order, on the callbacks that override them (e.g. models/preconditioning.py).
+in Lightning's order, on the callbacks that override them (e.g. models.preconditioning).
 One difference: ``on_before_zero_grad`` runs right after the step it follows (Lightning's
 automatic optimization calls it after the next forward pass), so it sees that step's gradients.
 """

@@ -63,7 +63,7 @@ def swiglu_width(width: int, depth: int = 2, in_features: int | None = None, num
 
 class MLP(nn.Module):
     # A member's bits do not depend on how many members share its batched matmuls (tests/test_pack.py: packs in one
-    # fit equal their runs alone), so on a GPU a pack runs its runs' members as one stack (models/stacking.py).
+    # fit equal their runs alone), so on a GPU a pack runs its runs' members as one stack (models.stacking).
     stack_size_independent = True
 
     def __init__(self, in_features: int, width: int, depth: int, num_classes: int, activation: str = "relu") -> None:
@@ -91,7 +91,7 @@ class MLP(nn.Module):
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
         """M members at once, x (M, B, ...) -> (M, B, K), as batched matmuls: the faster form that
-        models/stacking.py uses instead of vmap (about 25% less time per step on a CPU)."""
+        models.stacking uses instead of vmap (about 25% less time per step on a CPU)."""
 
         h = x.flatten(2)
         for i, layer in enumerate(self.body):

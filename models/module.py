@@ -7,9 +7,9 @@ every checkpoint is written with eval-mode weights whatever the mode was when it
 
 Losses are accumulated on the model's device and read once per epoch: a ``float(loss)`` per step
 would make the host wait for the GPU's queue to drain at every step. A training batch is either
-one (x, y) batch (Lightning's automatic optimization) or a group of consecutive batches (models/batches.py ``StepGroup``),
-each stepped here (manual optimization, models/manual_steps.py); the driver chooses
-(mdl/engine/single_fit.py) and sets ``automatic_optimization`` to match.
+one (x, y) batch (Lightning's automatic optimization) or a group of consecutive batches (``models.batches.StepGroup``),
+each stepped here (manual optimization, models.manual_steps); the driver chooses
+(mdl.engine.single_fit) and sets ``automatic_optimization`` to match.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Classifier(L.LightningModule):
         loss: SpectralDecoupling | None = None,
     ) -> None:
         super().__init__()
-        self.loss_regulariser = loss  # enters the training objective only (models/losses.py)
+        self.loss_regulariser = loss  # enters the training objective only (models.losses)
         self.model = model.to(memory_format=torch.channels_last) if channels_last else model
         self.optimizer_factory = optimizer
         self.lr = lr
@@ -70,11 +70,11 @@ class Classifier(L.LightningModule):
         self.val_accuracy_curve: list[float] = []  # fraction of validation examples the argmax gets right
         self._sums: dict[str, list[Any]] = {}  # key -> [loss sum (tensor on the device), count]
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start (grouped steps)
-        # protocol=original: validate and score the weights as training leaves them, in train mode (mdl/engine/protocol.py)
+        # protocol=original: validate and score the weights as training leaves them, in train mode (mdl.engine.protocol)
         self.evaluate_as_trained = False
 
     def forward(self, x: Tensor) -> Tensor:
-        """Float32 logits, the forward pass under the run's precision (models/precision.py)."""
+        """Float32 logits, the forward pass under the run's precision (models.precision)."""
         if self.channels_last:
             x = as_channels_last(x)
         with autocast_context(self.precision, x.device.type):
@@ -179,7 +179,7 @@ class Classifier(L.LightningModule):
             return self.step_loss(*batch)
         if self.automatic_optimization:
             raise RuntimeError(
-                "a group of steps is trained step by step: set automatic_optimization = False (mdl/engine/single_fit.py)"
+                "a group of steps is trained step by step: set automatic_optimization = False (mdl.engine.single_fit)"
             )
         self.train_group(batch, self.optimizers(use_pl_optimizer=False), self.step_hooks)
         return None
@@ -221,7 +221,7 @@ class Classifier(L.LightningModule):
     @torch.no_grad()
     def validate(self, batches: Iterable[tuple[Tensor, Tensor]], as_trained: bool = False) -> float:
         """A validation pass outside Lightning's loop (the sequential engine validates in place,
-        mdl/engine/single_fit.py): the same steps, modes and numbers; returns the mean loss (nats).
+        mdl.engine.single_fit): the same steps, modes and numbers; returns the mean loss (nats).
         ``as_trained``: the weights in the model now, in train mode (schedule-free's y, protocol=original)."""
         if not as_trained:
             self._set_mode(train=False)
@@ -242,7 +242,7 @@ class Classifier(L.LightningModule):
 
 def require_finite(mean: float, what: str, where: str, lr: float) -> float:
     """Stop a diverged fit with the learning rate in the message (not a NaN in results.json); every
-    engine's check (mdl/engine/protocol.py)."""
+    engine's check (mdl.engine.protocol)."""
     if not math.isfinite(mean):
         raise FloatingPointError(
             f"training diverged: {where} has mean {what} loss {mean} with learning rate {lr:g} (optimizer.lr, whose "
@@ -265,7 +265,7 @@ def require_same_device(model: nn.Module, batch: Tensor, where: str) -> None:
     if on is not None and on != batch.device:
         raise RuntimeError(
             f"{where}: the model is on {on} but the data is on {batch.device}. Lightning's teardown moves a "
-            f"module to the CPU after every Trainer.fit; put it back on the training device first (mdl/engine/device.py)."
+            f"module to the CPU after every Trainer.fit; put it back on the training device first (mdl.engine.device)."
         )
 
 

@@ -69,7 +69,7 @@ def apply_standard(model: nn.Module) -> nn.Module:
 
 def _require_readout(model: nn.Module) -> None:
     if not any(isinstance(m, MuReadout) for m in model.modules()):
-        raise TypeError(f"{type(model).__name__} has no mup.MuReadout head; muP needs one (see models/mlp.py)")
+        raise TypeError(f"{type(model).__name__} has no mup.MuReadout head; muP needs one (see models.mlp)")
 
 
 def _record_infshapes(model: nn.Module) -> None:

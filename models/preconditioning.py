@@ -1,6 +1,6 @@
 """The optimizer form of the covariance-power transform (preconditioning abstract).
 
-Training on transformed inputs x A (A = c Sigma^{p/2}, symmetric; erasure/covariance_power.py) with
+Training on transformed inputs x A (A = c Sigma^{p/2}, symmetric; erasure.covariance_power) with
 first-layer weights V is, through W = V A, training on the original inputs with the first layer's
 gradient right-multiplied by P = A A = c^2 Sigma^p: exactly so for plain gradient descent
 (``erasure.covariance_power.preconditioned_gd``, tested), and for Adam-like optimizers the same

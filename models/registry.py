@@ -104,7 +104,7 @@ def create_model(
     With ``base_width`` set it is muP (base shapes from models at base_width and 2 * base_width);
     with ``base_width=None`` it is the standard parametrisation with the builder's own init.
     ``init`` (muP only): ``mup`` re-initialises every layer with muP's variances; ``original`` keeps the
-    builder's own initialisation (models/mup_setup.py ``apply_mup_over_builder_init``). ``options`` go to the builder.
+    builder's own initialisation (``models.mup_setup.apply_mup_over_builder_init``). ``options`` go to the builder.
     """
     if init not in INITS:
         raise ValueError(f"model.init={init!r}: use one of {', '.join(INITS)}")

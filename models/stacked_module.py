@@ -1,10 +1,10 @@
 """The LightningModule of the stacked engine: every member of a prequential run trained at once.
 
-One optimizer step takes each member's own batch (rows of a stacked batch, models/batches.py ``MemberBatches``), and the loss is
+One optimizer step takes each member's own batch (rows of a stacked batch, ``models.batches.MemberBatches``), and the loss is
 the sum over members of each member's mean cross-entropy, so each member's gradient is exactly
 the gradient of its own loss. One Lightning training step runs a whole group of such steps
 (manual optimization), so the half millisecond of host work Lightning spends per training step
-is paid once per group (models/manual_steps.py); ``trainer.global_step`` does not count these
+is paid once per group (models.manual_steps); ``trainer.global_step`` does not count these
 steps (the protocol counts each member's steps itself). Adam-like optimizers act elementwise, so one optimizer over the
 stacked parameters is M independent optimizers (schedule-free's step count, warm-up and
 averaging weights are per group and equal for members that all step together).
@@ -44,7 +44,7 @@ class StackedClassifier(L.LightningModule):
         run_of: dict[int, int] | None = None,
     ) -> None:
         super().__init__()
-        self.loss_regulariser = loss  # enters the training objective only (models/losses.py)
+        self.loss_regulariser = loss  # enters the training objective only (models.losses)
         self.stack = stack
         self.optimizer_factory = optimizer
         self.lr = lr

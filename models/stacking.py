@@ -7,7 +7,7 @@ instead of M small ones. A model may offer a faster batched form, ``forward_stac
 with x of shape (M, B, ...), which is used instead (the MLP: batched matmuls). Members can
 leave (``keep``), which shrinks every stacked tensor.
 
-Rows can be run in ``chunks``, each as a stack of its own: a pack's runs (mdl/engine/stacked_runs.py) then compute
+Rows can be run in ``chunks``, each as a stack of its own: a pack's runs (mdl.engine.stacked_runs) then compute
 exactly as they do alone. Grouped convolutions (and vmap's, which are grouped convolutions too) give a
 member other last bits in a stack of another size. A model whose stacked form does not
 (``stack_size_independent``: the MLP's batched matmuls, tests/test_pack.py) runs all rows as one stack on a

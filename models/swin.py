@@ -27,7 +27,7 @@ first stage. A window must tile its grid exactly, because timm pads a ragged gri
 that take part in attention unmasked; when it does not (e.g. 24x24 inputs: grid 12 with windows
 of 8) the builder stops and names the window sizes that would work. ``window_size: null`` makes
 every stage attend over its whole grid. (``variant: original``, the paper presets' torchvision Swin, pads
-instead, as the original code did: models/swin_original.py.) (timm pads odd grids before patch merging, so grids may
+instead, as the original code did: models.swin_original.) (timm pads odd grids before patch merging, so grids may
 reach 1x1.)
 
 Tiny inputs: 8x8 digits give token grids 4, 2, 1, 1, so the last two stages attend over a single
@@ -66,7 +66,7 @@ from models.registry import check_image_shape, register_model
 from models.swin_original import build_original_swin
 
 # model.options.variant: timm (ours, the default; this module) | original (torchvision's, as the original code:
-# models/swin_original.py, the paper presets)
+# models.swin_original, the paper presets)
 VARIANTS = ("timm", "original")
 
 
@@ -156,7 +156,7 @@ def build_swin(
         )
     if variant not in VARIANTS:
         raise ValueError(f"swin variant must be one of {list(VARIANTS)}, got {variant!r}")
-    if variant == "original":  # torchvision's Swin V2 as the original code built it (models/swin_original.py)
+    if variant == "original":  # torchvision's Swin V2 as the original code built it (models.swin_original)
         if head_scaling != "width":
             raise ValueError(
                 "swin variant=original has the original's fixed heads (model.options.heads), not "

@@ -18,7 +18,7 @@ unmasked: they get the qkv bias, are keys and values for the real tokens, and on
 for every window count) applies; the padded rows are cut off after the output projection. Where the window
 covers the padded grid (7 >= 7: the last two stages on CIFAR-10) there is no shift. This model does exactly
 that (it is torchvision's code); tests/test_swin_original.py checks it against attention on an explicitly
-zero-padded grid. The default ``swin`` (timm, models/swin.py) refuses such windows instead.
+zero-padded grid. The default ``swin`` (timm, models.swin) refuses such windows instead.
 
 Our adaptations: an input with other than 3 channels gets a patch convolution with that many input channels
 (torchvision's has 3; the original only saw RGB); ``torch.compile`` (:242) is ``trainer.compile``'s business.

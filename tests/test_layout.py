@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from pathlib import Path
 
@@ -153,3 +154,59 @@ def test_long_public_functions_have_docstrings() -> None:
         and ast.get_docstring(node) is None
     ]
     assert not bare, f"public functions over {DOCSTRING_LINES} lines without a docstring (what it is for, why): {bare}"
+
+
+NAMED = re.compile(r"(?<![\w./])(?:erasure|models|datamodules|mdl|hydra_plugins)(?:\.[A-Za-z_]\w*)+")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """What a module defines at its top level, classes' methods as ``Class.method``."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names |= {f"{node.name}.{n.name}" for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def unresolved(reference: str) -> str | None:
+    """Why a dotted name of ours in the source (``mdl.run.identity.config_hash``) names nothing, or None when it names
+    a module, or a module and something it defines. ``mdl.`` and a name that is no module of mdl/ is a config key
+    (``mdl.members_per_fit``), not code."""
+    parts = reference.split(".")
+    module = None
+    for i in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:i])
+        found = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if found.is_file():
+            module = (i, found)
+            break
+    if module is None or module == (1, REPO / "mdl" / "__init__.py"):  # mdl.<key>: the config's mdl node
+        return None
+    i, path = module
+    rest = ".".join(parts[i:])
+    if not rest or rest.split(".")[0] in _top_level_names(path):  # a name it defines, or an attribute of one
+        return None
+    return f"{reference}: {'.'.join(parts[:i])} defines no {rest}"
+
+
+def test_the_code_the_source_names_exists() -> None:
+    """Comments and docstrings name our code by dotted name (mdl.run.identity.config_hash), and every such name
+    resolves: the map a newcomer reads does not point at code that moved or was renamed."""
+    assert unresolved("mdl.run.identity.config_hash") is None and unresolved("mdl.members_per_fit") is None
+    assert unresolved("mdl.run.identity.no_such_function") is not None and unresolved("datamodules.no_such") is not None
+    stale = sorted(
+        {
+            f"{p.relative_to(REPO)}: {why}"
+            for p in _sources()
+            for m in NAMED.finditer(p.read_text())
+            if (why := unresolved(m.group(0).rstrip(".")))
+        }
+    )
+    assert not stale, "\n".join(stale)

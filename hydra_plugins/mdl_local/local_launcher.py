@@ -2,7 +2,7 @@
 
 A job that stops for a SIGTERM (checkpointed, ``preempted:``, exit 143) or a setting to change (``error:``, exit 2)
 leaves no result for submitit, which the plugin reports as an ``UncompletedJobError`` traceback with exit status 1.
-Here the job's own last line is printed instead and the sweep exits with the job's status (mdl/run/exits.py), so
+Here the job's own last line is printed instead and the sweep exits with the job's status (mdl.run.exits), so
 Slurm, a shell or a wrapper sees the same as for ``python launch.py``. A SIGTERM to the launching process itself
 is recorded while it waits for its jobs (which get the signal too: Slurm and a process group's kill send it to all).
 """
@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-ENDINGS = re.compile(r"^(preempted|error): .*$", re.MULTILINE)  # launch.py's last words (mdl/run/exits.py)
+ENDINGS = re.compile(r"^(preempted|error): .*$", re.MULTILINE)  # launch.py's last words (mdl.run.exits)
 
 
 class LocalLauncher(submitit_launcher.LocalLauncher):

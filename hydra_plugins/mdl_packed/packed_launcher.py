@@ -5,13 +5,13 @@ members of one fit.
 
 Every job is composed and checked first (its folder, .hydra/ files and callbacks as with Hydra's basic
 launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs but for ``seed``, ``eraser``
-and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl/run/pack.py): the
+and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl.run.pack): the
 sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of ``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
 process, one pack after another; their log lines go to this process's log, labelled by what varies, and each job's
 to its own folder's log file, which ends with its summary.
 
-A job ends as it does through launch.py alone (mdl/run/exits.py): a setting or file to change stops the sweep
+A job ends as it does through launch.py alone (mdl.run.exits): a setting or file to change stops the sweep
 with one ``error:`` line and exit status 2 (checked before any pack trains); a SIGTERM anywhere in the sweep
 checkpoints the pack in training, starts no further pack and exits 143 with the ``preempted:`` line.
 """
@@ -36,14 +36,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PackedLauncherConf:
-    _target_: str = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # mdl/sweeps/checks.py PACKED_LAUNCHER
+    _target_: str = "hydra_plugins.mdl_packed.packed_launcher.PackedLauncher"  # mdl.sweeps.checks.PACKED_LAUNCHER
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedLauncherConf, provider="mdl")
 
 
 def checked_job(cfg: DictConfig) -> Any:
-    """The task of the first pass: the job's checks and identity (mdl/run/experiment.py Job) and its log file (the
+    """The task of the first pass: the job's checks and identity (mdl.run.experiment.Job) and its log file (the
     pack writes the job's lines there), no training."""
     from dataclasses import replace
 
@@ -100,7 +100,7 @@ def check_jobs(
 
 def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
     """One pack's checked jobs trained together; each job's return: its paper MDL, as launch.py's main returns. A
-    preemption or user error ends the process as launch.py ends it (mdl/run/exits.py); a bug fails the pack's jobs."""
+    preemption or user error ends the process as launch.py ends it (mdl.run.exits); a bug fails the pack's jobs."""
     from mdl.run.experiment import quiet_lightning
     from mdl.run.pack import run_pack
 

@@ -1,4 +1,4 @@
-"""``hydra/launcher=packed_slurm``: the packed launcher's packs (hydra_plugins/mdl_packed/packed_launcher.py)
+"""``hydra/launcher=packed_slurm``: the packed launcher's packs (hydra_plugins.mdl_packed.packed_launcher)
 submitted through hydra-submitit-launcher's Slurm launcher, one array task per pack.
 
     python launch.py -m +experiment=paper/appendix_c hydra/launcher=packed_slurm
@@ -8,7 +8,7 @@ array, with the resources of ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm
 environment variables). On its node a task makes its jobs' folders and .hydra/ files, checks them and
 trains them as one fit; each job keeps its own results.json, store entry and loggers. A preempted or
 timed-out task is requeued by submitit (``checkpoint``) and resumes every run in its pack from the pack's
-checkpoint; finished runs are skipped. A task's errors end it as launch.py ends a run (mdl/run/exits.py): exit 2
+checkpoint; finished runs are skipped. A task's errors end it as launch.py ends a run (mdl.run.exits): exit 2
 for a setting or file to change, 143 after a SIGTERM (with the pack checkpointed).
 """
 

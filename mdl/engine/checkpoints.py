@@ -35,7 +35,7 @@ class DamagedCheckpoint(RuntimeError):
 
 
 def write_checksummed(path: Path, payload: bytes, identity: str = "") -> None:
-    """magic + SHA-256 + identity + payload (the digest covers both), written atomically (erasure/files.py)."""
+    """magic + SHA-256 + identity + payload (the digest covers both), written atomically (erasure.files)."""
     ident = identity.encode()
     body = len(ident).to_bytes(IDENTITY_LEN_BYTES, "big") + ident + payload
     atomic_write_bytes(path, MAGIC + sha256_hex(body).encode() + body)
@@ -85,8 +85,8 @@ def run_identity(run_dir: Path) -> str:
 def resumable(checkpoint: Path | None, identity: str) -> str | None:
     """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
     one, or one written by other code or another run, is removed with a warning (the fit starts over).
-    Temporaries of killed writes of this checkpoint (erasure/files.py ``temporary_sibling``) are removed first: the caller
-    holds the run's lock (mdl/run/storage.py run_lock), so no other writer of them can be alive."""
+    Temporaries of killed writes of this checkpoint (``erasure.files.temporary_sibling``) are removed first: the caller
+    holds the run's lock (mdl.run.storage.run_lock), so no other writer of them can be alive."""
     if checkpoint is None:
         return None
     stale = sorted(checkpoint.parent.glob(f".{checkpoint.name}.*.tmp"))

@@ -4,12 +4,12 @@ For boundaries t_1 < ... < t_S = N, a run's member i < S - 1 is a fresh model fi
 stopping on the validation split, best weights kept) and scored on train[t_i:t_{i+1}]; the last member is
 the final fit on all N examples. A run alone and a pack of runs (``hydra/launcher=packed``) take this one
 path: a run alone is a pack of one. Members are (run, block) pairs, trained in the fits of
-mdl/engine/memory.py ``plan_fits``: a fit of one member of each run trains each plain model in a fit of its
-own (mdl/engine/single_fit.py), a fit of several trains their stacked form (mdl/engine/stacked_runs.py);
-either way each member follows the same protocol (mdl/engine/protocol.py) from the same seed, so each run's
+``mdl.engine.memory.plan_fits``: a fit of one member of each run trains each plain model in a fit of its
+own (mdl.engine.single_fit), a fit of several trains their stacked form (mdl.engine.stacked_runs);
+either way each member follows the same protocol (mdl.engine.protocol) from the same seed, so each run's
 numbers are those it has alone.
 
-Each run records its finished blocks in its progress.json as they finish (mdl/engine/ledger.py); a
+Each run records its finished blocks in its progress.json as they finish (mdl.engine.ledger); a
 re-launched job skips the fits whose blocks are all recorded and resumes a fit in progress from its
 checkpoint: a fit of one member's in its run's store (``block<i>.ckpt``, ``final.ckpt``), a stacked fit's
 in ``Fitting.folder`` (``stacked.ckpt`` for a fit of every member, else named by its members).

@@ -1,6 +1,6 @@
 """Accuracy (and loss) of the final model on extra evaluation sets after each of its epochs.
 
-Used for the max-ent probes (datamodules/maxent_probes.py): the probe set next to the real
+Used for the max-ent probes (datamodules.maxent_probes): the probe set next to the real
 validation split, so the report can plot one against the other over the final fit. One object
 serves both engines: in the sequential engine it is a Lightning callback of the final fit only
 (``on_validation_end``: after validation, with a schedule-free optimizer's evaluated weights in

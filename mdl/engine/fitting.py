@@ -46,7 +46,7 @@ class SaveLastCheckpoint(Checkpoint):
 
     A ``Checkpoint`` subclass, so Lightning orders it after every other callback (early stopping
     and best weights included): the state it saves includes the epoch just validated. The file is
-    written atomically and checksummed by the trainer's ``RunCheckpointIO`` (mdl/engine/checkpoints.py);
+    written atomically and checksummed by the trainer's ``RunCheckpointIO`` (mdl.engine.checkpoints);
     a schedule-free optimizer is in eval mode here (validation ran), and
     ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
     """
@@ -63,14 +63,14 @@ class SaveLastCheckpoint(Checkpoint):
             return
         trainer.save_checkpoint(self.path)
         self._last_save = time.monotonic()
-        stop_after_checkpoint(str(self.path))  # a SIGTERM arrived: stop here, resumable (mdl/engine/preemption.py)
+        stop_after_checkpoint(str(self.path))  # a SIGTERM arrived: stop here, resumable (mdl.engine.preemption)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint["fit_stopped"] = bool(trainer.should_stop)  # early stopping decided at this epoch
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A fit killed after its last checkpoint but before the driver recorded it trains no further.
-        From here a SIGTERM stops the fit at its next checkpoint (mdl/engine/preemption.py)."""
+        From here a SIGTERM stops the fit at its next checkpoint (mdl.engine.preemption)."""
         if self._resumed_stopped:
             trainer.should_stop = True
         defer_until_checkpoint()

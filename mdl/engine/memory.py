@@ -149,7 +149,7 @@ def measured_step_peak(device: torch.device, one_step: Callable[[int], Any]) -> 
 def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, precision: str = "fp32") -> None:
     """One optimizer step of a stack of ``members`` members on a training batch of the run's data (what the
     stacked fit's first step allocates: weights, gradients, optimizer state, activations); ``recipe``: the run's
-    ``ModelRecipe`` (mdl/engine/runs.py)."""
+    ``ModelRecipe`` (mdl.engine.runs)."""
     from mdl.engine.stacked_fit import build_members
     from models.module import set_optimizer_mode
     from models.stacked_module import StackedClassifier
@@ -190,7 +190,7 @@ def memory_bytes(device: torch.device) -> int:
 
 def check_pack_data_fraction(fraction: Any) -> float:
     """``mdl.pack_data_fraction``, a share of the memory in (0, 1]; checked for every run before its data load
-    (mdl/run/config_checks.py), so what a packed sweep would refuse after hours is refused at once everywhere."""
+    (mdl.run.config_checks), so what a packed sweep would refuse after hours is refused at once everywhere."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:  # nan too
         raise ValueError(
             f"mdl.pack_data_fraction={fraction!r}: give a share of the memory in (0, 1] "

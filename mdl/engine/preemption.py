@@ -5,16 +5,16 @@ checkpoint, and a sweep that reports success. Instead, for the whole of a run (`
 
 - outside a fit (loading data, fitting the eraser, scoring a block) SIGTERM raises ``Preempted`` at
   once: every finished block is already in progress.json and cache writes are atomic (the data's
-  preparation runs in a worker thread that is abandoned, datamodules/interrupts.py: one LAPACK call
+  preparation runs in a worker thread that is abandoned, datamodules.interrupts: one LAPACK call
   there can outlast Slurm's grace);
-- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl/engine/fitting.py) the fit trains on to its
+- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl.engine.fitting) the fit trains on to its
   next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
 
 A packed launcher (hydra_plugins/mdl_packed/) holds one guard over its whole sweep: the runs' guards inside it
 share its request, so a SIGTERM during one pack stops the sweep there and no later pack starts.
 
-launch.py (and every packed job, mdl/run/exits.py) turns ``Preempted`` into a message and exit status
+launch.py (and every packed job, mdl.run.exits) turns ``Preempted`` into a message and exit status
 ``EXIT_CODE`` (128 + 15, the shell's status for SIGTERM), so Slurm, submitit and a multirun see a failed
 job. Re-running the same command resumes from the checkpoint. Slurm's grace period between SIGTERM and SIGKILL (KillWait, often 30 s)
 must cover one epoch for nothing to be lost; otherwise the last periodic checkpoint is the fallback.

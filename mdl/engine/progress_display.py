@@ -76,7 +76,7 @@ class MemberProgress(L.Callback):
         """Count the steps (a group of steps per batch in a stacked fit) for the time-left estimate; redraw the
         table at most twice a second on a terminal, or log a line every ``interval`` seconds, so the display
         never costs the fit noticeable time."""
-        self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules/stacked_batches.py)
+        self.steps += getattr(batch, "steps", 1)  # a group of steps (datamodules.stacked_batches)
         now = time.monotonic()
         if self.table.on and now - self.last > 0.5:
             self.table.update(self._table())
@@ -145,7 +145,7 @@ class FitProgress(L.Callback):
     ``on_epoch`` as it happens (live logging); on a terminal the table every fit shows (``progress_table``)
     is redrawn, in a log a line every ``interval`` seconds gives the epoch, the losses, the patience left
     and the time left, so a long ConvNeXt or Swin fit is not silent between blocks. A Lightning callback
-    after the protocol (mdl/engine/single_fit.py EpochProtocol); an epoch is complete once the module has
+    after the protocol (mdl.engine.single_fit.EpochProtocol); an epoch is complete once the module has
     recorded its training loss, which Lightning does after the callbacks' epoch-end hooks, so epochs are
     handed on at the next start."""
 

@@ -5,8 +5,8 @@ i + 1; the last member (the final fit) trains on all of them. Every member, alon
 stack, follows the same rule at the end of each of its epochs: validate, keep the best weights,
 stop after ``patience`` epochs without improvement (Lightning's ``EarlyStopping``, mode min,
 min_delta 0, on the float32 value it would compare) or at ``max_epochs``. This module holds that
-rule, the member's record and its seed, so the single-model fit (mdl/engine/single_fit.py) and
-the stacked fit (mdl/engine/stacked_fit.py) cannot drift apart.
+rule, the member's record and its seed, so the single-model fit (mdl.engine.single_fit) and
+the stacked fit (mdl.engine.stacked_fit) cannot drift apart.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A ``Run`` is one config's training problem: its data, block schedule, seed, model recipe and the hooks of its
 loggers. A ``Fitting`` is what every fit of the runs trained together shares: Trainer settings, the protocol's
 patience and loop, checkpoints, precision and compilation, how many members train at once. A run alone and a
-pack of runs take the same path (mdl/engine/driver.py ``train_runs``): a run alone is a pack of one.
+pack of runs take the same path (``mdl.engine.driver.train_runs``): a run alone is a pack of one.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from models.module import Classifier, OptimizerFactory
 from models.precision import CompiledModel
 
 BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
-EpochHook = Callable[
-    ..., None
-]  # (member, epoch from 0, train loss, val loss, accuracy): mdl/engine/progress_display.py
+EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl.engine.progress_display
 
 
 def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,7 +53,7 @@ class Run:
     store: Path
     on_block: BlockHook | None = None
     on_epoch: EpochHook | None = None
-    final_curves: Any = None  # a callback of the final member only (mdl/engine/final_fit_curves.py)
+    final_curves: Any = None  # a callback of the final member only (mdl.engine.final_fit_curves)
     label: str = ""  # its name in log lines and the progress display where it trains with other runs
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = unwrapped  # wraps the hooks called for this run alone
     # (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file
@@ -72,9 +70,9 @@ class Run:
 @dataclass(frozen=True)
 class Fitting:
     """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of fits of
-    several members (a run's store, or a pack's folder) and ``identity`` stamps them (mdl/engine/checkpoints.py);
+    several members (a run's store, or a pack's folder) and ``identity`` stamps them (mdl.engine.checkpoints);
     a fit of one member checkpoints in its run's store. ``members_per_fit``: None = all of a run's members in one
-    fit, ``auto`` = as many as the device holds (mdl/engine/memory.py ``plan_fits``)."""
+    fit, ``auto`` = as many as the device holds (``mdl.engine.memory.plan_fits``)."""
 
     trainer_kwargs: dict[str, Any]
     patience: int
@@ -85,7 +83,7 @@ class Fitting:
     steps_per_group: int = 1
     paper_loss: str = "last_block"  # with last_block the untrained weights are every member's first candidate
     rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
-    callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models/preconditioning.py)
+    callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models.preconditioning)
     precision: str = "fp32"
     channels_last: bool = False  # fits of one member (a stacked ConvNeXt is channels-last anyway)
     compile_backend: str | None = None
@@ -103,7 +101,7 @@ def module_factory(
     model: ModelRecipe, precision: str = "fp32", channels_last: bool = False, compile_backend: str | None = None
 ) -> Callable[[], Classifier]:
     """A function returning a fresh ``Classifier`` for a fit of one member. With ``compile_backend`` the first model
-    is compiled and every later one's fresh weights are loaded into it (models/precision.py ``CompiledModel``), so
+    is compiled and every later one's fresh weights are loaded into it (``models.precision.CompiledModel``), so
     a run compiles once however many fits of one member it has: call this once per run."""
     compiled = CompiledModel(compile_backend) if compile_backend else None
 

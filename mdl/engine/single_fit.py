@@ -1,7 +1,7 @@
 """A fit of one member: the plain model in its own ``Trainer.fit``.
 
 Everything a single model can have works here (``trainer.compile``, ``channels_last``, gradient
-clipping, batch norm, dropout). The protocol (mdl/engine/protocol.py) runs in place at each epoch
+clipping, batch norm, dropout). The protocol (mdl.engine.protocol) runs in place at each epoch
 end (``EpochProtocol``); the kept weights then score the member's block in float64 bits.
 """
 
@@ -196,7 +196,7 @@ def fit_prefix(
     final fit's max-ent probe curves. One Lightning step trains ``fitting.steps_per_group`` consecutive
     batches (manual optimization) unless a trainer setting needs one step per Lightning step.
     With ``fitting.untrained_candidate`` the untrained model is validated too and kept if no epoch beats it.
-    ``identity`` (mdl/engine/checkpoints.py ``run_identity``) stamps the checkpoint; only a checkpoint with the
+    ``identity`` (``mdl.engine.checkpoints.run_identity``) stamps the checkpoint; only a checkpoint with the
     same stamp is resumed.
     """
     trainer_kwargs, patience, rules = fitting.trainer_kwargs, fitting.patience, fitting.rules

@@ -2,12 +2,12 @@
 
 Member m trains on the first n_m examples. Its epoch is one pass over its prefix
 (ceil(n_m / batch) global steps). At the end of each of its epochs ``StackedProtocol`` validates
-it (with its evaluation weights) and applies the member's protocol (mdl/engine/protocol.py). A
+it (with its evaluation weights) and applies the member's protocol (mdl.engine.protocol). A
 stopped member scores what it must with its best weights in float64 bits (its next block, or the
 test split for the final member, and the held-out last block), leaves the stack and is reported
 to ``on_finish``. The fit ends when no member is left. Each member is initialised exactly as a
 fit of one member would initialise it (same seed, same builder) and draws its own batches from
-its own prefix (datamodules/stacked_batches.py). The whole stacked state is checkpointed at the
+its own prefix (datamodules.stacked_batches). The whole stacked state is checkpointed at the
 end of every pass over the longest prefix, so a killed fit resumes bit for bit. Members of packed runs
 with their own data (``data_of``) are validated on their own validation split, one pass per split.
 """
@@ -49,7 +49,7 @@ class FitMembers:
     data_of: Callable[[int], int] = lambda m: 0
     on_finish: Callable[[MemberOutcome], None] | None = None
     # member -> called at each of its epoch ends, after validation, with its evaluation weights (leading
-    # dimension 1); e.g. the final member's max-ent probe curves (mdl/engine/final_fit_curves.py)
+    # dimension 1); e.g. the final member's max-ent probe curves (mdl.engine.final_fit_curves)
     on_member_epoch: dict[int, Callable[[StackedClassifier, Any], None]] = field(default_factory=dict)
     on_epoch: EpochHook | None = None  # (member, epoch from 0, train loss, val loss, accuracy): live logging
     final_members: Sequence[int] | None = None  # None: the last member

@@ -2,7 +2,7 @@
 
 Every member keeps what it would have alone: its initial weights (its run's seed rule), its batch
 order (its run's seed), its prefix, its protocol state, its scoring batches; its outcome goes to its
-own run's ledger (mdl/engine/ledger.py). Runs in one fit share the trainer settings; each run has its data
+own run's ledger (mdl.engine.ledger). Runs in one fit share the trainer settings; each run has its data
 module (runs differing only in their seed share one), its members trained, validated and scored on it. A
 member's id in the stack is ``r x S + block``, r the run's place in the fit: a run alone's ids are its blocks.
 """

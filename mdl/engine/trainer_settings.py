@@ -42,7 +42,7 @@ NONE_IS_DEFAULT = frozenset(
 
 VALIDATES = (
     "the prequential protocol validates every model at the end of each of its epochs on the whole validation "
-    "split (mdl/engine/protocol.py); remove it"
+    "split (mdl.engine.protocol); remove it"
 )
 STOPS = (
     "a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "

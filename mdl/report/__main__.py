@@ -1,4 +1,4 @@
-"""``python -m mdl.report <folders>``: see mdl/report/build.py."""
+"""``python -m mdl.report <folders>``: see mdl.report.build."""
 
 import sys
 

@@ -160,7 +160,7 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
         path,
         (
             "# @package _global_\n# The best learning rates of an lr search at the muP base width "
-            "(mdl/report/lr.py).\n" + body
+            "(mdl.report.lr).\n" + body
         ).encode(),
     )  # read by later sweeps: never half written
     use = (

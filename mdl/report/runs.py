@@ -63,7 +63,7 @@ class Run:
 
     @property
     def environment(self) -> str:
-        """Where this run's numbers were computed, in one line (mdl/run/environment.py)."""
+        """Where this run's numbers were computed, in one line (mdl.run.environment)."""
         return describe(self.results.get("environment"))
 
     @property
@@ -143,7 +143,7 @@ def is_replicate_key(key: str) -> bool:
 
 def is_ignored_key(key: str, encoded: str, extra_ignored: Iterable[str] = ()) -> bool:
     """Bookkeeping that differs between runs of one condition: paths, logger, hydra, --ignore."""
-    if is_bookkeeping(key):  # mdl/run/identity.py: the keys a run's identity leaves out
+    if is_bookkeeping(key):  # mdl.run.identity: the keys a run's identity leaves out
         return True
     for prefix in extra_ignored:
         if key == prefix or key.startswith(prefix + "."):

@@ -52,7 +52,7 @@ def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int
     m = cfg.model
     options = OmegaConf.to_container(m.options, resolve=True) or {}
     name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width
-    init = m.get("init", "mup")  # absent: muP's (the paper presets: original, models/mup_setup.py)
+    init = m.get("init", "mup")  # absent: muP's (the paper presets: original, models.mup_setup)
     return lambda: create_model(
         name, width, depth, num_classes, input_shape, base_width=base_width, init=init, **options
     )
@@ -72,7 +72,7 @@ def make_optimizer(cfg: DictConfig) -> Callable[..., torch.optim.Optimizer]:
 
 def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.Callback], dict[str, Any] | None]:
     """``optimizer.precondition={p, eps}``: the first layer's gradient times c^2 Sigma^p, Sigma the
-    (erased) training covariance (models/preconditioning.py); the callback and its spectrum summary."""
+    (erased) training covariance (models.preconditioning); the callback and its spectrum summary."""
     setting = cfg.optimizer.get("precondition")
     if setting is None:
         return [], None
@@ -93,7 +93,7 @@ def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.C
 
 def make_loss(cfg: DictConfig, num_classes: int) -> SpectralDecoupling | None:
     """The training-loss setting (conf/loss): None for plain cross-entropy. Code lengths, validation
-    and early stopping are plain cross-entropy whatever it is (models/losses.py)."""
+    and early stopping are plain cross-entropy whatever it is (models.losses)."""
     options = cfg.get("loss")
     return loss_from_options(None if options is None else OmegaConf.to_container(options, resolve=True), num_classes)
 
@@ -110,7 +110,7 @@ def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int,
 
 
 def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], Classifier]:
-    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl/engine/runs.py
+    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl.engine.runs
     ``module_factory``: with ``trainer.compile`` a run compiles once)."""
     t = cfg.trainer
     return module_factory(

@@ -27,17 +27,17 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # Values that a model's builder or the trainer refuses, known here without importing torch so that a wrong one fails
 # at once; tests/test_config_checks.py keeps each equal to its owner's (named beside it).
 MODEL_OPTION_VALUES = {
-    ("mlp", "activation"): ("relu", "gelu", "swiglu"),  # models/mlp.py ACTIVATIONS
-    ("lenet", "activation"): ("relu", "gelu"),  # models/lenet.py ACTIVATIONS
-    ("lenet", "variant"): ("original", "dense_stack"),  # models/lenet.py VARIANTS
-    ("swin", "head_scaling"): ("width", "paper"),  # models/swin.py HEAD_SCALINGS
+    ("mlp", "activation"): ("relu", "gelu", "swiglu"),  # models.mlp.ACTIVATIONS
+    ("lenet", "activation"): ("relu", "gelu"),  # models.lenet.ACTIVATIONS
+    ("lenet", "variant"): ("original", "dense_stack"),  # models.lenet.VARIANTS
+    ("swin", "head_scaling"): ("width", "paper"),  # models.swin.HEAD_SCALINGS
 }
 CHOICES = {  # config key -> the values the code behind it takes
-    "trainer.precision": ("fp32", "bf16"),  # models/precision.py PRECISIONS
-    "data.augment_order": ("erase_then_augment", "augment_then_erase"),  # datamodules/settings.py AUGMENT_ORDERS
-    "data.balance": (None, "suby", "rwy"),  # datamodules/settings.py BALANCE_METHODS (null: off)
-    "data.eval_labels": (True, "predicted"),  # datamodules/settings.py check_erasure_settings
-    "eraser.fit_scope": ("split", "pool"),  # datamodules/settings.py FIT_SCOPES (absent: split)
+    "trainer.precision": ("fp32", "bf16"),  # models.precision.PRECISIONS
+    "data.augment_order": ("erase_then_augment", "augment_then_erase"),  # datamodules.settings.AUGMENT_ORDERS
+    "data.balance": (None, "suby", "rwy"),  # datamodules.settings.BALANCE_METHODS (null: off)
+    "data.eval_labels": (True, "predicted"),  # datamodules.settings.check_erasure_settings
+    "eraser.fit_scope": ("split", "pool"),  # datamodules.settings.FIT_SCOPES (absent: split)
 }
 # The names a config group's files give (conf/<group>/*.yaml): what the command line can choose; the code's
 # registries hold the same (tests/test_config_checks.py), checked again by validate_config.
@@ -237,7 +237,7 @@ def check_config(cfg: DictConfig) -> None:
     lr = cfg.optimizer.get("lr")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         why = ""
-        if lr is None and cfg.get("lr_search") is not None:  # +lr=best (mdl/report/lr.py write_best_lrs)
+        if lr is None and cfg.get("lr_search") is not None:  # +lr=best (mdl.report.lr.write_best_lrs)
             why = (
                 f" (the lr search's table, +lr=best, has none for data {cfg.data.source}, model {cfg.model.name}, "
                 f"eraser {cfg.eraser.name}: search with these, or leave +lr=best out)"

@@ -4,7 +4,7 @@ The same config gives other last bits under another torch build, BLAS kernel cho
 torch dispatches to), GPU, cuDNN or thread count. The environment is therefore recorded with every result
 (results.json, the run store, W&B's config) but kept out of the config hash: the same run on two machines is
 the same experiment. The store reuses a finished or partial run only where the environments match
-(mdl.reuse_across_environments decides otherwise; mdl/run/experiment.py Job.stored_results).
+(mdl.reuse_across_environments decides otherwise; mdl.run.experiment.Job.stored_results).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a job ends when it cannot finish, the same for a single run (launch.py) and every job of a packed
 launcher (hydra_plugins/mdl_packed/): a setting or a file to change prints one ``error:`` line and exits 2; a
-preemption (SIGTERM, mdl/engine/preemption.py) prints the ``preempted:`` line and exits 143, so Slurm, submitit
+preemption (SIGTERM, mdl.engine.preemption) prints the ``preempted:`` line and exits 143, so Slurm, submitit
 and a sweep see a failed job and nothing later in the process starts. Anything else is a bug and keeps its
 traceback. Light (no torch): Hydra imports the launchers' plugin module in every process that composes a config.
 """
@@ -28,7 +28,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def end_now_if_work_was_abandoned(code: int) -> None:
-    """Data work stopped by the signal still runs in a worker thread (datamodules/interrupts.py), inside a LAPACK
+    """Data work stopped by the signal still runs in a worker thread (datamodules.interrupts), inside a LAPACK
     call that the interpreter's shutdown would wait for or crash in: end the process at once. Nothing is lost:
     the run's data come before its loggers and trainer, finished runs and blocks are saved, the cache is written by
     renames; only exit hooks (an earlier pack's logger's) do not run."""

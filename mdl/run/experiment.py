@@ -82,7 +82,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[
         run_lock(job.store, cfg.mdl.lock_lease_s),
         sigterm_guard(),
     ):  # a second process with the same config waits, then skips or resumes;
-        # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl/engine/preemption.py)
+        # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl.engine.preemption)
         done = job.stored_results()
         if done is not None:
             return done
@@ -100,7 +100,7 @@ class Job:
     device: torch.device
     key: str
     store: Path
-    label: str = ""  # how log lines name it among the runs it trains with (a pack: mdl/run/pack.py run_label)
+    label: str = ""  # how log lines name it among the runs it trains with (a pack: mdl.run.pack.run_label)
     log_files: tuple[LogFile, ...] = ()  # its own log files, for a process that trains it with others (a pack)
 
     @classmethod
@@ -150,7 +150,7 @@ class Job:
         return None
 
     def environment(self) -> dict[str, Any]:
-        """This run's environment (mdl/run/environment.py), with the thread count it trains with on a CPU."""
+        """This run's environment (mdl.run.environment), with the thread count it trains with on a CPU."""
         threads = training_threads(self.cfg) if self.device.type == "cpu" else None
         return current_environment(self.device, threads)
 
@@ -259,7 +259,7 @@ def finished_results(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class PreparedRun:
-    """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl/engine/runs.py), with
+    """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl.engine.runs), with
     what its results record beside the numbers (its logger, profiler, preconditioning, eraser file, grouping)."""
 
     job: Job
@@ -269,7 +269,7 @@ class PreparedRun:
     profiler: Any
     preconditioning: Any
     eraser_path: str | None
-    grouping: str  # mdl/run/identity.py grouping: stacked, sequential, fits of k, fits by memory
+    grouping: str  # mdl.run.identity.grouping: stacked, sequential, fits of k, fits by memory
 
 
 def job_data(job: Job) -> ErasedDataModule:
@@ -299,9 +299,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     logger = make_logger(cfg, run_dir, job.overrides)
     trainer_kwargs = OmegaConf.to_container(cfg.trainer.kwargs, resolve=True)
     for key_set_by_device in ("accelerator", "devices", "precision"):
-        trainer_kwargs.pop(
-            key_set_by_device, None
-        )  # checked above; mdl/engine/device.py and models/precision.py own them
+        trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl.engine.device and models.precision own them
     t = cfg.trainer
     profiler = make_profiler(t.get("profiler"), run_dir / "profile")
     if profiler is not None:
@@ -358,7 +356,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
 
 
 def train_alone(prepared: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
-    """The run's members, in fits of mdl.members_per_fit (mdl/engine/driver.py): a pack of one."""
+    """The run's members, in fits of mdl.members_per_fit (mdl.engine.driver): a pack of one."""
     return prepared, train_runs([prepared.run], prepared.fitting)[0]
 
 

@@ -1,9 +1,9 @@
 """The one definition of the settings that say where or how a run is done, not what it computes.
 
 They are left out of a run's identity (its config hash, ``config_hash`` below, which decides
-skip-if-done and resume) and, for ``data.options``, out of the erasure cache keys (mdl/run/components.py
-``make_datamodule``), the report does not split cells on them (mdl/report/runs.py), and W&B
-run names leave them out (mdl/run/loggers.py). Hydra's job folder names leave the same ones out
+skip-if-done and resume) and, for ``data.options``, out of the erasure cache keys (mdl.run.components
+``make_datamodule``), the report does not split cells on them (mdl.report.runs), and W&B
+run names leave them out (mdl.run.loggers). Hydra's job folder names leave the same ones out
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.
 
@@ -145,7 +145,7 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def identity_hash(config: dict[str, Any], cpu_threads: int | None) -> str:
-    """``config_hash`` of a resolved config as a plain dict (a stored run's, mdl/run/rehash.py), with the CPU thread
+    """``config_hash`` of a resolved config as a plain dict (a stored run's, mdl.run.rehash), with the CPU thread
     count it trains with (None: it trains on a GPU)."""
     data = without_bookkeeping(copy.deepcopy(config))  # where and how, not what
     if cpu_threads is not None:

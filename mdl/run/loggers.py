@@ -15,7 +15,7 @@ the W&B extras, for runs that train and for runs skipped as already done.
   logged to W&B from its stored results, once per project (a marker in its run-store folder).
 
 Every run has loggers of its own (its own W&B run, CSV file, TensorBoard log), also where one process trains
-several runs at once (a pack, mdl/run/pack.py): each holds that run's series only.
+several runs at once (a pack, mdl.run.pack): each holds that run's series only.
 """
 
 from __future__ import annotations

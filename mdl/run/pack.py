@@ -7,7 +7,7 @@ only in their seed share one data module (``data_key``); the others each bring t
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
 the others together; each still gets its own run folder, results.json, store entry and loggers, with
 the numbers it would have alone. Its log lines name it (``run_label``: what varies in the pack), go to its
-job's own log file (mdl/run/job_logs.py), and end with its summary, as launch.py prints a run's.
+job's own log file (mdl.run.job_logs), and end with its summary, as launch.py prints a run's.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
 def pack_key(cfg: DictConfig) -> str | None:
     """Runs with equal keys can be trained in one fit; None: this run trains alone. With
     ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ. A protocol
-    that backtracks trains one member per fit (mdl/engine/protocol.py ``LoopRules``): alone."""
+    that backtracks trains one member per fit (``mdl.engine.protocol.LoopRules``): alone."""
     if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler") or LoopRules.of(cfg.get("protocol")).backtrack:
         return None
     if cfg.optimizer.get("precondition") is not None:
@@ -77,7 +77,7 @@ def _hash_with(cfg: DictConfig, values: dict[str, Any], eraser: dict[str, Any] |
     keeps each run's own value, so runs whose data or training differ never share a key."""
     trimmed = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     with open_dict(trimmed):
-        trimmed.pop("hydra", None)  # a sweep's composed job config (mdl/sweeps/cost.py) carries Hydra's node
+        trimmed.pop("hydra", None)  # a sweep's composed job config (mdl.sweeps.cost) carries Hydra's node
     plain = OmegaConf.to_container(trimmed, resolve=True)
     plain.update(values)
     if eraser is not None:
@@ -292,7 +292,7 @@ def run_label(jobs: Sequence[Job], job: Job) -> str:
 
 
 def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The prepared runs trained together (mdl/engine/driver.py ``train_runs``), each with its own hooks' lines
+    """The prepared runs trained together (``mdl.engine.driver.train_runs``), each with its own hooks' lines
     and results; the first run's fitting, with the pack's folder and identity for its checkpoints."""
     jobs = [p.job for p in prepared]
     log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(job.label for job in jobs))

@@ -1,6 +1,6 @@
 """``python -m mdl.runs --rehash [--dry-run]``: every stored run moved to the folder its config hash names today.
 
-A run's store folder is named by its config hash (mdl/run/identity.py), which decides skip-if-done and resume. When
+A run's store folder is named by its config hash (mdl.run.identity), which decides skip-if-done and resume. When
 the config's keys or the hash change, the runs already stored would be trained again. This rewrites a store once,
 so that a relaunch finds each run where it looks: the stored config is written as today's conf composes the same run
 (``current_form``), its hash recomputed from that, its records and its run folder's results.json say so, and its

@@ -69,7 +69,7 @@ def _expanded(path: Path) -> list[list[str]] | None:
 
 
 def job_folder(sweep_dir: Path, num: int) -> Path | None:
-    """Job ``num``'s folder (``<num>`` or ``<num>_<overrides>``, mdl/run/storage.py job_dirname), if it exists."""
+    """Job ``num``'s folder (``<num>`` or ``<num>_<overrides>``, mdl.run.storage.job_dirname), if it exists."""
     for candidate in sweep_dir.glob(f"{num}*"):
         if candidate.is_dir() and (candidate.name == str(num) or candidate.name.startswith(f"{num}_")):
             return candidate

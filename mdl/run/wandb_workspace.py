@@ -3,7 +3,7 @@
     python -m mdl.run.wandb_workspace --entity ENTITY --project PROJECT          # print what it shows
     python -m mdl.run.wandb_workspace --entity ENTITY --project PROJECT --save   # save it (needs a login)
 
-Every panel reads a series or summary key the runs log (mdl/run/loggers.py); tests/test_wandb.py checks
+Every panel reads a series or summary key the runs log (mdl.run.loggers); tests/test_wandb.py checks
 each against the files of a real offline run, so a renamed key cannot leave a panel empty. Built with
 ``wandb-workspaces`` (the ``dev`` extra, or ``pip install wandb-workspaces``).
 """

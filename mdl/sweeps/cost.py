@@ -14,7 +14,7 @@ patience) and step time = step overhead + training FLOPs / FLOP rate, where trai
 forward FLOPs, counted by torch's FlopCounterMode on a meta-device model, + 2 d^2 per example when
 augment_then_erase applies the eraser to every batch). A member of a fit of several (or of a pack, which
 pays one job overhead for all its runs) steps at a stack's measured rate per member where the table has one
-(mdl/sweeps/rates.py), at one member's rate otherwise (the same arithmetic: an assumption, not a bound). Rates, overheads
+(mdl.sweeps.rates), at one member's rate otherwise (the same arithmetic: an assumption, not a bound). Rates, overheads
 and the assumed best epoch are data: conf/cost/epoch_times.yaml says which are measured and which are estimates.
 """
 
@@ -116,7 +116,7 @@ class CostTable:
 
     def job_seconds(self, cfg: DictConfig, device: str, packed: bool = False) -> float:
         """Estimated seconds of one job on ``device`` (cpu | gpu); ``packed``: trained as members of a pack's
-        fits (mdl/engine/driver.py), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
+        fits (mdl.engine.driver), its steps at a stack's rate, without the overheads (the pack's: ``pack_overhead``)."""
         return self.job_estimate(cfg, device, packed)[0]
 
     def pack_overhead(self, cfg: DictConfig, device: str, runs: int) -> float:
@@ -136,7 +136,7 @@ class CostTable:
         return block_boundaries(n, cfg.mdl.num_blocks, cfg.mdl.first_block, protocol_rounding(cfg))
 
     def fit_sizes(self, cfg: DictConfig, runs: int = 1) -> list[int]:
-        """Members of each fit as the engine splits them (mdl/engine/memory.py pack_fits: a run alone is a pack of
+        """Members of each fit as the engine splits them (mdl.engine.memory.pack_fits: a run alone is a pack of
         one); ``auto``: all in one fit, assumed to fit in memory."""
         from mdl.engine.members import AUTO
         from mdl.engine.memory import pack_fits
@@ -186,7 +186,7 @@ class InvalidJob(ValueError):
 def job_configs(master: DictConfig, jobs: list[list[str]]) -> list[tuple[DictConfig, int, tuple[str, ...]]]:
     """One composed config per distinct job (seeds aside), how many runs it stands for and its overrides (without
     bookkeeping and seed keys): jobs that differ only
-    in bookkeeping keys (mdl/run/identity.py: how a run is logged or stored) are one run, trained once and
+    in bookkeeping keys (mdl.run.identity: how a run is logged or stored) are one run, trained once and
     skipped after. Each is checked as launch.py checks a run (mdl.run.config_checks.validate_config): a sweep
     with an invalid job is refused before its first job runs, and no refused job is priced."""
     from hydra.core.global_hydra import GlobalHydra

@@ -1,4 +1,4 @@
-"""Seconds per training step and per validation batch for the sweep cost estimate (mdl/sweeps/cost.py), per
+"""Seconds per training step and per validation batch for the sweep cost estimate (mdl.sweeps.cost), per
 device, architecture, speed setting and fit kind (one member per fit, or a stack of members), from
 conf/cost/epoch_times.yaml: fitted to its measured rows (``points``, printed by benchmarks/bench_epoch_times.py) where
 a device's section has them, derived from the GPU's measured anchor throughput and stated assumptions where not.
