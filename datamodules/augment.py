@@ -6,7 +6,7 @@ four-index gather, about 2x on a CPU). Offsets and flips come from a
 ``torch.Generator`` on the same device, so a seed fixes them exactly and nothing crosses to the
 host. Per-image parameters are drawn separately (``crop_flip_params``) so tests can check each
 image against a plain slice, and so the loaders can draw a whole epoch's at once: a few kernels per
-epoch instead of per batch (and per model, in the stacked engine), which a GPU would otherwise
+epoch instead of per batch (and per model, in a stacked fit), which a GPU would otherwise
 spend launching between steps.
 """
 

@@ -34,7 +34,7 @@ def epoch_order(
     n: int, generator: torch.Generator | None, device: torch.device, weights: Tensor | None = None
 ) -> Tensor:
     """An epoch's n example indices into a prefix of n: a permutation, or with ``weights`` (RWY) n
-    draws with replacement, example i with probability proportional to weights[i]. Both engines
+    draws with replacement, example i with probability proportional to weights[i]. Both kinds of fit
     draw an epoch through this one function, from the epoch's own generator."""
     if weights is None:
         return torch.randperm(n, generator=generator, device=device)

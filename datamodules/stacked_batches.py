@@ -3,7 +3,7 @@
 Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
 n_m class-balanced draws with replacement) and crop/flip draws
 from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules.loader),
-so a member sees the batches the sequential engine's model for that prefix sees. One global
+so a member sees the batches the model of that prefix fitted alone sees. One global
 step takes the next batch of every member still training; the batches are padded to a common
 batch size with per-example weights 0 where a member's last batch is short.
 

@@ -1,6 +1,6 @@
 """Optimizer steps taken inside one Lightning training step (manual optimization).
 
-Both engines can run a group of consecutive optimizer steps per Lightning training step
+Both kinds of fit (one member, several stacked) can run a group of consecutive optimizer steps per Lightning training step
 (``mdl.steps_per_group``): Lightning's automatic optimization costs about half a millisecond
 of host time per training step (its closure, about a dozen hook dispatches, a generic batch
 transfer), as much as a whole step of a small model. Inside a group the raw optimizer is

@@ -220,7 +220,7 @@ class Classifier(L.LightningModule):
 
     @torch.no_grad()
     def validate(self, batches: Iterable[tuple[Tensor, Tensor]], as_trained: bool = False) -> float:
-        """A validation pass outside Lightning's loop (the sequential engine validates in place,
+        """A validation pass outside Lightning's loop (a fit of one member validates in place,
         mdl.engine.single_fit): the same steps, modes and numbers; returns the mean loss (nats).
         ``as_trained``: the weights in the model now, in train mode (schedule-free's y, protocol=original)."""
         if not as_trained:

@@ -5,7 +5,7 @@ first-layer weights V is, through W = V A, training on the original inputs with 
 gradient right-multiplied by P = A A = c^2 Sigma^p: exactly so for plain gradient descent
 (``erasure.covariance_power.preconditioned_gd``, tested), and for Adam-like optimizers the same
 preconditioner applied before their elementwise normalisation. ``PreconditionFirstLayer`` applies
-P to the first layer's weight gradient before every optimizer step, in both engines (a stacked
+P to the first layer's weight gradient before every optimizer step, in both kinds of fit (a stacked
 weight (M, h, d) is multiplied member by member).
 """
 
@@ -38,7 +38,7 @@ class PreconditionFirstLayer(L.Callback):
 
     def weight(self, pl_module: L.LightningModule) -> Tensor:
         stack = getattr(pl_module, "stack", None)
-        if stack is not None:  # the stacked engine: parameters are replaced as members leave
+        if stack is not None:  # a stacked fit: parameters are replaced as members leave
             return stack.param_dict()[self.name]
         return pl_module.model.get_parameter(self.name)
 

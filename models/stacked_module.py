@@ -1,4 +1,4 @@
-"""The LightningModule of the stacked engine: every member of a prequential run trained at once.
+"""The LightningModule of a stacked fit: every member of a prequential run trained at once.
 
 One optimizer step takes each member's own batch (rows of a stacked batch, ``models.batches.MemberBatches``), and the loss is
 the sum over members of each member's mean cross-entropy, so each member's gradient is exactly
@@ -156,7 +156,7 @@ class StackedClassifier(L.LightningModule):
     ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         """Per member, the sum of cross-entropies (nats) over ``batches`` (accumulated in float64) and
         the count. ``float64=False`` computes each batch's sum in float32 from float32 logits, as the
-        sequential engine's validation does (so early stopping compares the same numbers).
+        validation of a fit of one member does (so early stopping compares the same numbers).
         ``with_correct``: also each member's count of examples its argmax classifies right (same pass).
         ``chunks``: ``self.chunks(rows)`` of the rows the weights are of (a pack's runs apart)."""
         params, buffers = weights

@@ -48,7 +48,7 @@ def make_model_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int
     """A function returning a freshly initialised (muP) model of the configured architecture.
 
     The config is read here, once: resolving its interpolations costs milliseconds, and a run makes
-    a model per block (the stacked engine one per member)."""
+    a model per block (a stacked fit: one per member)."""
     m = cfg.model
     options = OmegaConf.to_container(m.options, resolve=True) or {}
     name, width, depth, base_width = m.name, cfg.width, cfg.depth, m.base_width

@@ -3,7 +3,7 @@ the W&B extras, for runs that train and for runs skipped as already done.
 
 - every prequential block's training and validation loss as its own series, numbered from 1
   (``block03/val_loss``), and the final fit's (``final/val_loss``), all against one ``epoch`` axis so
-  they overlay in one chart, logged live at each epoch's end by both engines;
+  they overlay in one chart, logged live at each epoch's end by both kinds of fit;
 - the numbers a reader compares (paper MDL, online code, every erasure diagnostic, and each fit's
   ``<block or final>/best_val_loss`` (the kept weights') and ``/last_val_loss`` (the last epoch's)) as
   metrics, and in W&B as the run *summary* (one value per run, not a one-point chart; the per-epoch
@@ -264,7 +264,7 @@ def log_epoch(
 
 
 def live_epochs(logger: LoggerGroup, num_blocks: int) -> Callable[..., None]:
-    """The engines' per-epoch hook (member, epoch, train loss, val loss, val accuracy): logged as it
+    """The fits' per-epoch hook (member, epoch, train loss, val loss, val accuracy): logged as it
     happens, so a multi-hour fit shows its curves live."""
     share_epoch_axis(logger)
     return lambda member, epoch, train, val, accuracy=None: log_epoch(
