@@ -70,9 +70,12 @@ def make_optimizer(cfg: DictConfig) -> Callable[..., torch.optim.Optimizer]:
     return instantiate(params, _convert_="all")  # plain lists: checkpoints load with weights_only
 
 
-def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.Callback], dict[str, Any] | None]:
+def make_preconditioner(
+    cfg: DictConfig, dm: ErasedDataModule, make_model: Callable[[], nn.Module]
+) -> tuple[list[L.Callback], dict[str, Any] | None]:
     """``optimizer.precondition={p, eps}``: the first layer's gradient times c^2 Sigma^p, Sigma the
-    (erased) training covariance (models.preconditioning); the callback and its spectrum summary."""
+    (erased) training covariance (models.preconditioning), on the first layer of the run's model (``make_model``,
+    the run's one factory); the callback and its spectrum summary."""
     setting = cfg.optimizer.get("precondition")
     if setting is None:
         return [], None
@@ -86,7 +89,7 @@ def make_preconditioner(cfg: DictConfig, dm: ErasedDataModule) -> tuple[list[L.C
         )
     transform = fit_covariance_power(dm.train_set.x, float(setting.p), float(setting.eps))
     features = int(math.prod(dm.input_shape))
-    name = first_layer_weight(make_model_factory(cfg, dm.num_classes, dm.input_shape)(), features)
+    name = first_layer_weight(make_model(), features)
     matrix = transform.matrix.to(dm.device)
     return [PreconditionFirstLayer((matrix @ matrix).float(), name)], {"parameter": name, **transform.summary()}
 

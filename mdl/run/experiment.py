@@ -319,7 +319,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     )
     on_block = (lambda i, b, restored=False: log_block(logger, i, b, curves=restored)) if logger is not None else None
     on_epoch = live_epochs(logger, len(boundaries) - 1) if logger is not None else None
-    precondition, preconditioning = make_preconditioner(cfg, dm)
+    precondition, preconditioning = make_preconditioner(cfg, dm, model.make_model)
     final_curves = make_final_curves(cfg, dm)
     if fits != "sequential" and t.channels_last:
         log.info(
