@@ -210,3 +210,21 @@ def test_the_code_the_source_names_exists() -> None:
         }
     )
     assert not stale, "\n".join(stale)
+
+
+MAX_INIT_PARAMETERS = 10
+
+
+def test_no_hand_written_init_takes_more_than_ten_parameters() -> None:
+    """A class that needs more is carrying a run's settings one by one: give it the record that holds them
+    (``mdl.engine.runs.Run`` and ``Fitting``, ``datamodules.options.DataOptions``). Dataclasses' own ``__init__``
+    are records, not hand-written, and are not counted."""
+    wide = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) - 1 + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                if count > MAX_INIT_PARAMETERS:
+                    wide.append(f"{path.relative_to(REPO)}:{node.lineno} ({count})")
+    assert not wide, f"__init__ with more than {MAX_INIT_PARAMETERS} parameters: {wide}"
