@@ -96,7 +96,7 @@ def test_callbacks_see_every_optimizer_step(group: int, tmp_path: Path, monkeypa
     """Each per-step hook runs once per optimizer step, grouped or not; Lightning's own training
     steps number one per group."""
     counter = CountSteps()
-    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([counter], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm, make_model: ([counter], None))
     cfg = compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=5", f"mdl.steps_per_group={group}"], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     batch = cfg.data.batch_size
@@ -246,7 +246,7 @@ def test_validation_end_hooks_see_an_eval_mode_model_without_gradients(tmp_path:
                 )
             )
 
-    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([Look()], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm, make_model: ([Look()], None))
     for group in (1, 4):
         seen.clear()
         run_experiment(

@@ -492,7 +492,7 @@ def test_callbacks_see_every_optimizer_step_of_a_group(tmp_path: Path, monkeypat
             assert any(p.grad is not None for g in optimizer.param_groups for p in g["params"])
             calls["on_before_optimizer_step"] += 1
 
-    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm: ([CountSteps()], None))
+    monkeypatch.setattr(mdl.run.experiment, "make_preconditioner", lambda cfg, dm, make_model: ([CountSteps()], None))
     cfg = compose_config(
         [*STACKED, "trainer.kwargs.max_epochs=6", "trainer.patience=2", "mdl.steps_per_group=4"], tmp_path
     )
