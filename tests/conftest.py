@@ -72,6 +72,15 @@ def run_launch(
     )
 
 
+def run_in_process(overrides: list[str], output_root: Path) -> dict:
+    """One run as launch.py runs it, in this process (no interpreter start nor torch import: seconds less), read back
+    from the results.json it wrote in its run folder (<output_root>/run)."""
+    from mdl.run.experiment import run_experiment
+
+    run_experiment(compose_config(overrides, output_root), output_root / "run", overrides=list(overrides))
+    return json.loads((output_root / "run" / "results.json").read_text())
+
+
 def sweep_report(output_root: Path) -> Path:
     """The one report.md of the one multirun under ``output_root`` (every multirun ends with its report)."""
     (report,) = (output_root / "multirun").glob("*/*/report/report.md")
@@ -85,9 +94,9 @@ def sweep_report(output_root: Path) -> Path:
 WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None  # the tensorboard extra (not in dev, CI's)
 SWEEP_LOGGERS = "logger=[csv,tensorboard,wandb]" if TENSORBOARD else "logger=[csv,wandb]"
-# The small sweep: 2 erasers x 2 seeds of debug=fast, every logger on, with W&B tags (none of which is part of a
-# run's identity or its job folder's name).
-SMALL_SWEEP = ["-m", "eraser=none,leace", "seed=0,1", *FAST, SWEEP_LOGGERS, "tags=[baseline,v2]"]
+# The small sweep: 2 erasers x 2 seeds of debug=fast, every logger on, with W&B tags, its report compared with the
+# paper's table (none of which is part of a run's identity or its job folder's name).
+SMALL_SWEEP = ["-m", "eraser=none,leace", "seed=0,1", *FAST, SWEEP_LOGGERS, "tags=[baseline,v2]", "report=table16"]
 
 
 @dataclass(frozen=True)
@@ -136,8 +145,8 @@ def finished_run(tmp_path_factory) -> Launched:
 
 @pytest.fixture(scope="session")
 def small_sweep(tmp_path_factory) -> Launched:
-    """``python launch.py -m eraser=none,leace seed=0,1 debug=fast`` with every logger (W&B offline) and tags:
-    4 jobs and the sweep's report, once per session."""
+    """``python launch.py -m eraser=none,leace seed=0,1 debug=fast`` with every logger (W&B offline), tags and
+    report=table16: 4 jobs and the sweep's report, once per session."""
     yield from _launch_once(tmp_path_factory, "small_sweep", SMALL_SWEEP, env=WANDB_OFFLINE)
 
 

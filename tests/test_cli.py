@@ -47,12 +47,16 @@ def test_job_folders_are_named_by_job_dirname(small_sweep) -> None:
         job_dirname(i, f"debug=fast,eraser={eraser},seed={seed}")
         for i, (eraser, seed) in enumerate([("none", 0), ("none", 1), ("leace", 0), ("leace", 1)])
     ]
-    assert names == expected == [
-        "0_debug=fast,eraser=none,seed=0",
-        "1_debug=fast,eraser=none,seed=1",
-        "2_debug=fast,eraser=leace,seed=0",
-        "3_debug=fast,eraser=leace,seed=1",
-    ]
+    assert (
+        names
+        == expected
+        == [
+            "0_debug=fast,eraser=none,seed=0",
+            "1_debug=fast,eraser=none,seed=1",
+            "2_debug=fast,eraser=leace,seed=0",
+            "3_debug=fast,eraser=leace,seed=1",
+        ]
+    )
 
 
 def test_unknown_eraser_stops_with_the_available_names(tmp_path: Path) -> None:
@@ -212,7 +216,9 @@ def overfit(tmp_path_factory) -> subprocess.CompletedProcess:
     """`python -X importtime launch.py debug=overfit` on the default (an MLP): the check, and what it imported."""
     root = tmp_path_factory.mktemp("overfit")
     return run_launch(
-        ["debug=overfit", "print_config=false", f"paths.output_root={root}"], cwd=root, python_flags=["-X", "importtime"]
+        ["debug=overfit", "print_config=false", f"paths.output_root={root}"],
+        cwd=root,
+        python_flags=["-X", "importtime"],
     )
 
 

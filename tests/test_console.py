@@ -16,7 +16,9 @@ from mdl.run.console import show_config
 def test_a_run_prints_its_overrides_and_the_path_of_its_config(finished_run) -> None:
     run = finished_run
     (line,) = [x for x in run.proc.stdout.splitlines() if x.startswith("config:")]
-    assert line.startswith(f"config: debug=fast paths.output_root={run.root} ") and "print_config=full prints it" in line
+    assert (
+        line.startswith(f"config: debug=fast paths.output_root={run.root} ") and "print_config=full prints it" in line
+    )
     assert "\neraser:\n" not in run.proc.stdout  # not the whole config
     config = OmegaConf.load(run.run_dir / "config.yaml")
     assert f"{run.run_dir / 'config.yaml'}" in line and config.paths.output_root == str(run.root)  # the override

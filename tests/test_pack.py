@@ -165,6 +165,7 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
 
 
+@pytest.mark.slow  # a reference pack, a killed one and its re-run
 def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
@@ -295,6 +296,7 @@ def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
     return found
 
 
+@pytest.mark.slow  # two sweeps through launch.py
 def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_path: Path) -> None:
     """`python launch.py -m ... hydra/launcher=packed`: 2 erasers x 2 seeds as one fit, every job its results.json
     with the numbers Hydra's basic launcher gives it, and the sweep's report."""
@@ -311,6 +313,7 @@ def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_p
     assert list((tmp_path / "packed").glob("multirun/*/*/report/report.md"))
 
 
+@pytest.mark.slow  # a reference pack, a killed one and its re-run, twice
 @pytest.mark.parametrize("members_per_fit, kill_at", [("all", 2), (2, 10)])
 def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch, members_per_fit, kill_at) -> None:
     """Killed after a checkpoint (the 2nd of its one fit; the 10th: in the 2nd of its fits, each run's 2nd fit of 2), the same
