@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, REPO, copy_output, run_launch, sweep_report
+from conftest import FAST, REPO, copy_output, run_in_process, run_launch, sweep_report
 
 
 def test_the_default_launch_prints_its_summary_and_writes_its_results(finished_run) -> None:
@@ -117,11 +117,16 @@ def test_a_sweep_with_long_overrides_runs_in_short_sibling_folders(tmp_path: Pat
 
 
 def test_logger_null_turns_logging_off(tmp_path: Path) -> None:
-    """`logger=null`, the template's spelling (Hydra 1.3 itself wants `~logger`)."""
-    proc = run_launch(["logger=null", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (results,) = tmp_path.glob("runs/*/*/results.json")
-    assert not (results.parent / "csv").exists()
+    """`logger=null`, the template's spelling: launch.py hands Hydra 1.3 its own, `~logger`, and the run logs nothing."""
+    from launch import without_null_groups
+
+    assert without_null_groups(["logger=null", "eraser=none", "logger.wandb.project=x"]) == [
+        "~logger",
+        "eraser=none",
+        "logger.wandb.project=x",
+    ]
+    run_in_process(["~logger", *FAST], tmp_path)
+    assert (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "csv").exists()
 
 
 def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
@@ -138,20 +143,18 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
         validate_config(cfg)
 
 
-def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path) -> None:
-    proc = run_launch(
-        [
-            *FAST,
-            "trainer.kwargs.max_epochs=2",
-            "trainer.patience=30",
-            f"paths.output_root={tmp_path}",
-            "print_config=full",
-        ],
-        cwd=tmp_path,
-    )
+def test_start_prints_the_whole_config_with_print_config_full(profiled) -> None:
+    root, proc = profiled  # a launch with print_config=full
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "config (" in proc.stdout and "\neraser:\n" in proc.stdout  # the resolved config, before the run
-    text = proc.stdout + proc.stderr
+    assert proc.stdout.index("\neraser:\n") < proc.stdout.index("paper MDL")
+
+
+def test_capped_fits_are_warned_about(tmp_path: Path, caplog) -> None:
+    """Fits that reach max_epochs before early stopping could end are named: here every fit (patience 30 > 2 epochs)."""
+    with caplog.at_level("WARNING"):
+        run_in_process([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30"], tmp_path)
+    text = caplog.text
     assert "stopped at trainer.kwargs.max_epochs=2 before early stopping" in text and "the final fit" in text
 
 
@@ -186,9 +189,9 @@ def test_debug_fast_is_the_fast_settings() -> None:
 
 @pytest.fixture(scope="module")
 def profiled(finished_run, tmp_path_factory):
-    """`python launch.py debug=profile` where the same config (debug=fast's) has already finished."""
+    """`python launch.py debug=profile print_config=full` where the same config (debug=fast's) has already finished."""
     root = copy_output(finished_run, tmp_path_factory.mktemp("profiled") / "out")
-    proc = run_launch(["debug=profile", "print_config=false", f"paths.output_root={root}"], cwd=root)
+    proc = run_launch(["debug=profile", "print_config=full", f"paths.output_root={root}"], cwd=root)
     return root, proc
 
 
@@ -212,19 +215,39 @@ def test_debug_profile_runs_even_when_the_config_is_done(finished_run, profiled)
 
 
 @pytest.fixture(scope="module")
-def overfit(tmp_path_factory) -> subprocess.CompletedProcess:
+def overfit(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """`python -X importtime launch.py debug=overfit` on the default (an MLP): the check, and what it imported."""
     root = tmp_path_factory.mktemp("overfit")
-    return run_launch(
+    proc = run_launch(
         ["debug=overfit", "print_config=false", f"paths.output_root={root}"],
         cwd=root,
         python_flags=["-X", "importtime"],
     )
+    return proc, root
 
 
 def test_debug_overfit_fits_one_batch_or_says_it_cannot(overfit, tmp_path: Path) -> None:
-    ok = overfit
+    """launch.py's check: exit 0 and the verdict when the batch is fitted, the verdict and what to check when it is not
+    (its exit status 1 through launch.py: the slow test below); a check, not a run: nothing stored."""
+    import torch
+
+    from conftest import compose_config
+    from mdl.run.debug_checks import overfit_one_batch
+
+    ok, root = overfit
     assert ok.returncode == 0 and "the model fits it" in ok.stdout, ok.stdout[-1000:] + ok.stderr[-2000:]
+    assert not list(root.rglob("results.json"))
+    threads = torch.get_num_threads()
+    try:
+        stuck = overfit_one_batch(compose_config(["debug=overfit", "optimizer.lr=1e-7"], tmp_path), 300)
+    finally:
+        torch.set_num_threads(threads)  # the check sets a run's threads
+    assert not stuck.fits and "does NOT fit it" in stuck.describe() and "optimizer.lr" in stuck.describe()
+    assert not list(tmp_path.rglob("results.json"))
+
+
+@pytest.mark.slow  # a launch (the check itself: the test above)
+def test_a_batch_the_model_cannot_fit_ends_launch_with_exit_status_1(tmp_path: Path) -> None:
     stuck = run_launch(
         ["debug=overfit", "optimizer.lr=1e-7", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path
     )
@@ -235,7 +258,7 @@ def test_debug_overfit_fits_one_batch_or_says_it_cannot(overfit, tmp_path: Path)
 def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(overfit) -> None:
     """debug=overfit on the default (an MLP) is import time more than training (7 s, 0.5 s of it the check): it no
     longer imports timm (ConvNeXt and Swin, about 0.7 s, and W&B through it), which registers when a run asks for it."""
-    proc = overfit
+    proc, _ = overfit
     assert proc.returncode == 0 and "the model fits it" in proc.stdout, proc.stderr[-2000:]
     imported = {
         line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from conftest import FAST, WANDB_OFFLINE, copy_output, run_launch
 
 
@@ -98,6 +100,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(small_sweep) -> None:
     assert config(run_file)["environment"] == results["environment"]  # what computed it, beside the config
 
 
+@pytest.mark.slow  # two launches with W&B
 def test_a_skipped_run_is_logged_from_its_stored_results_once(finished_run, tmp_path: Path) -> None:
     """A sweep re-launched with logger=wandb after CSV runs shows every run in W&B (skipped ones from the
     store), and a third launch does not log them again."""
