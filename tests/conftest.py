@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -46,10 +47,21 @@ FAST = ["debug=fast"]  # conf/debug/fast.yaml: tiny data and epochs for any conf
 FITS = {"stacked": "mdl.members_per_fit=all", "sequential": "mdl.members_per_fit=1"}
 
 
+_COMPOSED: dict[tuple[str, ...], DictConfig] = {}
+
+
 def compose_config(overrides: list[str], output_root: Path | None = None) -> DictConfig:
-    extra = [f"paths.output_root={output_root}"] if output_root is not None else []
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides) + extra)
+    """The config launch.py composes from ``overrides``, with ``paths.output_root`` set. Composed once per session for
+    each list of overrides (Hydra reads and merges every file each time, a tenth of a second: a minute of the fast
+    tier), a copy of it each call; the output root, a plain value that the paths interpolate, is set on the copy."""
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            _COMPOSED[key] = compose("config", overrides=list(overrides))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    if output_root is not None:
+        cfg.paths.output_root = str(output_root)
+    return cfg
 
 
 def python_path() -> str:

@@ -372,6 +372,7 @@ def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
     assert "Figure 1: skipped" in text
 
 
+@pytest.mark.slow  # a launch and two reports (a list-valued setting in process: test_list_valued_setting_...)
 def test_report_over_two_real_sweeps_and_over_their_parent_folder(small_sweep, tmp_path: Path):
     """Two sweeps run by launch.py (the shared small sweep, and one with a list-valued optimizer setting of its own,
     which crashed the report: unhashable list), reported together and through the folder that holds them."""
