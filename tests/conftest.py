@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,10 +47,21 @@ FAST = ["debug=fast"]  # conf/debug/fast.yaml: tiny data and epochs for any conf
 FITS = {"stacked": "mdl.members_per_fit=all", "sequential": "mdl.members_per_fit=1"}
 
 
+_COMPOSED: dict[tuple[str, ...], DictConfig] = {}
+
+
 def compose_config(overrides: list[str], output_root: Path | None = None) -> DictConfig:
-    extra = [f"paths.output_root={output_root}"] if output_root is not None else []
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides) + extra)
+    """The config launch.py composes from ``overrides``, with ``paths.output_root`` set. Composed once per session for
+    each list of overrides (Hydra reads and merges every file each time, a tenth of a second: a minute of the fast
+    tier), a copy of it each call; the output root, a plain value that the paths interpolate, is set on the copy."""
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            _COMPOSED[key] = compose("config", overrides=list(overrides))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    if output_root is not None:
+        cfg.paths.output_root = str(output_root)
+    return cfg
 
 
 def python_path() -> str:
@@ -68,10 +84,88 @@ def run_launch(
     )
 
 
+def run_in_process(overrides: list[str], output_root: Path) -> dict:
+    """One run as launch.py runs it, in this process (no interpreter start nor torch import: seconds less), read back
+    from the results.json it wrote in its run folder (<output_root>/run)."""
+    from mdl.run.experiment import run_experiment
+
+    run_experiment(compose_config(overrides, output_root), output_root / "run", overrides=list(overrides))
+    return json.loads((output_root / "run" / "results.json").read_text())
+
+
 def sweep_report(output_root: Path) -> Path:
     """The one report.md of the one multirun under ``output_root`` (every multirun ends with its report)."""
     (report,) = (output_root / "multirun").glob("*/*/report/report.md")
     return report
+
+
+# --- one finished run and one small sweep, launched once per session ---------------------------------
+# Tests that only read what a launch wrote share these instead of launching their own. They must not write into
+# them (copy_output(...) into tmp_path first): the fixtures check at the session's end that nothing changed.
+
+WANDB_OFFLINE = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
+TENSORBOARD = importlib.util.find_spec("tensorboard") is not None  # the tensorboard extra (not in dev, CI's)
+SWEEP_LOGGERS = "logger=[csv,tensorboard,wandb]" if TENSORBOARD else "logger=[csv,wandb]"
+# The small sweep: 2 erasers x 2 seeds of debug=fast, every logger on, with W&B tags, its report compared with the
+# paper's table (none of which is part of a run's identity or its job folder's name).
+SMALL_SWEEP = ["-m", "eraser=none,leace", "seed=0,1", *FAST, SWEEP_LOGGERS, "tags=[baseline,v2]", "report=table16"]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What one launch.py left: its output root, its exit status and console, and its run folders."""
+
+    root: Path  # paths.output_root
+    proc: subprocess.CompletedProcess
+    run_dirs: tuple[Path, ...]  # a single run's folder, or a sweep's job folders in job order
+
+    @property
+    def run_dir(self) -> Path:
+        (one,) = self.run_dirs
+        return one
+
+    @property
+    def results(self) -> dict:
+        return json.loads((self.run_dir / "results.json").read_text())
+
+    @property
+    def output(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+
+def _launch_once(tmp_path_factory, name: str, args: list[str], env: dict[str, str] | None = None):
+    root = tmp_path_factory.mktemp(name)
+    proc = run_launch([*args, f"paths.output_root={root}"], cwd=root, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    runs = sorted(p.parent for p in root.glob("runs/*/*/results.json"))
+    jobs = sorted((p.parent for p in root.glob("multirun/*/*/*/results.json")), key=lambda d: int(d.name.split("_")[0]))
+    launched = Launched(root, proc, tuple(runs + jobs))
+    before = _tree_state(root)
+    yield launched
+    assert _tree_state(root) == before, f"a test wrote into the shared launch under {root}: copy_output it first"
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Launched:
+    """``python launch.py debug=fast``: the default run, started as a user starts it, once per session."""
+    yield from _launch_once(tmp_path_factory, "finished_run", list(FAST))
+
+
+@pytest.fixture(scope="session")
+def small_sweep(tmp_path_factory) -> Launched:
+    """``python launch.py -m eraser=none,leace seed=0,1 debug=fast`` with every logger (W&B offline), tags and
+    report=table16: 4 jobs and the sweep's report, once per session."""
+    yield from _launch_once(tmp_path_factory, "small_sweep", SMALL_SWEEP, env=WANDB_OFFLINE)
+
+
+def copy_output(launched: Launched, to: Path) -> Path:
+    """A copy of a shared launch's output root at ``to``, for a test that launches into it or changes it."""
+    shutil.copytree(launched.root, to, symlinks=True)
+    return to
 
 
 def pixel_classes(n_per_class: int = 40, d: int = 6, k: int = 3, seed: int = 0, spread: float = 0.1):

@@ -3,25 +3,60 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from conftest import FAST, REPO, run_launch, sweep_report
+import pytest
+
+from conftest import FAST, REPO, copy_output, run_in_process, run_launch, sweep_report
 
 
-def test_multirun_launches_every_job_into_its_own_directory(tmp_path: Path) -> None:
-    proc = run_launch(["-m", "eraser=none,leace", "seed=0,1", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((tmp_path / "multirun").rglob("results.json"))
+def test_the_default_launch_prints_its_summary_and_writes_its_results(finished_run) -> None:
+    """The main path, as a user starts it (`python launch.py debug=fast`): exit 0, the summary printed last, and the
+    results in the run's folder the same as in the store of finished runs (what the next launch skips on)."""
+    run = finished_run
+    assert "paper MDL:" in run.proc.stdout and f"results: {run.run_dir / 'results.json'}" in run.proc.stdout
+    results = run.results
+    (stored,) = run.root.glob(f"store/{results['config_hash']}/results.json")
+    assert json.loads(stored.read_text()) == results
+    assert results["config"]["eraser"]["name"] == "leace" and results["config"]["model"]["name"] == "mlp"
+    assert len(results["blocks"]) == 2 and results["boundaries"][0] == 100  # debug=fast: 3 blocks of 100 and up
+
+
+def test_multirun_launches_every_job_into_its_own_directory(small_sweep) -> None:
+    results = [job / "results.json" for job in small_sweep.run_dirs]
     assert len(results) == 4
-    assert len({r.parent for r in results}) == 4
+    assert len({r.parent for r in results}) == 4 and len({r.parent.parent for r in results}) == 1
     combos = {
         (json.loads(r.read_text())["config"]["eraser"]["name"], json.loads(r.read_text())["config"]["seed"])
         for r in results
     }
     assert combos == {("none", 0), ("none", 1), ("leace", 0), ("leace", 1)}
-    assert "paper MDL" in proc.stdout
-    report = sweep_report(tmp_path)
+    assert small_sweep.proc.stdout.count("paper MDL") == 4
+    report = sweep_report(small_sweep.root)
     assert "leace" in report.read_text()
+
+
+def test_job_folders_are_named_by_job_dirname(small_sweep) -> None:
+    """Hydra names each job's folder with mdl.run.storage.job_dirname (conf/config.yaml's hydra.sweep.subdir): the job
+    number and its overrides, without the keys that do not change a run (logger, tags, paths)."""
+    from mdl.run.storage import job_dirname
+
+    names = [job.name for job in small_sweep.run_dirs]
+    expected = [
+        job_dirname(i, f"debug=fast,eraser={eraser},seed={seed}")
+        for i, (eraser, seed) in enumerate([("none", 0), ("none", 1), ("leace", 0), ("leace", 1)])
+    ]
+    assert (
+        names
+        == expected
+        == [
+            "0_debug=fast,eraser=none,seed=0",
+            "1_debug=fast,eraser=none,seed=1",
+            "2_debug=fast,eraser=leace,seed=0",
+            "3_debug=fast,eraser=leace,seed=1",
+        ]
+    )
 
 
 def test_unknown_eraser_stops_with_the_available_names(tmp_path: Path) -> None:
@@ -45,8 +80,6 @@ def test_a_sweep_with_one_invalid_job_runs_none_of_them(tmp_path: Path) -> None:
 
 
 def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None:
-    import pytest
-
     from mdl.sweeps.cost import main as cost_main
 
     for args, message in (
@@ -59,9 +92,21 @@ def test_sweep_cost_refuses_what_launch_refuses_with_one_message(capsys) -> None
         assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
-    """A job folder's name over 255 bytes failed with ENAMETOOLONG; long overrides are cut and hashed."""
+def test_long_overrides_make_a_short_unique_job_folder() -> None:
+    """A job folder's name over 255 bytes failed with ENAMETOOLONG; long overrides are cut and hashed (the folders
+    Hydra makes with it: test_job_folders_are_named_by_job_dirname; a sweep of such jobs: the slow test below)."""
     from mdl.run.storage import MAX_JOB_DIRNAME, job_dirname
+
+    assert job_dirname(3, "a=1") == "3_a=1" and "/" not in job_dirname(0, "data.cache_dir=/x/y")
+    long = [job_dirname(0, "x=" + "1" * 300), job_dirname(0, "x=" + "1" * 299 + "2"), job_dirname(1, "x=" + "1" * 300)]
+    assert len(set(long)) == 3  # the hash tells them apart, the job number too
+    assert all(len(name.encode()) <= MAX_JOB_DIRNAME for name in long)
+    assert all(name.startswith(("0_x=111", "1_x=111")) for name in long)  # cut, not replaced: still readable
+
+
+@pytest.mark.slow
+def test_a_sweep_with_long_overrides_runs_in_short_sibling_folders(tmp_path: Path) -> None:
+    from mdl.run.storage import MAX_JOB_DIRNAME
 
     lr = "0.003" + "0" * 300 + "1"  # a valid value, 300 characters longer than usual
     proc = run_launch(["-m", *FAST, "seed=0,1", f"optimizer.lr={lr}", f"paths.output_root={tmp_path}"], cwd=tmp_path)
@@ -69,22 +114,23 @@ def test_long_overrides_make_a_short_unique_job_folder(tmp_path: Path) -> None:
     jobs = sorted(p.parent for p in (tmp_path / "multirun").rglob("results.json"))
     assert len(jobs) == 2 and len({j.parent for j in jobs}) == 1  # siblings in the sweep folder, not nested
     assert all(len(j.name.encode()) <= MAX_JOB_DIRNAME for j in jobs) and jobs[0].name != jobs[1].name
-    assert job_dirname(3, "a=1") == "3_a=1" and "/" not in job_dirname(0, "data.cache_dir=/x/y")
-    assert job_dirname(0, "x=" + "1" * 300) != job_dirname(0, "x=" + "1" * 299 + "2")  # the hash tells them apart
 
 
 def test_logger_null_turns_logging_off(tmp_path: Path) -> None:
-    """`logger=null`, the template's spelling (Hydra 1.3 itself wants `~logger`)."""
-    proc = run_launch(["logger=null", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (results,) = tmp_path.glob("runs/*/*/results.json")
-    assert not (results.parent / "csv").exists()
+    """`logger=null`, the template's spelling: launch.py hands Hydra 1.3 its own, `~logger`, and the run logs nothing."""
+    from launch import without_null_groups
+
+    assert without_null_groups(["logger=null", "eraser=none", "logger.wandb.project=x"]) == [
+        "~logger",
+        "eraser=none",
+        "logger.wandb.project=x",
+    ]
+    run_in_process(["~logger", *FAST], tmp_path)
+    assert (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "csv").exists()
 
 
 def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
     import importlib.util
-
-    import pytest
 
     from conftest import compose_config
     from mdl.run.config_checks import validate_config
@@ -97,20 +143,18 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
         validate_config(cfg)
 
 
-def test_start_prints_the_config_and_capped_fits_are_warned_about(tmp_path: Path) -> None:
-    proc = run_launch(
-        [
-            *FAST,
-            "trainer.kwargs.max_epochs=2",
-            "trainer.patience=30",
-            f"paths.output_root={tmp_path}",
-            "print_config=full",
-        ],
-        cwd=tmp_path,
-    )
+def test_start_prints_the_whole_config_with_print_config_full(profiled) -> None:
+    root, proc = profiled  # a launch with print_config=full
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "config (" in proc.stdout and "\neraser:\n" in proc.stdout  # the resolved config, before the run
-    text = proc.stdout + proc.stderr
+    assert proc.stdout.index("\neraser:\n") < proc.stdout.index("paper MDL")
+
+
+def test_capped_fits_are_warned_about(tmp_path: Path, caplog) -> None:
+    """Fits that reach max_epochs before early stopping could end are named: here every fit (patience 30 > 2 epochs)."""
+    with caplog.at_level("WARNING"):
+        run_in_process([*FAST, "trainer.kwargs.max_epochs=2", "trainer.patience=30"], tmp_path)
+    text = caplog.text
     assert "stopped at trainer.kwargs.max_epochs=2 before early stopping" in text and "the final fit" in text
 
 
@@ -143,16 +187,67 @@ def test_debug_fast_is_the_fast_settings() -> None:
     assert compose_config(["debug=fast", "mdl.num_blocks=8"]).mdl.num_blocks == 8
 
 
-def test_debug_profile_writes_and_shows_the_profile(tmp_path: Path) -> None:
-    proc = run_launch(["debug=profile", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def profiled(finished_run, tmp_path_factory):
+    """`python launch.py debug=profile print_config=full` where the same config (debug=fast's) has already finished."""
+    root = copy_output(finished_run, tmp_path_factory.mktemp("profiled") / "out")
+    proc = run_launch(["debug=profile", "print_config=full", f"paths.output_root={root}"], cwd=root)
+    return root, proc
+
+
+def test_debug_profile_writes_and_shows_the_profile(profiled) -> None:
+    root, proc = profiled
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (report,) = tmp_path.glob("runs/*/*/profile/fit-profile.txt")
+    (report,) = root.glob("runs/*/*/profile/fit-profile.txt")
     assert "run_training_epoch" in report.read_text() and f"profile ({report}" in proc.stdout
 
 
-def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
-    ok = run_launch(["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
+def test_debug_profile_runs_even_when_the_config_is_done(finished_run, profiled) -> None:
+    """The profiler is not part of a run's identity: debug=profile re-runs a finished config to profile it."""
+    from conftest import compose_config
+    from mdl.run.identity import config_hash
+
+    root, proc = profiled
+    done = finished_run.results["config_hash"]
+    assert config_hash(compose_config(["debug=profile"])) == done and (root / "store" / done / "results.json").exists()
+    assert proc.returncode == 0 and "skipped: a finished run" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert list(root.glob("runs/*/*/profile/fit-profile.txt"))
+
+
+@pytest.fixture(scope="module")
+def overfit(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`python -X importtime launch.py debug=overfit` on the default (an MLP): the check, and what it imported."""
+    root = tmp_path_factory.mktemp("overfit")
+    proc = run_launch(
+        ["debug=overfit", "print_config=false", f"paths.output_root={root}"],
+        cwd=root,
+        python_flags=["-X", "importtime"],
+    )
+    return proc, root
+
+
+def test_debug_overfit_fits_one_batch_or_says_it_cannot(overfit, tmp_path: Path) -> None:
+    """launch.py's check: exit 0 and the verdict when the batch is fitted, the verdict and what to check when it is not
+    (its exit status 1 through launch.py: the slow test below); a check, not a run: nothing stored."""
+    import torch
+
+    from conftest import compose_config
+    from mdl.run.debug_checks import overfit_one_batch
+
+    ok, root = overfit
     assert ok.returncode == 0 and "the model fits it" in ok.stdout, ok.stdout[-1000:] + ok.stderr[-2000:]
+    assert not list(root.rglob("results.json"))
+    threads = torch.get_num_threads()
+    try:
+        stuck = overfit_one_batch(compose_config(["debug=overfit", "optimizer.lr=1e-7"], tmp_path), 300)
+    finally:
+        torch.set_num_threads(threads)  # the check sets a run's threads
+    assert not stuck.fits and "does NOT fit it" in stuck.describe() and "optimizer.lr" in stuck.describe()
+    assert not list(tmp_path.rglob("results.json"))
+
+
+@pytest.mark.slow  # a launch (the check itself: the test above)
+def test_a_batch_the_model_cannot_fit_ends_launch_with_exit_status_1(tmp_path: Path) -> None:
     stuck = run_launch(
         ["debug=overfit", "optimizer.lr=1e-7", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path
     )
@@ -160,27 +255,15 @@ def test_debug_overfit_fits_one_batch_or_says_it_cannot(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("results.json"))  # a check, not a run
 
 
-def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(tmp_path: Path) -> None:
+def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(overfit) -> None:
     """debug=overfit on the default (an MLP) is import time more than training (7 s, 0.5 s of it the check): it no
     longer imports timm (ConvNeXt and Swin, about 0.7 s, and W&B through it), which registers when a run asks for it."""
-    proc = run_launch(
-        ["debug=overfit", "print_config=false", f"paths.output_root={tmp_path}"],
-        cwd=tmp_path,
-        python_flags=["-X", "importtime"],
-    )
+    proc, _ = overfit
     assert proc.returncode == 0 and "the model fits it" in proc.stdout, proc.stderr[-2000:]
     imported = {
         line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if line.startswith("import time")
     }
     assert "torch" in imported and not imported & {"timm", "wandb"}
-
-
-def test_debug_profile_runs_even_when_the_config_is_done(tmp_path: Path) -> None:
-    """The profiler is not part of a run's identity: debug=profile re-runs a finished config to profile it."""
-    first = run_launch(["debug=fast", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = run_launch(["debug=profile", "print_config=false", f"paths.output_root={tmp_path}"], cwd=tmp_path)
-    assert again.returncode == 0 and list(tmp_path.glob("runs/*/*/profile/fit-profile.txt")), again.stderr[-2000:]
 
 
 def test_runs_listing_with_a_misspelled_override_is_one_message(capsys) -> None:
@@ -196,8 +279,6 @@ def test_training_imports_are_frozen_once_and_the_collector_state_is_restored(mo
     the collector's state is restored, even when the import fails, and a later job of the process freezes nothing."""
     import gc
     import re
-
-    import pytest
 
     from mdl.run import imports
     from mdl.run.imports import imports_frozen

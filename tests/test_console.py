@@ -9,21 +9,21 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from conftest import FAST, REPO, compose_config, python_path, run_launch
+from conftest import FAST, REPO, compose_config, python_path
 from mdl.run.console import show_config
 
 
-def test_a_run_prints_its_overrides_and_the_path_of_its_config(tmp_path: Path) -> None:
-    proc = run_launch(
-        [*FAST, "eraser=none", f"paths.output_root={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}"], cwd=tmp_path
+def test_a_run_prints_its_overrides_and_the_path_of_its_config(finished_run) -> None:
+    run = finished_run
+    (line,) = [x for x in run.proc.stdout.splitlines() if x.startswith("config:")]
+    assert (
+        line.startswith(f"config: debug=fast paths.output_root={run.root} ") and "print_config=full prints it" in line
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("config:")]
-    assert line.startswith("config: debug=fast eraser=none") and "print_config=full prints it" in line
-    assert "\neraser:\n" not in proc.stdout  # not the whole config
-    (run_dir,) = tmp_path.glob("runs/*/*")
-    assert f"{run_dir / 'config.yaml'}" in line and OmegaConf.load(run_dir / "config.yaml").eraser.name == "none"
-    assert "${" not in (run_dir / "config.yaml").read_text()  # resolved
+    assert "\neraser:\n" not in run.proc.stdout  # not the whole config
+    config = OmegaConf.load(run.run_dir / "config.yaml")
+    assert f"{run.run_dir / 'config.yaml'}" in line and config.paths.output_root == str(run.root)  # the override
+    assert config.mdl.num_blocks == 3  # debug=fast's
+    assert "${" not in (run.run_dir / "config.yaml").read_text()  # resolved
 
 
 def test_print_config_full_and_false(tmp_path: Path, capsys) -> None:
@@ -50,13 +50,8 @@ def test_warnings_are_one_line_each_and_printed_once() -> None:
     assert proc.stderr == "warning: covariance has rank 60 of 64 (RuntimeWarning)\n"
 
 
-def test_wandb_prints_no_history_block(tmp_path: Path) -> None:
-    proc = run_launch(
-        [*FAST, "logger=wandb", f"paths.output_root={tmp_path}"],
-        cwd=tmp_path,
-        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = proc.stdout + proc.stderr
+def test_wandb_prints_no_history_block(small_sweep) -> None:
+    text = small_sweep.output
     assert "Run history" not in text and "Run summary" not in text
-    assert list(tmp_path.glob("runs/*/*/wandb/offline-run-*/run-*.wandb"))  # the run is still written
+    for job in small_sweep.run_dirs:
+        assert list(job.glob("wandb/offline-run-*/run-*.wandb"))  # each run is still written

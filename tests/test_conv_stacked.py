@@ -96,6 +96,7 @@ def _step_kernels(models: list[torch.nn.Module], shape: tuple[int, ...] = SHAPE)
     return counts[0], counts[1]
 
 
+@pytest.mark.slow  # ConvNeXt's ops recorded one by one, 14 s (LeNet's: the fast test below)
 def test_a_step_of_ten_members_launches_at_most_one_and_a_half_times_one_models_kernels() -> None:
     """Issue 25's criterion (counted exactly, as benchmarks/bench_engines.py does): vmap's form launched
     more per step (its adaptive-pool fallback loops over members); the grouped form does not grow with M."""

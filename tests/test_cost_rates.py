@@ -111,6 +111,7 @@ def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pa
     assert re.search(r"longest pack ([\d.]+) h", out) and "each pack one job" in out
 
 
+@pytest.mark.slow  # composes a paper preset's sweeps (pack keys of preconditioned runs: tests/test_pack.py)
 def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
     """Preconditioned runs pack over seeds only; the paper presets set data_seed: ${seed}, so every seed is its own
     pack (the preset also sweeps 3 activations: 9 jobs); without preconditioning, one pack per activation."""
@@ -141,6 +142,7 @@ def test_preconditioned_runs_of_a_preset_are_one_pack_per_seed(capsys) -> None:
     assert "18 jobs in 18 packs" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # runs a benchmark script
 def test_bench_epoch_times_prints_rows_the_cost_table_reads() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks/bench_epoch_times.py"), "--points", "0", "--members", "2"],

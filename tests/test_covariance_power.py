@@ -3,13 +3,12 @@ the optimizer form on a linear model, and end-to-end runs with the transform bef
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FAST, run_launch
+from conftest import FAST, run_in_process
 from erasure import class_moments, fit_covariance_power, fit_eraser, load_covariance_power
 from erasure.covariance_power import preconditioned_gd
 from erasure.linalg import psd_power
@@ -134,20 +133,10 @@ def test_transform_and_optimizer_forms_give_the_same_trajectory_on_a_linear_mode
 
 
 @pytest.mark.parametrize("order,eraser", [("before_eraser", "qleace"), ("after_eraser", "leace")])
-def test_launch_runs_the_transform_on_digits(tmp_path: Path, order: str, eraser: str) -> None:
-    proc = run_launch(
-        [
-            f"eraser={eraser}",
-            f"data.transform={{name:covariance_power,p:-0.5,eps:1.0e-6,order:{order}}}",
-            f"paths.output_root={tmp_path}",
-            *FAST,
-        ],
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    paths = list(tmp_path.rglob("results.json"))  # the run directory's and the store's: the same record
-    assert paths
-    results = json.loads(paths[0].read_text())
+def test_a_run_applies_the_transform_on_digits(tmp_path: Path, order: str, eraser: str) -> None:
+    """A whole run with data.transform given on the command line's syntax (in process, as launch.py runs it)."""
+    transform = f"data.transform={{name:covariance_power,p:-0.5,eps:1.0e-6,order:{order}}}"
+    results = run_in_process([f"eraser={eraser}", transform, *FAST], tmp_path)
     assert results["config"]["data"]["transform"]["order"] == order
     summary = results["data_diagnostics"]["transform"]
     assert summary["p"] == -0.5 and summary["order"] == order and summary["dim"] == 64

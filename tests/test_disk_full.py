@@ -76,6 +76,7 @@ def mount_tmpfs(folder: Path, size: str) -> bool:
     )
 
 
+@pytest.mark.slow  # a launch on a real tmpfs (the same errors in process: the tests beside it)
 def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Path) -> None:
     """A real 1 MiB file system: the stacked run's checkpoints need more, so it stops before the first epoch."""
     small = tmp_path / "small"
@@ -127,6 +128,31 @@ def test_bad_output_root_is_reported_before_hydra_writes(tmp_path: Path, kind: s
             subprocess.run(["umount", str(root)], check=False)
 
 
+def test_safetensors_own_error_for_a_full_disk_is_raised_as_the_oserror_it_is(tmp_path: Path) -> None:
+    """safetensors raises its own SafetensorError ("... (os error 28)") on a full disk, which the cache reports only
+    as an OSError (tests/test_bad_inputs.py); other errors pass through as they are (a real full disk: below)."""
+    from safetensors import SafetensorError
+
+    from erasure.base import save_file_as_oserror
+
+    def failing(err: Exception):
+        def save_file(tensors, filename, metadata=None):
+            raise err
+
+        return save_file
+
+    target = str(tmp_path / "x.safetensors")
+    with pytest.raises(OSError) as raised:
+        save_file_as_oserror(failing(SafetensorError("No space left on device (os error 28)")), {}, target, {})
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == target
+    assert isinstance(raised.value.__cause__, SafetensorError)
+    for other in (SafetensorError("header too large"), ValueError("a bug (os error 28)")):
+        with pytest.raises(type(other)) as raised:
+            save_file_as_oserror(failing(other), {}, target, {})
+        assert raised.value is other
+
+
+@pytest.mark.slow  # a launch on a real tmpfs (the same errors in process: the tests beside it)
 def test_cache_on_a_real_full_disk_is_one_message(tmp_path: Path) -> None:
     """safetensors raises its own SafetensorError ("os error 28") on a full disk: reported as the cache's
     full disk with the settings that move or disable it, not as a traceback."""

@@ -142,6 +142,7 @@ def test_undefined_test_score_is_null_not_zero(tmp_path) -> None:
     assert saved["final_test_bits_per_example"] is None
 
 
+@pytest.mark.slow  # two launches at once, end to end (the lock itself: tests/test_run_lock.py)
 def test_two_identical_runs_started_together_never_share_a_fit(tmp_path) -> None:
     args = [sys.executable, str(REPO / "launch.py"), *SETTINGS, f"paths.output_root={tmp_path}"]
     env = {**os.environ, "PYTHONPATH": python_path()}

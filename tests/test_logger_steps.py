@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, run_launch
+from conftest import SWEEP_LOGGERS
 
 
 def tensorboard_scalars(folder: Path) -> dict[str, list[int]]:
@@ -21,19 +21,14 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[int]]:
     return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_tensorboard_csv_and_wandb_share_one_advancing_step(tmp_path: Path) -> None:
+def test_tensorboard_csv_and_wandb_share_one_advancing_step(small_sweep) -> None:
     pytest.importorskip(
         "tensorboard", reason="logger=tensorboard needs the tensorboard extra: pip install -e '.[tensorboard]'"
     )
     from wandb_records import history
 
-    proc = run_launch(
-        ["logger=[csv,tensorboard,wandb]", f"paths.output_root={tmp_path}", *FAST],
-        cwd=tmp_path,
-        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_dir,) = tmp_path.glob("runs/*/*")
+    assert SWEEP_LOGGERS == "logger=[csv,tensorboard,wandb]"  # the shared sweep logs with all three
+    run_dir = small_sweep.run_dirs[0]
 
     scalars = tensorboard_scalars(run_dir / "tensorboard")
     for tag in ("final/val_loss", "block01/val_loss", "epoch"):

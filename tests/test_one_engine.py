@@ -249,7 +249,10 @@ def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path,
 # --- trainer.compile in a fit of several members ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("num_blocks", "model"), [(5, []), (9, []), (5, ["model=convnext", "width=8"])])
+@pytest.mark.parametrize(
+    ("num_blocks", "model"),
+    [(5, []), (9, []), pytest.param(5, ["model=convnext", "width=8"], marks=pytest.mark.slow)],  # ConvNeXt: 80 s
+)
 def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(
     tmp_path: Path, num_blocks: int, model: list[str]
 ) -> None:
@@ -276,7 +279,7 @@ def test_a_stacked_fit_compiles_a_few_graphs_however_many_members_leave(
         assert compiled[key] == plain[key], key
 
 
-@pytest.mark.parametrize("model", [[], ["model=convnext", "width=8"]])
+@pytest.mark.parametrize("model", [[], pytest.param(["model=convnext", "width=8"], marks=pytest.mark.slow)])
 def test_bf16_applies_to_a_fit_of_several_members(tmp_path: Path, model: list[str]) -> None:
     """trainer.precision=bf16 in a fit of all members (the stacked form under bf16 autocast, the MLP's batched
     matmuls and ConvNeXt's grouped convolutions alike): the numbers move by bf16's rounding, and not far."""

@@ -27,15 +27,34 @@ NUMBERS = (
 )
 
 
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """``alone(overrides)``: the results of BASE + overrides trained alone, each run once for the tests here (they
+    compare packs with the same runs), a copy each call."""
+    import copy
+
+    from mdl.run.identity import config_hash
+
+    done: dict[str, dict] = {}
+
+    def run(overrides: list[str]) -> dict:
+        cfg = compose_config([*BASE, *overrides])
+        key = config_hash(cfg)
+        if key not in done:
+            root = tmp_path_factory.mktemp("alone")
+            cfg.paths.output_root = str(root)
+            done[key] = run_experiment(cfg, root / "run")
+        return copy.deepcopy(done[key])
+
+    return run
+
+
 def jobs(root: Path, seeds=(0, 1, 2), extra=()) -> list[Job]:
     return [Job.checked(compose_config([*BASE, *extra, f"seed={s}"], root), root / f"run{s}") for s in seeds]
 
 
-def test_packed_runs_give_each_run_its_own_numbers_to_the_bit(tmp_path: Path) -> None:
-    alone = [
-        run_experiment(compose_config([*BASE, f"seed={s}"], tmp_path / "a"), tmp_path / "a" / f"run{s}")
-        for s in (0, 1, 2)
-    ]
+def test_packed_runs_give_each_run_its_own_numbers_to_the_bit(tmp_path: Path, alone) -> None:
+    alone = [alone([f"seed={s}"]) for s in (0, 1, 2)]
     packed = run_pack(jobs(tmp_path / "b"))
     assert len({r["paper_mdl"] for r in alone}) == 3  # the seeds differ, so a mix-up would show
     for one, other in zip(alone, packed):
@@ -100,17 +119,16 @@ def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_pat
     [[], ["mdl.members_per_fit=3"], ["mdl.members_per_fit=2"]],
     ids=["one fit", "fits of 3 and a plain final fit", "fits of 2"],
 )
-def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(tmp_path: Path, fits) -> None:
+def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the_bit(
+    tmp_path: Path, fits, alone
+) -> None:
     """Each run its own erased data (eraser, data seed) or a shared one (seed only): the numbers of the run alone,
     in one fit of the whole pack or in fits of k members: each run's members in the fits they have alone (debug=fast's
     4 members in fits of 3: 3 + the final model alone, a plain model's fit; of 2: 2 + 2), every run's j-th fit together.
     Before, a pack's fits of k mixed the runs' members block by block: other stacks, a stacked final fit where the run
     alone trains a plain one, other final fits (issue 34)."""
     variants = [[*fits, *v] for v in ([], ["eraser=none"], ["seed=1"], ["data_seed=1"], ["eraser=qleace"])]
-    alone = [
-        run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
-        for i, v in enumerate(variants)
-    ]
+    alone = [alone(v) for v in variants]
     together = [
         Job.checked(compose_config([*BASE, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
         for i, v in enumerate(variants)
@@ -123,7 +141,7 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
 
 
 def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numbers(
-    tmp_path: Path, monkeypatch, caplog
+    tmp_path: Path, monkeypatch, caplog, alone
 ) -> None:
     """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_fraction`` of the memory: one data module at
     a time here, each part a pack of its own trained after the last one's data is freed; the numbers of the runs alone."""
@@ -133,10 +151,7 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     from datamodules.datamodule import ErasedDataModule
 
     variants = [["eraser=none"], ["eraser=none", "seed=1"], ["data_seed=1"], ["eraser=qleace"]]
-    alone = [
-        run_experiment(compose_config([*BASE, *v], tmp_path / "a"), tmp_path / "a" / f"run{i}")
-        for i, v in enumerate(variants)
-    ]
+    alone = [alone(v) for v in variants]
     resident, parts = [], []
     original = mdl.run.pack._train_prepared
 
@@ -165,6 +180,7 @@ def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numb
     assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
 
 
+@pytest.mark.slow  # a reference pack, a killed one and its re-run
 def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
@@ -295,6 +311,7 @@ def _sweep_results(root: Path) -> dict[tuple[str, str], float]:
     return found
 
 
+@pytest.mark.slow  # two sweeps through launch.py
 def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_path: Path) -> None:
     """`python launch.py -m ... hydra/launcher=packed`: 2 erasers x 2 seeds as one fit, every job its results.json
     with the numbers Hydra's basic launcher gives it, and the sweep's report."""
@@ -311,6 +328,7 @@ def test_the_packed_launcher_runs_a_sweep_with_the_basic_launchers_numbers(tmp_p
     assert list((tmp_path / "packed").glob("multirun/*/*/report/report.md"))
 
 
+@pytest.mark.slow  # a reference pack, a killed one and its re-run, twice
 @pytest.mark.parametrize("members_per_fit, kill_at", [("all", 2), (2, 10)])
 def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypatch, members_per_fit, kill_at) -> None:
     """Killed after a checkpoint (the 2nd of its one fit; the 10th: in the 2nd of its fits, each run's 2nd fit of 2), the same

@@ -219,15 +219,26 @@ def _pack_jobs(root: Path, extra=()) -> list[Job]:
     return [Job.checked(compose_config([*TIGHT, *extra, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
 
 
-@pytest.mark.parametrize("damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}'])
-def test_a_damaged_parts_record_is_named_and_made_again(tmp_path: Path, caplog, damage: str) -> None:
+@pytest.mark.parametrize("damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}', '{"x": 1}'])
+def test_a_damaged_parts_record_is_named_and_discarded(tmp_path: Path, caplog, damage: str) -> None:
     """Before: a traceback that never named the file, and the pack could not go on until it was deleted by hand."""
+    from mdl.run.pack import recorded_split
+
+    record = tmp_path / "parts.json"
+    record.write_text(damage)
+    assert recorded_split(record) is None  # split again, as with no record
+    assert str(record) in caplog.text and "damaged" in caplog.text and not record.exists()
+    record.write_text('{"data_sets_at_once": 2}')
+    assert recorded_split(record) == 2
+
+
+def test_a_pack_with_a_damaged_parts_record_splits_again_and_trains(tmp_path: Path, caplog) -> None:
     from mdl.run.pack import PARTS_FILE, pack_folder, run_pack
 
     jobs = _pack_jobs(tmp_path)
     record = pack_folder(jobs) / PARTS_FILE
     record.parent.mkdir(parents=True)
-    record.write_text(damage)
+    record.write_text("{")
     results = run_pack(jobs)
     assert len(results) == 4 and all(r["paper_mdl"] > 0 for r in results)
     assert str(record) in caplog.text and "damaged" in caplog.text

@@ -233,6 +233,7 @@ def test_a_packed_sweep_logs_each_run_as_the_run_alone_uninterrupted_and_killed_
                 assert tensorboard_series(job) == tensorboard_series(reference[name]), (root.name, name)
 
 
+@pytest.mark.slow  # a packed sweep through launch.py (its logs in process: the tests around it)
 def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps_its_own_launch_log(
     tmp_path: Path,
 ) -> None:

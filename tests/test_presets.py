@@ -194,6 +194,7 @@ def test_no_unsourced_paper_claims_in_conf_or_readme() -> None:
         assert not re.search(r"\(paper: ", path.read_text()), path
 
 
+@pytest.mark.slow  # composes the paper's 100 jobs, 11 s (the cost of smaller sweeps: test_jobs_that_differ_only_in_bookkeeping...)
 def test_cost_only_cli_prints_jobs_and_gpu_hours(capsys: pytest.CaptureFixture[str]) -> None:
     cost_main(["+experiment=paper/appendix_c"])
     out = capsys.readouterr().out
@@ -217,6 +218,7 @@ def _smoke_results(proc, tmp: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((tmp / "multirun").rglob("results.json"))]
 
 
+@pytest.mark.slow  # a preset's sweep through launch.py
 def test_smoke_preset_runs_end_to_end_after_printing_its_cost(tmp_path: Path) -> None:
     proc = run_launch(["-m", "+experiment=paper/mlp_width/smoke", f"paths.output_root={tmp_path}"], cwd=tmp_path)
     results = _smoke_results(proc, tmp_path)

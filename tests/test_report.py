@@ -372,29 +372,22 @@ def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
     assert "Figure 1: skipped" in text
 
 
-def test_report_over_two_real_sweeps_and_over_their_parent_folder(tmp_path: Path):
-    """Two sweeps run by launch.py (the second with a list-valued optimizer setting of its own, which
-    crashed the report: unhashable list), reported together and through the folder that holds them."""
-    from conftest import FAST, python_path, run_launch
+@pytest.mark.slow  # a launch and two reports (a list-valued setting in process: test_list_valued_setting_...)
+def test_report_over_two_real_sweeps_and_over_their_parent_folder(small_sweep, tmp_path: Path):
+    """Two sweeps run by launch.py (the shared small sweep, and one with a list-valued optimizer setting of its own,
+    which crashed the report: unhashable list), reported together and through the folder that holds them."""
+    from conftest import FAST, copy_output, run_launch
 
-    for sweep in (["eraser=none,leace"], ["eraser=leace", "+optimizer.betas=[0.95,0.99]"]):
-        proc = run_launch(["-m", *sweep, "seed=0", f"paths.output_root={tmp_path}", "report=none", *FAST], cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    sweeps = sorted(p.parent for p in (tmp_path / "multirun").glob("*/*/multirun.yaml"))
+    copy_output(small_sweep, tmp_path / "out")
+    sweep = ["eraser=leace", "+optimizer.betas=[0.95,0.99]", "seed=0"]
+    proc = run_launch(["-m", *sweep, f"paths.output_root={tmp_path / 'out'}", "report=none", *FAST], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweeps = sorted(p.parent for p in (tmp_path / "out" / "multirun").glob("*/*/multirun.yaml"))
     assert len(sweeps) == 2
-    env = {**os.environ, "PYTHONPATH": python_path()}
-    for name, folders in (("together", [str(s) for s in sweeps]), ("parent", [str(tmp_path / "multirun")])):
+    for name, folders in (("together", [str(s) for s in sweeps]), ("parent", [str(tmp_path / "out" / "multirun")])):
         out = tmp_path / name
-        proc = subprocess.run(
-            [sys.executable, "-m", "mdl.report", *folders, "--out", str(out), "--images", "0"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert len(read_csv(out / "runs.csv")) == 3, name
+        assert main([*folders, "--out", str(out), "--images", "0"]) == 0
+        assert len(read_csv(out / "runs.csv")) == 5, name
         table = read_csv(out / "table.csv")
         assert {r["optimizer.betas"] for r in table} == {"(0.9, 0.999)", "(0.95, 0.99)"}, name  # the key that differs
         assert len(parse_plain_tabular((out / "table.tex").read_text())) == 1 + sum(
@@ -510,52 +503,29 @@ def test_one_code_version_no_column_no_console_line(tmp_path: Path, capsys):
     )
 
 
-def test_report_over_an_interrupted_sweep_names_the_missing_jobs(tmp_path: Path, capsys):
-    """A real multirun killed after its first two jobs: the report says which of the planned jobs are
-    missing, by their own overrides (Hydra's basic sweeper replayed from multirun.yaml)."""
-    import signal
-    import time
+def test_report_over_an_interrupted_sweep_names_the_missing_jobs(small_sweep, tmp_path: Path, capsys):
+    """A real multirun as a kill after its first two jobs leaves it (the shared sweep, copied: the third job's folder
+    without results.json, the fourth never made): the report says which of the planned jobs are missing, by their
+    own overrides (Hydra's basic sweeper replayed from multirun.yaml)."""
+    import shutil
 
-    from conftest import FAST, python_path
+    from conftest import copy_output
 
-    args = [
-        sys.executable,
-        str(REPO / "launch.py"),
-        "-m",
-        *FAST,
-        "trainer.torch_threads=1",
-        "eraser=none,leace",
-        "seed=0,1",
-        f"paths.output_root={tmp_path}",
-    ]
-    proc = subprocess.Popen(
-        args,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": python_path()},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 300
-    while (
-        time.time() < deadline and proc.poll() is None and len(list(tmp_path.glob("multirun/*/*/*/results.json"))) < 2
-    ):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    (sweep,) = tmp_path.glob("multirun/*/*")
-    finished = {p.parent.name.split("_")[0] for p in sweep.glob("*/results.json")}
-    assert len(finished) >= 2 and len(finished) < 4, "the sweep ended before it could be interrupted"
+    root = copy_output(small_sweep, tmp_path / "out")
+    (sweep,) = root.glob("multirun/*/*")
+    jobs = sorted(p for p in sweep.iterdir() if p.name[0].isdigit())
+    assert [j.name.split("_")[0] for j in jobs] == ["0", "1", "2", "3"]
+    (jobs[2] / "results.json").unlink()  # killed while training
+    shutil.rmtree(jobs[3])  # not started
+    shutil.rmtree(sweep / "report")
 
     assert main([str(sweep), "--images", "0"]) == 0
-    expected = [
-        f"job #{n}: eraser={e} seed={s}"
-        for n, (e, s) in enumerate((e, s) for e in ("none", "leace") for s in (0, 1))
-        if str(n) not in finished
-    ]
+    expected = ["job #2: eraser=leace seed=0", "job #3: eraser=leace seed=1"]
     text = (sweep / "report" / "report.md").read_text()
     assert "## Missing jobs" in text
     for job in expected:
         assert job in text
+    assert "job #0" not in text and "job #1" not in text
     assert f"{len(expected)} planned job(s) have no results.json" in capsys.readouterr().out
 
 

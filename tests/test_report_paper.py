@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CONF, FAST, run_launch, sweep_report
+from conftest import CONF, sweep_report
 from test_report import read_csv, write_run, write_sweep
 
 from mdl.report.build import build_report, main
@@ -259,20 +259,10 @@ def test_callback_refuses_unknown_table_and_writes_the_report(tmp_path: Path):
     assert not (tmp_path / "x").exists()
 
 
-def test_multirun_with_report_group_writes_the_comparison(tmp_path: Path):
-    proc = run_launch(
-        [
-            "-m",
-            "report=table16",
-            "hydra.callbacks.report.images=0",
-            "eraser=none,leace",
-            f"paths.output_root={tmp_path}",
-            *FAST,
-        ],
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = sweep_report(tmp_path)
+def test_multirun_with_report_group_writes_the_comparison(small_sweep):
+    """report=table16 on a real multirun (the shared sweep: 2 erasers x 2 seeds of the MLP on digits): the sweep's
+    report compares with the paper's table, one row per architecture and eraser."""
+    report = sweep_report(small_sweep.root)
     text = report.read_text()
     assert "### Paper table `table16` (CIFAR-10 z-scored)" in text and "| digits → cifar10+zscore | mlp |" in text
     assert len(read_csv(report.parent / "paper_comparison.csv")) == 2

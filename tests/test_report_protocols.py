@@ -174,6 +174,7 @@ def test_unrecorded_blocks_read_not_available(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a sweep through launch.py (reports of both protocols in process: above)
 def test_a_two_protocol_multirun_reports_both(tmp_path: Path):
     """A real sweep over both loops: its report has the two tables, with counts read from the runs' blocks."""
     proc = run_launch(

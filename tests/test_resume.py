@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import FITS, REPO, python_path, run_launch
 
 SETTINGS = [  # the sequential engine's per-block checkpoints (tests/test_stacked.py: the stacked engine's)
@@ -64,13 +66,13 @@ def kill_mid_block_and_resume(tmp_path: Path, extra: list[str] = ()) -> None:
     assert a["blocks"] == b["blocks"]
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
+    """End to end: launch.py SIGKILLed mid-block and launched again (the kill points themselves: in process, below)."""
     kill_mid_block_and_resume(tmp_path)
 
 
 # --- in-process kills at every checkpoint, any patience ---------------------------------------
-
-import pytest  # noqa: E402
 
 from conftest import compose_config  # noqa: E402
 from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
@@ -120,7 +122,7 @@ def run_killed_after(cfg, run_dir: Path, saves: int, monkeypatch) -> bool:
     return False
 
 
-@pytest.mark.parametrize("patience", [1, 2, 30])
+@pytest.mark.parametrize("patience", [1, pytest.param(2, marks=pytest.mark.slow), 30])  # 2: 25 kills and re-runs
 def test_resume_is_exact_at_every_kill_point(patience: int, tmp_path: Path, monkeypatch) -> None:
     """Early-stopping counters, best weights and the stop decision survive a kill at any epoch."""
     settings = [*KILL_SETTINGS, f"trainer.patience={patience}"]

@@ -85,6 +85,7 @@ def test_a_waiter_with_a_shorter_lease_judges_the_holder_by_the_holders_lease(tm
         holder.wait()
 
 
+@pytest.mark.slow  # launch.py against a suspended holder (the lock's own message: the first test)
 def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
     """launch.py reports a stalled holder as `error: ...` with exit code 2, not a traceback or a hang."""
     from conftest import FAST, compose_config

@@ -104,7 +104,8 @@ def tag():
 
 
 def own_jobs(tag: str) -> list[str]:
-    if shutil.which("squeue") is None:
+    """This test's jobs in Slurm's queue; none where no cluster answers (squeue would wait 10 s for it to say so)."""
+    if slurm_unavailable() is not None:
         return []
     out = subprocess.run(["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True).stdout
     return [line.split("|", 1)[0] for line in out.splitlines() if line.endswith(f"|{tag}")]

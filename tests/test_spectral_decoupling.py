@@ -17,7 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from conftest import FITS, FAST, RecordOps, compose_config, host_reads, run_launch, assert_members_equal_singles
+from hydra import compose, initialize_config_dir
+
+from conftest import (
+    CONF,
+    FAST,
+    FITS,
+    RecordOps,
+    assert_members_equal_singles,
+    compose_config,
+    host_reads,
+    run_in_process,
+    run_launch,
+)
 from mdl.run.components import make_loss, make_model_factory, make_optimizer
 from mdl.run.experiment import run_experiment
 from models import Classifier, create_model
@@ -290,6 +302,26 @@ def test_sd_reaches_a_larger_margin_than_erm_on_two_moons() -> None:
 SD_RUN = ["loss=spectral_decoupling", "loss.lambda=0.3"]
 
 
+@pytest.mark.parametrize("engine", ["sequential", "stacked"])
+def test_a_run_with_spectral_decoupling_records_it_and_finite_numbers(tmp_path: Path, engine: str) -> None:
+    """A whole run with the loss in each grouping (in process, as launch.py runs it; a sweep through launch.py: the
+    slow test below), and a sweep's job folders name its settings (loss.* is no bookkeeping key)."""
+    results = run_in_process([FITS[engine], *FAST, *SD_RUN], tmp_path)
+    assert results["engine"] == engine
+    assert results["config"]["loss"] == {
+        "name": "spectral_decoupling",
+        "lambda": 0.3,
+        "class_lambda": None,
+        "class_gamma": None,
+    }
+    assert all(math.isfinite(results[k]) for k in ("paper_mdl", "online_bits_per_example", "final_val_loss"))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        hydra_cfg = compose("config", overrides=[*FAST, *SD_RUN], return_hydra_config=True)
+    excluded = hydra_cfg.hydra.job.config.override_dirname.exclude_keys
+    assert not [key for key in excluded if key.startswith("loss")]
+
+
+@pytest.mark.slow  # a sweep through launch.py
 def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path: Path) -> None:
     proc = run_launch(
         ["-m", "mdl.members_per_fit=1,all", *FAST, *SD_RUN, f"paths.output_root={tmp_path}"], cwd=tmp_path

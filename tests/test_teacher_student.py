@@ -10,14 +10,13 @@ through launch.py.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FAST, run_launch
+from conftest import FAST, run_in_process
 from datamodules import available_sources, load_source
 from datamodules.teacher_student import link, multiscale_linear, single_index_teacher
 
@@ -205,10 +204,9 @@ def test_bad_options_name_the_setting(name: str, options: dict, message: str) ->
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_launch_runs_end_to_end(name: str, tmp_path: Path) -> None:
+def test_a_whole_run_on_the_source(name: str, tmp_path: Path) -> None:
+    """A whole run on the synthetic source (in process, as launch.py runs it)."""
     tiny = ["data.options.n_train=500", "data.options.n_test=200", "data.val_size=100", "data.diagnostics=false"]
-    proc = run_launch([f"data={name}", "device=cpu", f"paths.output_root={tmp_path}", *FAST, *tiny], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(next(tmp_path.rglob("results.json")).read_text())
+    results = run_in_process([f"data={name}", "device=cpu", *FAST, *tiny], tmp_path)
     assert results["config"]["data"]["source"] == name
     assert math.isfinite(results["paper_mdl"])

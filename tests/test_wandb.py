@@ -6,19 +6,15 @@ import json
 import math
 from pathlib import Path
 
-from conftest import FAST, run_launch
+import pytest
+
+from conftest import FAST, WANDB_OFFLINE, copy_output, run_launch
 
 
-def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
-    proc = run_launch(
-        ["-m", "logger=wandb", "eraser=none,leace", f"paths.output_root={tmp_path}", *FAST],
-        cwd=tmp_path,
-        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (sweep,) = list((tmp_path / "multirun").glob("*/*"))
+def test_offline_runs_carry_group_job_type_and_name(small_sweep) -> None:
+    (sweep,) = {job.parent for job in small_sweep.run_dirs}
     run_files = sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))
-    assert len(run_files) == 2
+    assert len(run_files) == 4
     for run_file in run_files:
         job_dir = run_file.parents[2]
         eraser = "leace" if "eraser=leace" in job_dir.name else "none"
@@ -41,7 +37,8 @@ def test_offline_runs_carry_group_job_type_and_name(tmp_path: Path) -> None:
     from wandb_records import run_record
 
     run = run_record(run_files[0])  # a debug sweep: grouped apart, named by what it sweeps and when; tagged
-    assert run.run_group == f"debug eraser {sweep.parent.name} {sweep.name}" and "debug:fast" in run.tags
+    assert run.run_group == f"debug eraser x seed {sweep.parent.name} {sweep.name}" and "debug:fast" in run.tags
+    assert run.job_type == "none" and run_record(run_files[2]).job_type == "leace"
 
 
 def _workspace_panels_have_data(record: bytes) -> None:
@@ -64,19 +61,14 @@ def _workspace_panels_have_data(record: bytes) -> None:
     assert all(key in view for key in keys) and "eraser.value.name" in view
 
 
-def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> None:
+def test_summary_tags_group_table_and_artifacts_read_back(small_sweep) -> None:
     """Read from the run files W&B writes: the summary holds the paper's numbers and every erasure
     diagnostic, tags come from the config, the name has no logger=wandb, results.json and the eraser
     are an artifact, the blocks a table."""
     from wandb_records import artifacts, config, run_record, summary
 
-    proc = run_launch(
-        ["-m", "logger=wandb", "eraser=leace", "tags=[baseline,v2]", f"paths.output_root={tmp_path}", *FAST],
-        cwd=tmp_path,
-        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_file,) = tmp_path.glob("multirun/*/*/*/wandb/offline-run-*/run-*.wandb")
+    job = small_sweep.run_dirs[2]  # eraser=leace, seed=0
+    (run_file,) = job.glob("wandb/offline-run-*/run-*.wandb")
     assert "tags" not in run_file.parents[2].name  # the user's tags name no folder: they are not part of a run
     results = json.loads((run_file.parents[2] / "results.json").read_text())
     values = summary(run_file)
@@ -93,7 +85,7 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
             assert values[f"erasure/{key}"] == value, key
     run = run_record(run_file)
     assert {"baseline", "v2", "data:digits", "model:mlp", "eraser:leace", "fits:stacked"} <= set(run.tags)
-    assert "logger=wandb" not in run.display_name and "eraser=leace" in run.display_name
+    assert "logger" not in run.display_name and "eraser=leace" in run.display_name
     assert run_file.parents[3].name in run.run_group  # the sweep's time
     logged = artifacts(run_file)
     (files,) = [v for k, v in logged.items() if k.startswith("results-")]
@@ -108,45 +100,38 @@ def test_summary_tags_group_table_and_artifacts_read_back(tmp_path: Path) -> Non
     assert config(run_file)["environment"] == results["environment"]  # what computed it, beside the config
 
 
-def test_a_skipped_run_is_logged_from_its_stored_results_once(tmp_path: Path) -> None:
+@pytest.mark.slow  # two launches with W&B
+def test_a_skipped_run_is_logged_from_its_stored_results_once(finished_run, tmp_path: Path) -> None:
     """A sweep re-launched with logger=wandb after CSV runs shows every run in W&B (skipped ones from the
     store), and a third launch does not log them again."""
     from wandb_records import summary
 
-    env = {"WANDB_MODE": "offline", "WANDB_API_KEY": ""}
-    first = run_launch([f"paths.output_root={tmp_path / 'a'}", *FAST], cwd=tmp_path, env=env)
-    assert first.returncode == 0, first.stderr[-3000:]
+    root = copy_output(finished_run, tmp_path / "a")  # the default run, with the default logger (CSV)
     for attempt in ("b", "c"):
-        again = run_launch(["logger=wandb", f"paths.output_root={tmp_path / 'a'}", *FAST], cwd=tmp_path / "a", env=env)
-        assert again.returncode == 0, again.stderr[-3000:]
-    run_files = sorted((tmp_path / "a" / "runs").glob("*/*/wandb/offline-run-*/run-*.wandb"))
+        again = run_launch(["logger=wandb", f"paths.output_root={root}", *FAST], cwd=root, env=WANDB_OFFLINE)
+        assert again.returncode == 0 and "skipped: a finished run" in again.stdout + again.stderr, again.stderr[-3000:]
+    run_files = sorted((root / "runs").glob("*/*/wandb/offline-run-*/run-*.wandb"))
     assert len(run_files) == 1  # the second wandb launch found the marker
-    (stored,) = (tmp_path / "a" / "store").glob("*/results.json")
+    (stored,) = (root / "store").glob("*/results.json")
     assert summary(run_files[0])["paper_mdl"] == json.loads(stored.read_text())["paper_mdl"]
 
 
-def test_several_loggers_each_get_the_run(tmp_path: Path) -> None:
-    """logger=[csv,wandb] (the template's list of loggers): the CSV file and the W&B run both hold the live series
-    and the paper's numbers; W&B keeps its summary, the CSV its rows."""
+def test_several_loggers_each_get_the_run(small_sweep) -> None:
+    """logger=[csv,wandb] (the template's list of loggers; the sweep's adds tensorboard where installed): the CSV file
+    and the W&B run both hold the live series and the paper's numbers; W&B keeps its summary, the CSV its rows."""
     import csv
 
     from wandb_records import summary
 
-    proc = run_launch(
-        ["logger=[csv,wandb]", "eraser=leace", f"paths.output_root={tmp_path}", *FAST],
-        cwd=tmp_path,
-        env={"WANDB_MODE": "offline", "WANDB_API_KEY": ""},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run_file,) = tmp_path.glob("runs/*/*/wandb/offline-run-*/run-*.wandb")
-    run_dir = run_file.parents[2]
-    results = json.loads((run_dir / "results.json").read_text())
-    assert summary(run_file)["paper_mdl"] == results["paper_mdl"]
-    assert b"block01/val_loss" in run_file.read_bytes()
-    with open(run_dir / "csv" / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert any(r.get("block01/val_loss") for r in rows)
-    assert [float(r["paper_mdl"]) for r in rows if r.get("paper_mdl")] == [results["paper_mdl"]]
+    for run_dir in small_sweep.run_dirs:
+        (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+        results = json.loads((run_dir / "results.json").read_text())
+        assert summary(run_file)["paper_mdl"] == results["paper_mdl"]
+        assert b"block01/val_loss" in run_file.read_bytes()
+        with open(run_dir / "csv" / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert any(r.get("block01/val_loss") for r in rows)
+        assert [float(r["paper_mdl"]) for r in rows if r.get("paper_mdl")] == [results["paper_mdl"]]
 
 
 def test_a_logger_setting_outside_its_logger_is_named(tmp_path: Path) -> None:
