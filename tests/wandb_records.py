@@ -22,9 +22,16 @@ WRITTEN_WITHIN_S = 60.0  # W&B's writer may still be writing a finished run's fi
 def records(path: str | Path):
     """Records of a W&B run file (.wandb), once W&B has written them all (its last record, ``exit``, is there: a run
     closed by ``finish`` may still be written by W&B's own process for a moment, longer on a loaded machine)."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + WRITTEN_WITHIN_S
     while True:
-        found = list(_parse(Path(path).read_bytes()))
+        try:
+            found = list(_parse(Path(path).read_bytes()))
+        except DecodeError:  # a record half written: read again
+            if time.monotonic() > deadline:
+                raise
+            found = []
         if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
             return iter(found)
         time.sleep(0.2)
