@@ -56,6 +56,12 @@ def balance_indices(y: Tensor, method: str, data_seed: int) -> Tensor:
     return torch.nonzero(rank_in_class < smallest).flatten()
 
 
+def size_follows_data_seed(balance: str | None) -> bool:
+    """Whether the training split's size depends on ``data_seed``: suby keeps the smallest class count of the seeded
+    split (``balance_indices``); every other split has the sizes its config sets."""
+    return balance == "suby"
+
+
 def apply_transform(transform: CovariancePower, x: Tensor) -> Tensor:
     """Apply the transform in chunks (same dtype, on x's device); p = 0 returns x itself."""
     if transform.is_identity:

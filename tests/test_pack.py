@@ -95,6 +95,8 @@ def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path
     assert key("seed=0", "mdl.members_per_fit=1") is None  # one member per fit: packing would change its numbers
     pre = "+optimizer.precondition={p:-1,eps:1.0e-3}"  # a fit-wide callback made from one run's data: seeds only
     assert key(pre, "seed=1") == key(pre) != key(pre, "data_seed=1")
+    suby = "data.balance=suby"  # the training split's size follows the data seed: so do the blocks
+    assert key(suby, "seed=1") == key(suby, "eraser=leace") == key(suby) != key(suby, "data_seed=1")
     with pytest.raises(ValueError, match="differ in more than their seed"):
         run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["width=64"]))
 
@@ -232,14 +234,17 @@ def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
 def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurms(monkeypatch) -> None:
     import torch
 
-    from mdl.engine.memory import data_modules_at_once, memory_bytes
+    from mdl.engine.memory import memory_bytes, plan_parts
 
     cpu = torch.device("cpu")
     for name in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MiB, as Slurm sets it
     assert memory_bytes(cpu) == 2**30
-    assert data_modules_at_once(2**28, cpu, 0.5) == 2 and data_modules_at_once(2**31, cpu, 0.5) == 1
+    groups = [["a", "b"], ["c"], ["d"]]  # runs by their data: a and b share one data module
+    assert plan_parts(groups, 2**28, cpu, 0.5) == [[["a", "b"], ["c"]], [["d"]]]  # 2 data sets in 512 MiB
+    assert plan_parts(groups, 2**31, cpu, 0.5) == [[g] for g in groups]  # at least one at a time
+    assert plan_parts(groups, 2**31, cpu, 0.5, at_once=3) == [groups]  # as an earlier launch recorded
     monkeypatch.delenv("SLURM_MEM_PER_NODE")
     monkeypatch.setenv("SLURM_MEM_PER_CPU", "256")  # --mem-per-cpu
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "2")
@@ -247,7 +252,7 @@ def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurm
     monkeypatch.delenv("SLURM_MEM_PER_CPU")
     assert memory_bytes(cpu) > 2**30  # the host's total (this machine has more than 1 GiB)
     with pytest.raises(ValueError, match="mdl.pack_data_fraction=0"):
-        data_modules_at_once(1, cpu, 0)
+        plan_parts(groups, 1, cpu, 0)
 
 
 @pytest.mark.parametrize(
@@ -379,3 +384,19 @@ def test_the_cost_estimate_counts_the_packs_of_a_packed_sweep(capsys) -> None:
     assert "3 jobs in 1 pack " in capsys.readouterr().out  # stacked in fits of what the GPU holds: packed
     main(["-m", "seed=0,1,2"])
     assert "jobs in" not in capsys.readouterr().out.replace(str(REPO), "<repo>")  # no packs line
+
+
+def test_runs_that_cannot_share_a_stack_are_refused_by_the_driver() -> None:
+    """The pack key keeps such runs apart; if runs of other shapes, classes or blocks still reach one driver call,
+    it names what differs instead of stacking them."""
+    from types import SimpleNamespace
+
+    from mdl.engine.driver import check_trainable_together
+
+    def run(shape=(1, 8, 8), classes=10, boundaries=(16, 32, 64)):
+        return SimpleNamespace(data=SimpleNamespace(input_shape=shape, num_classes=classes), boundaries=boundaries)
+
+    check_trainable_together([run(), run()])
+    for other in (run(shape=(3, 8, 8)), run(classes=9), run(boundaries=(16, 30, 60))):
+        with pytest.raises(ValueError, match="differ in input shape, classes or block schedule.*pack_key"):
+            check_trainable_together([run(), other])

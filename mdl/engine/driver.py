@@ -45,7 +45,8 @@ STACKED_CHECKPOINT = "stacked.ckpt"  # a stacked fit of every member of the runs
 def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
     """Train every member of ``runs`` (resuming where their progress and checkpoints say) and return each run's
     results.json fields, in order. Runs trained together share ``fitting`` and have equal models, block
-    schedules and input shapes."""
+    schedules and input shapes (``check_trainable_together``)."""
+    check_trainable_together(runs)
     ledgers = [Ledger.open(run) for run in runs]
     fits = plan_fits(runs, fitting)
     check_trainer_settings(fitting.trainer_kwargs, fits, fitting.steps_per_group)
@@ -73,6 +74,18 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
             stacked_checkpoint(fitting.folder, members, len(runs) * runs[0].size).unlink(missing_ok=True)  # its
             # state is of the larger stack
     return [ledger.results(fitting.paper_loss) for ledger in ledgers]
+
+
+def check_trainable_together(runs: Sequence[Run]) -> None:
+    """Runs trained together must agree in what their stacked form shares: input shape, classes, block schedule
+    (``mdl.run.pack.pack_key`` groups only runs whose configs make them equal)."""
+    shapes = sorted({(tuple(r.data.input_shape), r.data.num_classes, tuple(r.boundaries)) for r in runs})
+    if len(shapes) > 1:
+        raise ValueError(
+            "runs trained together differ in input shape, classes or block schedule ("
+            + "; ".join(f"input {s}, {k} classes, blocks {list(b)}" for s, k, b in shapes)
+            + "): train them apart (their configs should not share a pack key: mdl.run.pack.pack_key)"
+        )
 
 
 def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier], fitting: Fitting) -> None:

@@ -1,12 +1,16 @@
-"""How much trains at once: the fits of (run, block) members that the runs' members are trained in (``plan_fits``).
+"""How much trains at once, planned in two steps, data first: the parts of a pack and the fits of each part.
 
-Each run's members go in the fits it has alone (``mdl.members_per_fit``: all, k, or ``auto``), the j-th fit of
-every run trained together. With ``auto`` the count is measured, not guessed: on a GPU one optimizer step of a
-stack of one member and of two, each on a real training batch, gives the memory of the fixed part and of each
-further member (peak allocated bytes: parameters, gradients, optimizer state, activations), measured with every
-run's data already resident, so the count is what the memory left beside the data holds, with a margin; on a CPU
+A pack's runs that need their own data (another eraser or data seed) train in parts whose data modules fit in
+``mdl.pack_data_fraction`` of the device's memory (``plan_parts``, measured on the first data module loaded); the
+members of a part's runs then train in fits (``plan_fits``) that fit in what its resident data leaves. A run alone is
+a pack of one part. Each run's members go in the fits it has alone (``mdl.members_per_fit``: all, k, or ``auto``), the
+j-th fit of every run trained together. With ``auto`` the count is measured, not guessed: on a GPU one optimizer step
+of a stack of one member and of two, each on a real training batch, gives the memory of the fixed part and of each
+further member (peak allocated bytes: parameters, gradients, optimizer state, activations), measured with the part's
+data already resident, so the count is what the memory left beside the data holds, with a margin; on a CPU
 the host's memory is the limit and a stack of these models is small beside it: every member goes in one fit. A
-fit that still runs out of memory goes on as two of half as many (``halved``), with a warning.
+fit that still runs out of memory goes on as two of half as many (``halved``), with a warning. Neither step changes
+a number: every run's members train as they do alone, whatever part and fit they are in.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import torch
 
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Member = tuple[int, int]  # (run, block) in the runs trained together
+T = TypeVar("T")
 MEMORY_MARGIN = 0.8  # our choice: use at most this share of the free memory (fragmentation, the allocator's cache)
 
 
@@ -199,7 +204,31 @@ def check_pack_data_fraction(fraction: Any) -> float:
     return float(fraction)
 
 
-def data_modules_at_once(per_module: int, device: torch.device, fraction: float) -> int:
-    """How many data modules of ``per_module`` bytes a pack holds at once within ``fraction`` of the memory."""
-    fraction = check_pack_data_fraction(fraction)
-    return max(1, int(memory_bytes(device) * fraction) // max(per_module, 1))
+def plan_parts(
+    groups: Sequence[Sequence[T]],
+    bytes_per_group: int,
+    device: torch.device,
+    fraction: float,
+    at_once: int | None = None,
+) -> list[list[Sequence[T]]]:
+    """The pack's data groups (runs sharing one data module) in parts of as many as ``fraction`` of the device's
+    memory holds at once (``at_once``: a split recorded by an earlier launch of the pack), trained one part after
+    another; each part's fits are then planned by ``plan_fits`` with its data resident."""
+    if at_once is None:
+        fraction = check_pack_data_fraction(fraction)
+        at_once = max(1, int(memory_bytes(device) * fraction) // max(bytes_per_group, 1))
+    parts = [list(groups[a : a + at_once]) for a in range(0, len(groups), at_once)]
+    if len(parts) > 1:
+        log.warning(
+            "pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
+            "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another",
+            sum(len(g) for g in groups),
+            len(groups),
+            bytes_per_group / 1e9,
+            len(parts),
+            at_once,
+            fraction,
+            memory_bytes(device) / 1e9,
+            device,
+        )
+    return parts

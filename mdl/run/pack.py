@@ -1,7 +1,7 @@
 """Runs of a sweep trained as members of one fit (``hydra/launcher=packed``).
 
 ``pack_key`` says which runs can share a fit: equal configs but for ``seed``, ``eraser`` and ``data_seed``
-(and bookkeeping keys), whose members train stacked (``mdl.members_per_fit`` all, auto or k > 1: a pack
+(and bookkeeping keys), so equal input shapes, classes and block schedules, whose members train stacked (``mdl.members_per_fit`` all, auto or k > 1: a pack
 is trained in fits of as many members; 1 trains plain models, which a pack cannot), without a profiler. Runs that differ
 only in their seed share one data module (``data_key``); the others each bring their own erased data.
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
@@ -26,10 +26,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.splits import size_follows_data_seed
 from erasure.files import atomic_write_bytes, sha256_hex
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.driver import train_runs
-from mdl.engine.memory import data_modules_at_once, memory_bytes
+from mdl.engine.memory import plan_parts
 from mdl.engine.preemption import sigterm_guard
 from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
@@ -58,12 +59,15 @@ PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
 def pack_key(cfg: DictConfig) -> str | None:
     """Runs with equal keys can be trained in one fit; None: this run trains alone. With
     ``optimizer.precondition`` (a fit-wide callback made from one run's data) only the seed may differ. A protocol
-    that backtracks trains one member per fit (``mdl.engine.protocol.LoopRules``): alone."""
+    that backtracks trains one member per fit (``mdl.engine.protocol.LoopRules``): alone. One stack needs its runs'
+    input shapes, classes and block schedules equal: the data config sets them (an eraser keeps the shape), but for
+    ``data.balance=suby``, whose training split's size follows the data seed: then runs of one data seed only."""
     if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler") or LoopRules.of(cfg.get("protocol")).backtrack:
         return None
     if cfg.optimizer.get("precondition") is not None:
         return data_key(cfg)
-    return _hash_with(cfg, {"seed": 0, "data_seed": 0}, eraser=PACKED_ERASER)
+    free = {"seed": 0} if size_follows_data_seed(cfg.data.get("balance")) else {"seed": 0, "data_seed": 0}
+    return _hash_with(cfg, free, eraser=PACKED_ERASER)
 
 
 def data_key(cfg: DictConfig) -> str:
@@ -172,26 +176,13 @@ def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     measured = next(job for group in groups for job in group if job.key in todo)  # in the first part that trains
     with own_lines(*_sharing_data(measured, jobs)):
         first: ErasedDataModule | None = job_data(measured)
-    fraction = measured.cfg.mdl.pack_data_fraction
     record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
-    at_once = recorded_split(record) or data_modules_at_once(first.resident_bytes(), first.device, fraction)
-    parts = [[job for group in groups[a : a + at_once] for job in group] for a in range(0, len(groups), at_once)]
-    if len(parts) > 1:
-        log.warning(
-            "pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
-            "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another",
-            len(pack),
-            len(groups),
-            first.resident_bytes() / 1e9,
-            len(parts),
-            at_once,
-            fraction,
-            memory_bytes(first.device) / 1e9,
-            first.device,
-        )
-        if recorded_split(record) is None:  # a relaunch (another GPU, another allocation) splits as this launch did
-            record.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(record, json.dumps({"data_sets_at_once": at_once}).encode())
+    recorded = recorded_split(record)
+    split = plan_parts(groups, first.resident_bytes(), first.device, measured.cfg.mdl.pack_data_fraction, recorded)
+    parts = [[job for group in part for job in group] for part in split]
+    if len(parts) > 1 and recorded is None:  # a relaunch (another GPU, another allocation) splits as this launch did
+        record.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(record, json.dumps({"data_sets_at_once": len(split[0])}).encode())
     results: dict[str, dict[str, Any]] = {}
     for part in parts:
         in_part = {job.key for job in part}
@@ -234,18 +225,12 @@ def recorded_split(record: Path) -> int | None:
 
 
 def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The prepared runs trained: one fit each group of equal shapes (one unless an eraser changed the data's)."""
-    results: dict[int, dict[str, Any]] = {}
-    groups = _compatible(prepared)
-    for indices in groups:
-        part = [prepared[i] for i in indices]
-        if len(part) > 1:
-            with own_lines(*(p.job.key for p in part)):  # the fit's own lines (e.g. "resuming fit from"): its runs'
-                results.update(zip(indices, _fit_pack(part, pack if len(groups) == 1 else ())))
-        else:
-            with own_lines(part[0].job.key), part[0].job.disk_errors_named():
-                results[indices[0]] = finish_run(*train_alone(part[0]))
-    return [results[i] for i in range(len(prepared))]
+    """The prepared runs trained together (one: alone, as usual)."""
+    if len(prepared) > 1:
+        with own_lines(*(p.job.key for p in prepared)):  # the fit's own lines (e.g. "resuming fit from"): its runs'
+            return _fit_pack(prepared, pack)
+    with own_lines(prepared[0].job.key), prepared[0].job.disk_errors_named():
+        return [finish_run(*train_alone(prepared[0]))]
 
 
 def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule]) -> list[PreparedRun]:
@@ -263,21 +248,6 @@ def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule])
 def _sharing_data(job: Job, jobs: Sequence[Job]) -> list[str]:
     """The keys of the ``jobs`` that share ``job``'s data (``data_key``), its own included."""
     return [other.key for other in jobs if data_key(other.cfg) == data_key(job.cfg)]
-
-
-def _compatible(prepared: list[PreparedRun]) -> list[list[int]]:
-    """The runs' indices grouped by what one stack needs equal: input shape, classes, block schedule."""
-    groups: dict[tuple, list[int]] = {}
-    for i, run in enumerate(prepared):
-        shape = (tuple(run.run.data.input_shape), run.run.data.num_classes, tuple(run.run.boundaries))
-        groups.setdefault(shape, []).append(i)
-    if len(groups) > 1:
-        log.warning(
-            "pack split in %d fits: its runs' data differ in shape, classes or blocks (%s)",
-            len(groups),
-            "; ".join(str(k) for k in groups),
-        )
-    return list(groups.values())
 
 
 def run_label(jobs: Sequence[Job], job: Job) -> str:
