@@ -121,7 +121,7 @@ def read_run(folder: Path) -> StoredRun | None:
         "hash": folder.name,
         "status": shown,
         **{column: select(config, key) for column, key in COLUMN_KEYS.items()},
-        "fits": (results or {}).get("engine") or _grouping(config),
+        "fits": (results or {}).get("fits") or _grouping(config),
         "paper_mdl": (results or {}).get("paper_mdl"),
         "date": _last_written(folder),
         "code_version": record.get("code_version"),

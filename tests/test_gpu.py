@@ -48,7 +48,7 @@ def test_every_model_runs_end_to_end_on_cuda(model: str, engine: str, tmp_path: 
     cfg = compose_config([*GPU, f"model={model}", *MODEL_SETTINGS[model], FITS[engine]], tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     _finite_results(results)
-    assert results["config"]["device"] == "cuda" and results["engine"] == engine
+    assert results["config"]["device"] == "cuda" and results["fits"] == engine
 
 
 def test_stacked_run_killed_and_resumed_on_cuda_is_bit_identical(tmp_path: Path, monkeypatch) -> None:
@@ -272,7 +272,7 @@ def test_members_per_fit_auto_measures_the_gpu_and_runs(tmp_path: Path) -> None:
     one, two = peak(1), peak(2)
     assert 0 < one < two
     results = run_experiment(cfg, tmp_path / "run")
-    assert results["engine"] == "fits by memory" and math.isfinite(results["paper_mdl"])
+    assert results["fits"] == "fits by memory" and math.isfinite(results["paper_mdl"])
 
 
 def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:

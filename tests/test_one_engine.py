@@ -41,7 +41,7 @@ def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path,
     run (config hash) and paper MDL within ACROSS_ENVIRONMENTS_BITS of every record, said as a warning."""
     cfg = compose_config(overrides(engine), tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
-    assert results["engine"] == engine
+    assert results["fits"] == engine
     for record in STORED[
         "records"
     ]:  # the identity of the stored run (its hash as python -m mdl.runs --rehash gives it)
@@ -159,7 +159,7 @@ def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path
         compose_config([*fast, "mdl.members_per_fit=all"], tmp_path / "a"), tmp_path / "a" / "run"
     )
     in_fits = run_experiment(compose_config([*fast, "mdl.members_per_fit=4"], tmp_path / "b"), tmp_path / "b" / "run")
-    assert in_fits["engine"] == "fits of 4" and in_fits["members_per_fit"] == 4
+    assert in_fits["fits"] == "fits of 4" and in_fits["members_per_fit"] == 4
     for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
         assert in_fits[key] == together[key], key
 
@@ -231,7 +231,7 @@ def test_auto_halves_a_fit_that_runs_out_of_memory_and_goes_on(tmp_path: Path, m
         )
     assert sizes == [8, 4, 2, 2, 4, 2, 2]
     assert "out of memory with 8 members in one fit: going on with fits of 4" in caplog.text
-    assert halved["engine"] == "fits by memory" and halved["members_per_fit"] == "auto"
+    assert halved["fits"] == "fits by memory" and halved["members_per_fit"] == "auto"
     for key in ("blocks", "paper_mdl", "online_codelength_bits", "val_loss_curve", "final_val_loss"):
         assert halved[key] == together[key], key
 

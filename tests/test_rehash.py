@@ -33,6 +33,7 @@ OLD_RUNS = {
     "d5dab5d1a3a4890b": ["seed=1"],
 }
 COMMON = [*FAST, "device=cpu"]
+FORMER_FITS = {"093bf4759004a35d": "stacked", "b4d02962018d552a": "sequential", "b4523971d6a0d167": "fits of 2"}
 
 
 @pytest.fixture
@@ -70,6 +71,9 @@ def test_a_migrated_store_has_every_run_under_today_s_hash_and_relaunches_skip(o
         for record in (store / key).glob("*.json"):
             assert json.loads(record.read_text())["config_hash"] == key
             assert "engine" not in json.loads(record.read_text())["config"]["mdl"]
+        if (store / key / RESULTS_FILE).exists():  # its grouping under today's name
+            finished = read_checked_json(store / key / RESULTS_FILE)
+            assert "engine" not in finished and finished["fits"] == FORMER_FITS[old]
     (run_folder,) = old_store.glob(f"runs/*/*/{RESULTS_FILE}")
     assert read_checked_json(run_folder)["config_hash"] == new["093bf4759004a35d"]  # its run folder's reference too
 

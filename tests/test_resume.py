@@ -208,7 +208,7 @@ def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, 
         "trainer.torch_threads=1",
     ]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
-    assert reference["engine"] == "fits of 2"
+    assert reference["fits"] == "fits of 2"
     saves = count_saves(compose_config(settings, tmp_path / "count"), tmp_path / "count", monkeypatch)
     points = sorted({1, saves // 4, saves // 2, 3 * saves // 4, saves - 1, saves} - {0})
     assert_resumes_exactly(settings, reference, points, tmp_path, monkeypatch)

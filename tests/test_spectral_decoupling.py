@@ -307,7 +307,7 @@ def test_a_run_with_spectral_decoupling_records_it_and_finite_numbers(tmp_path: 
     """A whole run with the loss in each grouping (in process, as launch.py runs it; a sweep through launch.py: the
     slow test below), and a sweep's job folders name its settings (loss.* is no bookkeeping key)."""
     results = run_in_process([FITS[engine], *FAST, *SD_RUN], tmp_path)
-    assert results["engine"] == engine
+    assert results["fits"] == engine
     assert results["config"]["loss"] == {
         "name": "spectral_decoupling",
         "lambda": 0.3,
@@ -332,7 +332,7 @@ def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path:
     engines = set()
     for path in paths:
         results = json.loads(path.read_text())
-        engines.add(results["engine"])
+        engines.add(results["fits"])
         assert "loss.lambda=0.3" in path.parent.name  # the sweep's job directories name the setting
         assert results["config"]["loss"] == {
             "name": "spectral_decoupling",

@@ -373,7 +373,7 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
         "overrides": job.overrides,
         "git_sha": git_sha(),
         "code_version": code_version(),
-        "engine": run.grouping,  # the record's name for it (results.json readers, stored runs)
+        "fits": run.grouping,
         "members_per_fit": 1 if run.grouping == "sequential" else members_per_fit(cfg.mdl) or "all",
         "device": str(job.device),
         ENVIRONMENT_KEY: job.environment(),
@@ -450,6 +450,6 @@ def summary(results: dict[str, Any], path: Path) -> str:
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
         f"final val loss: {results['final_val_loss']:.4f} nats\n"
-        f"fits: {results.get('engine', 'sequential')} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
+        f"fits: {results.get('fits') or grouping(results['config']['mdl'])} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
         f"results: {path}"
     )

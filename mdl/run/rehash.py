@@ -3,7 +3,8 @@
 A run's store folder is named by its config hash (mdl.run.identity), which decides skip-if-done and resume. When
 the config's keys or the hash change, the runs already stored would be trained again. This rewrites a store once,
 so that a relaunch finds each run where it looks: the stored config is written as today's conf composes the same run
-(``current_form``), its hash recomputed from that, its records and its run folder's results.json say so, and its
+(``current_form``), its hash recomputed from that, its records and its run folder's results.json say so (and name
+its grouping ``fits``, formerly ``engine``), and its
 folder is renamed (one atomic rename per run, after its records are rewritten, so a rerun finishes a cut-short one).
 Run it while nothing else writes to the store.
 """
@@ -35,6 +36,7 @@ from mdl.run.storage import LOCK_FILE
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 FORMER_GROUPINGS = {"stacked": "all", "sequential": 1}  # a stored mdl.engine -> its mdl.members_per_fit
+FORMER_RESULT_KEY = "engine"  # results.json's name for its grouping (stacked, fits of k, ...) before ``fits``
 POOLED_BY_DEFAULT = ("leace", "qleace", "alf_qleace")  # erasers stored without eraser.fit_scope fitted on the split
 UNSET_IS_NULL = {"data": ("balance", "transform"), "optimizer": ("precondition",)}  # options stored runs may lack
 
@@ -138,8 +140,10 @@ class Entry:
     def current(self) -> bool:
         """Whether the folder and every record already name today's hash and config."""
         records = [r for r in (self.results, self.started) if r is not None]
-        return self.old == self.key and all(
-            r.get("config_hash") == self.key and r["config"] == self.config for r in records
+        return (
+            self.old == self.key
+            and all(r.get("config_hash") == self.key and r["config"] == self.config for r in records)
+            and all(FORMER_RESULT_KEY not in r for r in (self.results,) if r is not None)
         )
 
     def records(self) -> list[str]:
@@ -167,6 +171,8 @@ class Entry:
     def updated(self, results: dict[str, Any]) -> dict[str, Any]:
         """A results record of this run naming today's hash, config and store folder."""
         updated = {k: v for k, v in results.items() if k != CHECKSUM_KEY} | self.identity()
+        if FORMER_RESULT_KEY in updated:
+            updated["fits"] = updated.pop(FORMER_RESULT_KEY)
         reused = updated.get("reused_from")
         if reused and Path(reused).parent.name == self.old:
             updated["reused_from"] = str(Path(reused).parent.parent / self.key / RESULTS_FILE)
