@@ -145,6 +145,17 @@ def _sweep_results(root: Path) -> dict[str, dict]:
     return {p.parent.name.split("_", 1)[1]: json.loads(p.read_text()) for p in root.glob("multirun/*/*/*/results.json")}
 
 
+def _checkpointed_after_results(root: Path) -> bool:
+    """A pack checkpoint newer than every results.json of the sweep: a later part's (the first part's own checkpoint,
+    written before its results, stays a moment after them, until its folder is removed)."""
+    try:
+        results = [p.stat().st_mtime_ns for p in root.glob("multirun/*/*/*/results.json")]
+        saved = [p.stat().st_mtime_ns for p in root.glob("store/packs/*/checkpoints/*.ckpt")]
+    except FileNotFoundError:  # removed between the listing and its stat
+        return False
+    return bool(results) and any(t > max(results) for t in saved)
+
+
 def _wait_for(condition, process, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -185,7 +196,7 @@ def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and
     run = launch(args, root)
     checkpoints = lambda: list(root.glob("store/packs/*/checkpoints/*.ckpt"))  # noqa: E731
     if killed_in == "second part":  # the first part's results are written, the second part has checkpointed
-        _wait_for(lambda: _sweep_results(root) and checkpoints(), run)
+        _wait_for(lambda: _checkpointed_after_results(root), run)
     else:
         _wait_for(checkpoints, run)
     before = len(_sweep_results(root))
