@@ -300,6 +300,12 @@ def test_sd_reaches_a_larger_margin_than_erm_on_two_moons() -> None:
 # --- whole runs: launch.py with both engines, MDL numbers from plain cross-entropy -------------
 
 SD_RUN = ["loss=spectral_decoupling", "loss.lambda=0.3"]
+SD_CONFIG = {
+    "name": "spectral_decoupling",
+    "lambda": 0.3,
+    "class_lambda": None,
+    "class_gamma": None,
+}  # SD_RUN as stored
 
 
 @pytest.mark.parametrize("engine", ["sequential", "stacked"])
@@ -308,12 +314,7 @@ def test_a_run_with_spectral_decoupling_records_it_and_finite_numbers(tmp_path: 
     slow test below), and a sweep's job folders name its settings (loss.* is no bookkeeping key)."""
     results = run_in_process([FITS[engine], *FAST, *SD_RUN], tmp_path)
     assert results["fits"] == engine
-    assert results["config"]["loss"] == {
-        "name": "spectral_decoupling",
-        "lambda": 0.3,
-        "class_lambda": None,
-        "class_gamma": None,
-    }
+    assert results["config"]["loss"] == SD_CONFIG
     assert all(math.isfinite(results[k]) for k in ("paper_mdl", "online_bits_per_example", "final_val_loss"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         hydra_cfg = compose("config", overrides=[*FAST, *SD_RUN], return_hydra_config=True)
@@ -334,12 +335,7 @@ def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path:
         results = json.loads(path.read_text())
         engines.add(results["fits"])
         assert "loss.lambda=0.3" in path.parent.name  # the sweep's job directories name the setting
-        assert results["config"]["loss"] == {
-            "name": "spectral_decoupling",
-            "lambda": 0.3,
-            "class_lambda": None,
-            "class_gamma": None,
-        }
+        assert results["config"]["loss"] == SD_CONFIG
         assert all(math.isfinite(results[k]) for k in ("paper_mdl", "online_bits_per_example", "final_val_loss"))
     assert engines == {"sequential", "stacked"}
 

@@ -443,6 +443,7 @@ def summary(results: dict[str, Any], path: Path) -> str:
     k = results["num_classes"]
     estimate = results.get("paper_loss", "val_min")  # a results.json without paper_loss measured val_min
     other = {"last_block": "val_min", "val_min": "last_block"}[estimate]
+    fits = results.get("fits") or grouping(results["config"]["mdl"])  # a record written before it was named fits
     also = f"; {other}: {results[f'paper_mdl_{other}']:.4f}" if f"paper_mdl_{other}" in results else ""
     return (
         f"paper MDL: {results['paper_mdl']:.4f} bits/example ({estimate}, mdl.paper_loss{also}; "
@@ -450,6 +451,6 @@ def summary(results: dict[str, Any], path: Path) -> str:
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
         f"final val loss: {results['final_val_loss']:.4f} nats\n"
-        f"fits: {results.get('fits') or grouping(results['config']['mdl'])} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
+        f"fits: {fits} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
         f"results: {path}"
     )

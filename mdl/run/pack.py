@@ -1,8 +1,9 @@
 """Runs of a sweep trained as members of one fit (``hydra/launcher=packed``).
 
 ``pack_key`` says which runs can share a fit: equal configs but for ``seed``, ``eraser`` and ``data_seed``
-(and bookkeeping keys), so equal input shapes, classes and block schedules, whose members train stacked (``mdl.members_per_fit`` all, auto or k > 1: a pack
-is trained in fits of as many members; 1 trains plain models, which a pack cannot), without a profiler. Runs that differ
+(and bookkeeping keys), so with equal input shapes, classes and block schedules, whose members train stacked
+(``mdl.members_per_fit`` all, auto or k > 1: a pack is trained in fits of as many members; 1 trains plain models,
+which a pack cannot), without a profiler. Runs that differ
 only in their seed share one data module (``data_key``); the others each bring their own erased data.
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
 the others together; each still gets its own run folder, results.json, store entry and loggers, with

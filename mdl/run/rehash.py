@@ -143,7 +143,7 @@ class Entry:
         return (
             self.old == self.key
             and all(r.get("config_hash") == self.key and r["config"] == self.config for r in records)
-            and all(FORMER_RESULT_KEY not in r for r in (self.results,) if r is not None)
+            and FORMER_RESULT_KEY not in (self.results or {})
         )
 
     def records(self) -> list[str]:
