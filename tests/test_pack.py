@@ -378,6 +378,8 @@ def test_the_cost_estimate_counts_the_packs_of_a_packed_sweep(capsys) -> None:
     assert "12 jobs in 1 pack " in capsys.readouterr().out  # seeds, erasers and data seeds share a fit
     main(["-m", "eraser=none,leace", "seed=0,1", "width=32,64", "hydra/launcher=packed"])
     assert "8 jobs in 2 packs" in capsys.readouterr().out  # widths do not
+    main(["-m", "data.balance=suby", "data_seed=0,1", "seed=0,1", "hydra/launcher=packed"])
+    assert "4 jobs in 2 packs" in capsys.readouterr().out  # suby: the split's size follows the data seed (pack_key)
     main(["-m", "seed=0,1,2", "model=convnext", "hydra/launcher=packed"])
     assert "3 jobs in 3 packs" in capsys.readouterr().out  # one member per fit (ConvNeXt's default): not packed
     main(["-m", "seed=0,1,2", "model=convnext", "mdl.members_per_fit=auto", "hydra/launcher=packed"])

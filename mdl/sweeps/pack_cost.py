@@ -41,14 +41,22 @@ class PackedCost:
 def pack_groups(master: DictConfig, jobs: list[list[str]], configs: Configs) -> dict[tuple, list[tuple[str, ...]]]:
     """Pack -> its runs (each named by its overrides without seeds and bookkeeping keys, ``configs``' key), as the
     packed launchers group the jobs; a run that cannot be packed is a pack ``("run", ...)`` of its own. Jobs that
-    differ only in bookkeeping keys are one run. Preconditioned runs pack over seeds only: their key needs each job's
-    own resolved data seed (the paper presets set ``data_seed: ${seed}``), so those jobs are composed one by one."""
+    differ only in bookkeeping keys are one run. Two kinds of run have a key that needs each job's own resolved data
+    seed, so their jobs are composed one by one: preconditioned runs (they pack over seeds only; the paper presets
+    set ``data_seed: ${seed}``) and ``data.balance=suby`` runs (their split's size follows the data seed)."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from datamodules.splits import size_follows_data_seed
     from mdl.run.identity import is_bookkeeping
     from mdl.run.pack import pack_key
 
-    keys = {key: (pack_key(cfg), cfg.optimizer.get("precondition") is not None) for cfg, _, key in configs}
+    keys = {
+        key: (
+            pack_key(cfg),
+            cfg.optimizer.get("precondition") is not None or size_follows_data_seed(cfg.data.get("balance")),
+        )
+        for cfg, _, key in configs
+    }
     loader = GlobalHydra.instance().config_loader()
     groups: dict[tuple, list[tuple[str, ...]]] = {}
     seen = set()
@@ -58,10 +66,10 @@ def pack_groups(master: DictConfig, jobs: list[list[str]], configs: Configs) -> 
             continue
         seen.add(run)
         config_key = without_keys(run, SEED_KEYS)
-        key, preconditioned = keys[config_key]
+        key, keyed_by_data_seed = keys[config_key]
         if key is None:
             pack: tuple = ("run", run)
-        elif preconditioned:
+        elif keyed_by_data_seed:
             pack = ("pack", pack_key(loader.load_sweep_config(master, list(run))))
         else:
             pack = ("pack", key)
