@@ -51,6 +51,14 @@ def test_a_logger_whose_extra_is_missing_fails_before_the_imports(monkeypatch) -
         check_before_imports(compose_config(["logger=tensorboard"]))
 
 
+@pytest.mark.parametrize("switch", ["mdl.reuse_across_environments", "skip_if_done"])
+def test_a_switch_takes_true_or_false_only(switch: str) -> None:
+    """Read as a boolean, ``foo`` would mean true: refused, naming the two values."""
+    with pytest.raises(ValueError, match=f"{switch}='foo': choose one of (false, true|true, false)"):
+        check_before_imports(compose_config([f"{switch}=foo"]))
+    check_before_imports(compose_config([f"{switch}=false"]))
+
+
 def test_the_defaults_presets_and_fast_settings_pass_the_early_checks() -> None:
     for overrides in (
         [],

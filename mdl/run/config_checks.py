@@ -38,6 +38,9 @@ CHOICES = {  # config key -> the values the code behind it takes
     "data.balance": (None, "suby", "rwy"),  # datamodules.settings.BALANCE_METHODS (null: off)
     "data.eval_labels": (True, "predicted"),  # datamodules.settings.check_erasure_settings
     "eraser.fit_scope": ("split", "pool"),  # datamodules.settings.FIT_SCOPES (absent: split)
+    # switches: read as booleans, where any other value (``=foo``) would count as true
+    "mdl.reuse_across_environments": (False, True),  # mdl.run.experiment Job.reusable
+    "skip_if_done": (True, False),  # mdl.run.experiment
 }
 # The names a config group's files give (conf/<group>/*.yaml): what the command line can choose; the code's
 # registries hold the same (tests/test_config_checks.py), checked again by validate_config.
