@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from mdl.results import write_checked_json
 from mdl.report.build import build_report, main
 from mdl.report.runs import load_sweep
 from mdl.report.stats import backfire_flags, build_cells, coverage, detect_backfire
@@ -99,7 +100,7 @@ def write_run(
         results["code_version"] = code_version
     if environment is not None:
         results["environment"] = environment
-    (run_dir / "results.json").write_text(json.dumps(results))
+    write_checked_json(run_dir / "results.json", results)
     return run_dir
 
 
@@ -187,7 +188,7 @@ def test_settings_differing_between_erasers_of_a_row_are_reported(tmp_path: Path
         run_file = write_run(tmp_path, job, "mlp", eraser, 128, 2, 0) / "results.json"
         results = json.loads(run_file.read_text())
         results["config"]["data"]["eval_labels"] = eraser == "none" or "predicted"
-        run_file.write_text(json.dumps(results))
+        write_checked_json(run_file, results)
     cells = build_cells(load_sweep([tmp_path]))
     assert row_differences(cells) == [("mlp", (), "data.eval_labels", {"none": "true", "qleace": '"predicted"'})]
 
@@ -202,7 +203,7 @@ def test_copies_counted_once_conflicts_and_broken_files_reported(tmp_path: Path)
     rerun = write_run(tmp_path / "sweep2", 0, "mlp", "none", 128, 2, 0) / "results.json"
     changed = json.loads(rerun.read_text())
     changed["paper_mdl"] = 9.0
-    rerun.write_text(json.dumps(changed))
+    write_checked_json(rerun, changed)
     os.utime(rerun, (first.stat().st_mtime + 10,) * 2)
     (tmp_path / "sweep" / "broken").mkdir()
     (tmp_path / "sweep" / "broken" / "results.json").write_text('{"config": {"se')
@@ -453,6 +454,18 @@ def test_code_version_cli_line_in_subprocess(tmp_path: Path):
     assert "runs come from 3 code versions (abc123, c0de0000aaaa, c0de1111bbbb); cells were split" in proc.stdout
 
 
+def test_a_hand_edited_results_file_is_a_problem_not_a_number(tmp_path: Path):
+    """A results.json whose number was changed by hand (its checksum no longer matches) is named among the sweep's
+    problems and left out of every cell, instead of entering the report as 94.39 beside 4.39."""
+    kept = write_run(tmp_path / "sweep", 0, "mlp", "none", 128, 2, 0) / "results.json"
+    edited = write_run(tmp_path / "sweep", 1, "mlp", "none", 128, 2, 1) / "results.json"
+    edited.write_text(edited.read_text().replace('"paper_mdl": ', '"paper_mdl": 9', 1))
+    sweep = load_sweep([tmp_path])
+    assert [r.path for r in sweep.runs] == [kept.resolve()]
+    [problem] = sweep.problems
+    assert problem.path == edited.resolve() and "checksum missing or wrong" in problem.reason
+
+
 def test_copies_counted_once_with_several_code_versions(tmp_path: Path):
     """A store copy of a run (same config, seed, version and numbers) still counts once when the
     sweep holds several code versions, split or merged; a version-less, git-less run is 'unknown'."""
@@ -463,15 +476,15 @@ def test_copies_counted_once_with_several_code_versions(tmp_path: Path):
     skipped = json.loads(old.read_text())
     skipped.update(skipped=True, reused_from=str(store / "results.json"))
     relaunch = write_run(tmp_path / "relaunch", 0, "mlp", "none", 128, 2, 0) / "results.json"
-    relaunch.write_text(json.dumps(skipped))  # a re-launch's skipped job: the original's numbers and version
+    write_checked_json(relaunch, skipped)  # a re-launch's skipped job: the original's numbers and version
     new = write_run(tmp_path / "sweep", 1, "mlp", "none", 128, 2, 0, code_version="new0new0new0") / "results.json"
     changed = json.loads(new.read_text())
     changed["paper_mdl"] = 9.0
-    new.write_text(json.dumps(changed))
+    write_checked_json(new, changed)
     nogit = write_run(tmp_path / "sweep", 2, "mlp", "none", 128, 2, 1) / "results.json"
     results = json.loads(nogit.read_text())
     results["git_sha"] = None
-    nogit.write_text(json.dumps(results))
+    write_checked_json(nogit, results)
 
     split = load_sweep([tmp_path])
     assert split.copies == 2 and split.duplicates == []
@@ -547,7 +560,7 @@ def test_list_valued_setting_that_differs_splits_rows_without_crashing(tmp_path:
         run = write_run(sweep, job, "mlp", "none", 128, 2, seed)
         results = json.loads((run / "results.json").read_text())
         results["config"]["optimizer"] = {"betas": betas}
-        (run / "results.json").write_text(json.dumps(results))
+        write_checked_json(run / "results.json", results)
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     rows = read_csv(path.parent / "table.csv")
     assert (
@@ -633,7 +646,7 @@ def test_latex_table_escapes_what_latex_reads_as_markup(tmp_path: Path):
         run = write_run(sweep, job, "mlp", "leace", 128, 2, seed)
         results = json.loads((run / "results.json").read_text())
         results["config"]["model"]["options"]["note"] = note
-        (run / "results.json").write_text(json.dumps(results))
+        write_checked_json(run / "results.json", results)
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     rows = parse_plain_tabular((path.parent / "table.tex").read_text())
     assert len(rows) == 3 and any(latex_escape(nasty) in cell for row in rows for cell in row)
@@ -672,7 +685,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
                 results["config"]["data"]["source"] = "digits"
                 best = 2.5 if eraser == "none" else 3.0  # lowest near 10^-2.5 (none), 10^-3 (leace)
                 results["paper_mdl"] = (math.log10(lr) + best) ** 2 + 0.01 * seed
-                (run / "results.json").write_text(json.dumps(results))
+                write_checked_json(run / "results.json", results)
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     choices = {c.eraser: c for c in best_learning_rates(load_sweep([sweep]), build_cells(load_sweep([sweep])))}
     assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
@@ -724,7 +737,7 @@ def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):
                 results = json.loads((run / "results.json").read_text())
                 results["config"]["optimizer"] = {"lr": lr}
                 results["paper_mdl"] = (math.log10(lr) - math.log10(best)) ** 2 + 0.01 * seed + width / 1e4
-                (run / "results.json").write_text(json.dumps(results))
+                write_checked_json(run / "results.json", results)
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     loaded = load_sweep([sweep])
     best = best_lr_by_width(loaded, build_cells(loaded))
@@ -899,7 +912,7 @@ def write_mixed_folder(root: Path) -> Path:
                         results = json.loads((run / "results.json").read_text())
                         results["config"]["paper"] = extra
                         results["paper_mdl"] += 1.0
-                        (run / "results.json").write_text(json.dumps(results))
+                        write_checked_json(run / "results.json", results)
     return root
 
 
@@ -968,7 +981,7 @@ def write_lr_search(root: Path, max_epochs: int = 200) -> Path:
                 results["blocks"] = [{"n_train": 10, "n_eval": 10, "eval_bits": 12.0, "epochs": epochs}] * 3
                 results["final_epochs"] = epochs
                 results["paper_mdl"] = (math.log10(lr) + 2.5) ** 2 + (1.0 if eraser == "leace" else 0.0) + 0.01 * seed
-                (run / "results.json").write_text(json.dumps(results))
+                write_checked_json(run / "results.json", results)
     return root
 
 

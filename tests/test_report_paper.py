@@ -16,6 +16,7 @@ import pytest
 from conftest import CONF, sweep_report
 from test_report import read_csv, write_run, write_sweep
 
+from mdl.results import write_checked_json
 from mdl.report.build import build_report, main
 from mdl.report.paper import FLAG_SIGMAS, available_tables, compare, load_paper_table
 from mdl.report.runs import load_sweep
@@ -56,7 +57,7 @@ def run(
     results["config"]["data"]["source"] = source
     results["config"]["data"]["zscore"] = zscore
     results["paper_mdl"] = mdl
-    path.write_text(json.dumps(results))
+    write_checked_json(path, results)
     return path
 
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import FAST, run_launch, sweep_report
 from test_report import read_csv, write_run
 
+from mdl.results import write_checked_json
 from mdl.report.build import build_report
 from mdl.report.protocols import untrained_blocks
 from mdl.report.runs import load_sweep
@@ -57,7 +58,7 @@ def protocol_run(
         for i, k in enumerate(kept)
     ]
     results["paper_mdl"] = mdl
-    path.write_text(json.dumps(results))
+    write_checked_json(path, results)
     return path
 
 
@@ -135,7 +136,7 @@ def test_protocols_of_two_code_versions_line_up_side_by_side(tmp_path: Path):
         path = protocol_run(tmp_path, job, protocol, "leace", 0, mdl, [0, 1])
         results = json.loads(path.read_text())
         results["code_version"] = version
-        path.write_text(json.dumps(results))
+        write_checked_json(path, results)
     text = build_report([tmp_path], tmp_path / "report", image_loader=None).read_text()
     assert (
         "| mlp | leace | 10.00 ± n/a (n=1) [bbbbbbbbbbbb] | 1 of 2 | 8.00 ± n/a (n=1) [aaaaaaaaaaaa] | 1 of 2 | — |"
@@ -150,7 +151,7 @@ def test_a_loop_rule_swept_within_one_protocol_stays_a_row_key(tmp_path: Path):
         path = protocol_run(tmp_path, job, "original", "leace", 0, 10.0, [0, 1])
         results = json.loads(path.read_text())
         results["config"]["protocol"]["backtrack"] = backtrack
-        path.write_text(json.dumps(results))
+        write_checked_json(path, results)
     assert load_sweep([tmp_path]).row_keys == ["protocol.backtrack"]
 
 

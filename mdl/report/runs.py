@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from mdl.results import read_checked_json
 from mdl.run.environment import describe
 from mdl.run.identity import is_bookkeeping
 
@@ -165,9 +166,10 @@ def find_results(dirs: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_run(path: Path, extra_ignored: Iterable[str] = ()) -> Run:
-    with open(path) as f:
-        results = json.load(f)
-    if not isinstance(results, dict) or any(k not in results for k in REQUIRED_KEYS):
+    """One results.json as a Run; its checksum is checked (mdl.results.DamagedRecord, a ValueError, when it is
+    truncated or was edited by hand: a changed number must not enter a report silently)."""
+    results = read_checked_json(path)
+    if any(k not in results for k in REQUIRED_KEYS):
         raise ValueError(f"missing keys {[k for k in REQUIRED_KEYS if k not in (results or {})]}")
     flat = flatten(results["config"])
     replicate = tuple(sorted((k, json.loads(v)) for k, v in flat.items() if is_replicate_key(k)))
