@@ -230,13 +230,18 @@ def _pack_jobs(root: Path, extra=()) -> list[Job]:
     return [Job.checked(compose_config([*TIGHT, *extra, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
 
 
-@pytest.mark.parametrize("damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}', '{"x": 1}'])
+@pytest.mark.parametrize(
+    "damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}', '{"x": 1}', "a folder"]
+)
 def test_a_damaged_parts_record_is_named_and_discarded(tmp_path: Path, caplog, damage: str) -> None:
     """Before: a traceback that never named the file, and the pack could not go on until it was deleted by hand."""
     from mdl.run.pack import recorded_split
 
     record = tmp_path / "parts.json"
-    record.write_text(damage)
+    if damage == "a folder":
+        (record / "inside").mkdir(parents=True)
+    else:
+        record.write_text(damage)
     assert recorded_split(record) is None  # split again, as with no record
     assert str(record) in caplog.text and "damaged" in caplog.text and not record.exists()
     record.write_text('{"data_sets_at_once": 2}')

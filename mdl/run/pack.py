@@ -220,7 +220,10 @@ def recorded_split(record: Path) -> int | None:
             type(err).__name__,
             err,
         )
-        record.unlink(missing_ok=True)
+        if record.is_dir():  # e.g. made by hand: not a record, and in the way of the new one
+            shutil.rmtree(record)
+        else:
+            record.unlink(missing_ok=True)
         return None
     return at_once
 
