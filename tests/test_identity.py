@@ -77,7 +77,8 @@ def test_the_data_sets_default_lrs_are_where_optimizer_lr_comes_from_not_part_of
 
 def test_the_hash_is_the_resolved_config_minus_bookkeeping_plus_cpu_threads_and_nothing_else() -> None:
     """No key is dropped or rewritten on the way (a run's identity is what it ran): defaults that are off (probes,
-    callbacks, the sound protocol, null options) count as they are."""
+    callbacks, the sound protocol, null options) count as they are; only mdl.members_per_fit is counted as trained
+    (the next test)."""
     import hashlib
     import json
 
@@ -105,3 +106,19 @@ def test_the_cache_key_leaves_out_exactly_the_source_options_a_run_s_identity_le
     assert keys("data.options.root=/b", "data.options.download=true") == base  # fetched elsewhere: same data, same run
     moved = keys("data.options.root=/a", "data.options.download=false", "data.options.decode_batch_size=64")
     assert moved[0] != base[0] and moved[1] != base[1]  # an option the identity keeps, the cache key keeps too
+
+
+def test_groupings_that_train_alike_are_one_identity() -> None:
+    """k >= the run's members is one fit of all of them; a protocol that backtracks trains one member per fit
+    whatever is asked: a finished run of the one is the other's (not computed again). Groupings that train
+    differently keep their own hash."""
+
+    def key(*overrides: str) -> str:
+        return config_hash(compose_config([*FAST, "device=cpu", "trainer.torch_threads=1", *overrides]))
+
+    assert key("mdl.members_per_fit=1000") == key("mdl.members_per_fit=3") == key("mdl.members_per_fit=all")
+    assert key("mdl.members_per_fit=2") != key("mdl.members_per_fit=all") != key("mdl.members_per_fit=1")
+    for asked in ("all", "2", "auto"):
+        assert key("protocol=original", f"mdl.members_per_fit={asked}") == key(
+            "protocol=original", "mdl.members_per_fit=1"
+        )

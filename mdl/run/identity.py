@@ -94,6 +94,20 @@ def members_per_fit(mdl: Any) -> int | str | None:
     return value
 
 
+def members_per_fit_as_trained(config: dict[str, Any]) -> int | str | None:
+    """``mdl.members_per_fit`` as the run's fits are made, so that two values that train alike are one identity:
+    1 under a protocol that backtracks (every fit one member: mdl.engine.memory.one_per_fit_if_backtracking), and
+    ``all`` for a k of at least the run's mdl.num_blocks members (mdl.engine.protocol.fits_of: one fit)."""
+    mdl, protocol = config["mdl"], config.get("protocol")
+    value = mdl.get("members_per_fit")
+    if isinstance(protocol, dict) and protocol.get("backtrack"):
+        return 1
+    blocks = mdl.get("num_blocks")
+    if isinstance(value, int) and not isinstance(value, bool) and isinstance(blocks, int) and value >= blocks:
+        return "all"
+    return value
+
+
 def grouping(mdl: Any) -> str:
     """How a run's members are grouped, in words for people: ``stacked`` (all in one fit), ``sequential`` (one per
     fit), ``fits of k`` or ``fits by memory``."""
@@ -148,6 +162,8 @@ def identity_hash(config: dict[str, Any], cpu_threads: int | None) -> str:
     """``config_hash`` of a resolved config as a plain dict (a stored run's, mdl.run.rehash), with the CPU thread
     count it trains with (None: it trains on a GPU)."""
     data = without_bookkeeping(copy.deepcopy(config))  # where and how, not what
+    if isinstance(data.get("mdl"), dict) and "members_per_fit" in data["mdl"]:
+        data["mdl"]["members_per_fit"] = members_per_fit_as_trained(data)
     if cpu_threads is not None:
         data["cpu_threads"] = cpu_threads
     blob = json.dumps(data, sort_keys=True, default=str)
