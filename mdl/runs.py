@@ -321,7 +321,7 @@ def rehash(overrides: Sequence[str], dry_run: bool) -> int:
 
     try:
         lines, left = rehash_store(store_dir(overrides), dry_run)
-    except (FileNotFoundError, HydraException) as err:
+    except (FileNotFoundError, PermissionError, HydraException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print("\n".join(lines))

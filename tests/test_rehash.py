@@ -126,3 +126,58 @@ def test_older_forms_of_a_config_hash_as_today_s(tmp_path: Path) -> None:
         assert current_form(older) != older
         assert identity_hash(current_form(older), 1) == config_hash(cfg), overrides
         assert current_form(current_form(older)) == current_form(older)
+
+
+@pytest.mark.parametrize("damage", [{}, {"probes": {"enabled": False}, "seed": 0}, "seed"])
+def test_a_damaged_store_record_is_left_and_its_run_folder_untouched(old_store: Path, capsys, damage) -> None:
+    """The store entry of the default run keeps only its config.json, whose config is empty, a fragment, or names
+    another seed than the run folder's intact results.json: the entry is left with a line saying why, and the run
+    folder's checksummed record is not rewritten with the store's config."""
+    store, old = old_store / "store", "093bf4759004a35d"
+    (store / old / RESULTS_FILE).unlink()
+    started = json.loads((store / old / RUN_CONFIG_FILE).read_text())
+    if damage == "seed":
+        started["config"]["seed"] = 7
+    else:
+        started["config"] = damage
+    (store / old / RUN_CONFIG_FILE).write_text(json.dumps(started))
+    (run_folder,) = old_store.glob(f"runs/*/*/{RESULTS_FILE}")
+    before = run_folder.read_bytes()
+
+    assert main([f"paths.output_root={old_store}", "--rehash"]) == 1
+    printed = capsys.readouterr().out
+    why = "records disagree" if damage == "seed" else "config lacks"
+    assert f"left {old}: " in printed and why in printed and "3 moved, 0 in place, 1 left" in printed
+    assert run_folder.read_bytes() == before and (store / old / RUN_CONFIG_FILE).exists()
+
+
+def test_a_read_only_store_is_one_clear_error(old_store: Path, capsys, monkeypatch) -> None:
+    """Before: a 25-line PermissionError traceback from the first run's lock. As root (CI) every folder is writable,
+    so the store's permission is what ``os.access`` answers for this user."""
+    import os
+
+    from mdl.run import rehash
+
+    store = old_store / "store"
+    store.chmod(0o555)
+    real = os.access
+    monkeypatch.setattr(rehash.os, "access", lambda p, mode: False if Path(p) == store else real(p, mode))
+    try:
+        assert main([f"paths.output_root={old_store}", "--rehash"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: the run store {store} is read-only") and "Traceback" not in err
+        assert main([f"paths.output_root={old_store}", "--rehash", "--dry-run"]) == 0  # reads only
+    finally:
+        store.chmod(0o755)
+
+
+def test_a_lock_that_cannot_be_taken_leaves_the_run_with_a_line(old_store: Path, capsys, monkeypatch) -> None:
+    from filelock import FileLock
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", self.lock_file)
+
+    monkeypatch.setattr(FileLock, "acquire", denied)
+    assert main([f"paths.output_root={old_store}", "--rehash"]) == 1
+    printed = capsys.readouterr().out
+    assert "its lock cannot be taken (PermissionError" in printed and "0 moved, 0 in place, 4 left" in printed

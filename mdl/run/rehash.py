@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +32,7 @@ from mdl.results import (
     write_checked_json,
 )
 from mdl.run.environment import ENVIRONMENT_KEY
-from mdl.run.identity import identity_hash
+from mdl.run.identity import identity_hash, without_bookkeeping
 from mdl.run.storage import LOCK_FILE
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -131,7 +132,35 @@ class Entry:
             config = current_form(record["config"])
         except (ValueError, TypeError, AttributeError) as err:
             raise Unmovable(f"its config cannot be read as today's ({err})") from None
-        return cls(folder, results, started, config, identity_hash(config, cpu_threads(record)))
+        missing = sorted(run_keys() - set(config))
+        if missing:
+            raise Unmovable(
+                f"its record's config lacks {', '.join(missing)} (cut short or edited by hand): restore it, or delete "
+                "the folder to train the run again"
+            )
+        entry = cls(folder, results, started, config, identity_hash(config, cpu_threads(record)))
+        entry.check_records_agree()
+        return entry
+
+    def check_records_agree(self) -> None:
+        """Unmovable when the run's records name other configs (one edited or damaged): the migration would write
+        one of them over the others."""
+        run_results = self.run_folder_results()
+        others = {
+            RUN_CONFIG_FILE: self.started,
+            RESULTS_FILE: self.results,
+            str(run_results): read_checked_json(run_results) if run_results else None,
+        }
+        this_run = without_bookkeeping(copy.deepcopy(self.config))  # where a record was written may differ
+        for name, record in others.items():
+            config = (record or {}).get("config")
+            if record is None:
+                continue
+            if not isinstance(config, dict) or without_bookkeeping(current_form(config)) != this_run:
+                raise Unmovable(
+                    f"its records disagree on the run's config ({name} names another): compare them, and delete the "
+                    "wrong one (or the folder, to train the run again)"
+                )
 
     @property
     def old(self) -> str:
@@ -191,6 +220,16 @@ class Entry:
         return path if recorded in (self.old, self.key) and path.parent != self.folder else None
 
 
+@lru_cache(maxsize=1)
+def run_keys() -> frozenset[str]:
+    """The top-level keys of a run's identity today: those of the default config, less the bookkeeping ones."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composed = OmegaConf.to_container(compose("config"), resolve=False)
+    return frozenset(without_bookkeeping(composed))
+
+
 def cpu_threads(record: dict[str, Any]) -> int | None:
     """The CPU threads a stored run trained with (None: it trained on a GPU), from its recorded environment."""
     environment = record.get(ENVIRONMENT_KEY)
@@ -217,6 +256,11 @@ def rehash_store(store: Path, dry_run: bool = False) -> tuple[list[str], int]:
     have moved). Idempotent: a second pass finds every run in place."""
     if not store.is_dir():
         raise FileNotFoundError(f"no run store at {store} (set paths.output_root=... or paths.store_dir=...)")
+    if not dry_run and not os.access(store, os.W_OK):
+        raise PermissionError(
+            f"the run store {store} is read-only here: --rehash rewrites its records and renames its folders; run it "
+            "as the store's owner (--dry-run says what would move)"
+        )
     lines, counts = [], {"moved": 0, "in place": 0, "left": 0}
     for folder in sorted(p for p in store.iterdir() if p.is_dir()):
         try:
@@ -256,6 +300,8 @@ def move(entry: Entry, dry_run: bool) -> tuple[str, str]:
             "left",
             f"left {entry.old}: a process holds its lock ({entry.folder / LOCK_FILE}); run again once it ends",
         )
+    except OSError as err:  # e.g. a folder this user may not write
+        return "left", f"left {entry.old}: its lock cannot be taken ({type(err).__name__}: {err})"
     try:
         entry.rewrite_records()
         if target != entry.folder:
