@@ -84,6 +84,40 @@ def test_a_bug_in_a_pack_still_fails_its_jobs_with_the_traceback(tmp_path: Path,
     assert ret.status == JobStatus.FAILED and isinstance(ret._return_value, RuntimeError)
 
 
+def test_a_repeated_sigterm_is_the_same_request() -> None:
+    """A process group's kill and a launcher passing it on send a job SIGTERM two or three times: the first stops the
+    run, the next ones must not raise again inside the stop's own clean-up."""
+    with sigterm_guard():
+        with pytest.raises(Preempted):
+            signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)  # nothing raised: the run is already stopping
+        assert sigterm_requested()
+
+
+def test_a_sigterm_to_the_local_launcher_is_passed_on_to_its_running_jobs() -> None:
+    """Before, a plain ``kill <pid>`` of a hydra/launcher=local sweep was recorded by the launcher and the jobs trained
+    on: only a process group's kill stopped them. Here two children of this process stand in for submitit's job
+    controllers (the same command line); a third child, not a controller, is left alone."""
+    import subprocess
+    import sys
+
+    from hydra_plugins.mdl_local.local_launcher import sigterm_recorded
+
+    sleep = "import time; time.sleep(60)"
+    controller = [sys.executable, "-c", sleep, "-m", "submitit.local._local"]  # what /proc/<pid>/cmdline shows
+    jobs = [subprocess.Popen(controller) for _ in range(2)]
+    other = subprocess.Popen([sys.executable, "-c", sleep])
+    try:
+        with sigterm_recorded() as requested:
+            signal.raise_signal(signal.SIGTERM)
+        assert requested == [signal.SIGTERM]
+        assert [job.wait(timeout=30) for job in jobs] == [-signal.SIGTERM] * 2 and other.poll() is None
+    finally:
+        for process in (*jobs, other):
+            process.kill()
+            process.wait()
+
+
 def test_a_sigterm_in_a_sweeps_guard_is_not_cleared_by_the_next_run() -> None:
     """Before, every run's ``sigterm_guard`` cleared the request: the packed launcher's next pack started and trained."""
     with sigterm_guard():
@@ -282,9 +316,11 @@ def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monk
 
 
 @pytest.mark.slow
-def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempted_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to", ["job", "launcher"])
+def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempted_line(tmp_path: Path, to: str) -> None:
     """hydra/launcher=local (submitit): the job checkpoints and exits 143; its launcher used to die with submitit's
-    UncompletedJobError traceback and exit 1."""
+    UncompletedJobError traceback and exit 1. A plain ``kill <pid>`` of the launcher (not its process group) used to
+    leave the job training on."""
     import os
 
     from test_preemption import LONG_RUN, first_checkpoint, launch
@@ -292,7 +328,8 @@ def test_sigterm_to_a_job_of_the_local_launcher_ends_the_sweep_with_the_preempte
     run = launch(["-m", "hydra/launcher=local", "seed=0", *LONG_RUN], tmp_path)
     first_checkpoint(tmp_path, run, timeout=300)
     (holder,) = tmp_path.glob("store/*/run.lock.holder.json")
-    os.kill(json.loads(holder.read_text())["pid"], signal.SIGTERM)  # the job, as Slurm's preemption signals it
+    job = json.loads(holder.read_text())["pid"]
+    os.kill(job if to == "job" else run.pid, signal.SIGTERM)  # the job, as Slurm's preemption signals it; or `kill`
     _, err = run.communicate(timeout=300)
     assert run.returncode == EXIT_CODE, err[-3000:]
     assert "preempted: SIGTERM received" in err and "Traceback" not in err and "UncompletedJobError" not in err

@@ -212,3 +212,42 @@ def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, 
     saves = count_saves(compose_config(settings, tmp_path / "count"), tmp_path / "count", monkeypatch)
     points = sorted({1, saves // 4, saves // 2, 3 * saves // 4, saves - 1, saves} - {0})
     assert_resumes_exactly(settings, reference, points, tmp_path, monkeypatch)
+
+
+# --- protocol=original: a fit resumed between two backtracks ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_backtracking_fit_resumed_after_a_backtrack_equals_the_uninterrupted_one(tmp_path: Path, monkeypatch) -> None:
+    """After a backtrack the optimizer's tensors are the best epoch's snapshot (``load_state_dict`` keeps tensors of
+    the right dtype and device), so training drifts the snapshot until the next improvement, as in the original
+    code. A checkpoint restores them as two equal copies: before, a fit killed right after a backtrack and resumed
+    backtracked next to the undrifted snapshot (block 0's fourth epoch: 2.302255859 instead of 2.302264811). Kill
+    points: each checkpoint written at a backtrack followed by another (patience 3); without the resume's sharing
+    the same kills give other numbers, so these points test it."""
+    from mdl.engine.single_fit import EpochProtocol
+
+    settings = [*KILL_SETTINGS, "protocol=original", "trainer.patience=3"]
+    backtracked_at: list[int] = []  # per epoch end, in order: whether it backtracked
+    real_end = EpochProtocol.on_train_epoch_end
+
+    def recording_end(self, trainer, module) -> None:
+        calls = len(backtracked_at)
+        with monkeypatch.context() as m:
+            m.setattr(EpochProtocol, "_backtrack", lambda *a: (backtracked_at.append(True), real_backtrack(*a)))
+            real_end(self, trainer, module)
+        if len(backtracked_at) == calls:
+            backtracked_at.append(False)
+
+    real_backtrack = EpochProtocol._backtrack
+    with monkeypatch.context() as m:
+        m.setattr(EpochProtocol, "on_train_epoch_end", recording_end)
+        reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
+    twice = [i + 1 for i in range(len(backtracked_at) - 1) if backtracked_at[i] and backtracked_at[i + 1]]
+    assert twice, "no two backtracks in a row: the case is not reached"
+    kill_points = twice[:2]
+    assert_resumes_exactly(settings, reference, kill_points, tmp_path / "shared", monkeypatch)
+
+    monkeypatch.setattr(EpochProtocol, "_share_optimizer_tensors", lambda self, optimizer: None)
+    with pytest.raises(AssertionError):
+        assert_resumes_exactly(settings, reference, kill_points, tmp_path / "copied", monkeypatch)

@@ -4,15 +4,19 @@ A job that stops for a SIGTERM (checkpointed, ``preempted:``, exit 143) or a set
 leaves no result for submitit, which the plugin reports as an ``UncompletedJobError`` traceback with exit status 1.
 Here the job's own last line is printed instead and the sweep exits with the job's status (mdl.run.exits), so
 Slurm, a shell or a wrapper sees the same as for ``python launch.py``. A SIGTERM to the launching process itself
-is recorded while it waits for its jobs (which get the signal too: Slurm and a process group's kill send it to all).
+is recorded while it waits for its jobs and passed on to them (a plain ``kill <pid>`` reaches the launcher alone;
+Slurm and a process group's kill reach every process, and a job takes a repeated SIGTERM as the same request), so
+they checkpoint and stop, and the sweep ends as preempted.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra.core.utils import JobReturn
@@ -57,16 +61,31 @@ def job_ending(message: str, sigterm: bool) -> tuple[str, int] | None:
 
 @contextmanager
 def sigterm_recorded() -> Iterator[list[Any]]:
-    """While the launcher waits for its jobs: a SIGTERM is recorded (the list gets an item), not fatal, so the
-    launcher reports how its jobs ended."""
+    """While the launcher waits for its jobs: a SIGTERM is recorded (the list gets an item), not fatal, and passed
+    on to the running jobs, so the launcher reports how its jobs ended."""
     requested: list[Any] = []
     previous = signal.getsignal(signal.SIGTERM)
 
     def record(signum: int, frame: Any) -> None:
         requested.append(signum)
+        pass_on_to_jobs(signum)
 
     signal.signal(signal.SIGTERM, record)
     try:
         yield requested
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def pass_on_to_jobs(signum: int) -> None:
+    """The signal sent to each running job's submitit controller (``python -m submitit.local._local``, a child of this
+    process), which forwards it to the job's process. Linux: the children are read from /proc."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = stat.read_text().rsplit(")", 1)[1].split()[1]  # after "pid (name) state": the parent's pid
+            command = (stat.parent / "cmdline").read_bytes()
+            if parent == me and b"submitit.local._local" in command:
+                os.kill(int(stat.parent.name), signum)
+        except (OSError, IndexError):  # ended meanwhile
+            continue

@@ -59,6 +59,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         if first:
             log.warning("SIGTERM received: checkpointing at the end of this epoch, then stopping")
         return
+    if not first:  # the same request again (a process group's kill and a launcher passing it on): already stopping
+        return
     raise Preempted("SIGTERM received (preemption or time limit): stopped; finished blocks are saved")
 
 

@@ -61,6 +61,7 @@ class EpochProtocol(L.Callback):
         self.untrained_candidate = untrained_candidate
         self.rules = rules
         self.best_optimizer_state: dict | None = None  # with rules.backtrack: the best epoch's optimizer state
+        self.optimizer_is_snapshot = False  # since the last backtrack the optimizer's tensors are the snapshot's
         self.state = state or MemberState(member=0, n_train=0)
         self.best_state: dict[str, torch.Tensor] | None = None
         self.after_validation: list[Callable[..., None]] = []
@@ -79,6 +80,8 @@ class EpochProtocol(L.Callback):
             for cb in trainer.callbacks
             if type(cb).on_validation_end is not L.Callback.on_validation_end
         ]
+        if self.optimizer_is_snapshot:  # resumed between a backtrack and the next improvement
+            self._share_optimizer_tensors(trainer.optimizers[0])
         if self.untrained_candidate and self.state.initial_val_loss is None:  # not again on a resume
             mean = pl_module.validate(self.val_batches())
             pl_module.val_loss_curve.pop()  # the curves hold trained epochs only
@@ -113,6 +116,7 @@ class EpochProtocol(L.Callback):
         self.best_state = {name: t.detach().clone() for name, t in named_tensors(pl_module)}
         if self.rules.backtrack:
             self.best_optimizer_state = copy.deepcopy(trainer.optimizers[0].state_dict())
+            self.optimizer_is_snapshot = False
 
     def _backtrack(self, pl_module: L.LightningModule, trainer: L.Trainer) -> None:
         """The best epoch's weights and optimizer state back in place, training goes on from there. The
@@ -123,9 +127,22 @@ class EpochProtocol(L.Callback):
                 "backtracking needs a snapshot: validate the untrained model (mdl.paper_loss=last_block)"
             )
         trainer.optimizers[0].load_state_dict(self.best_optimizer_state)
+        self.optimizer_is_snapshot = True
         with torch.no_grad():
             for name, tensor in named_tensors(pl_module):
                 tensor.copy_(self.best_state[name])
+
+    def _share_optimizer_tensors(self, optimizer: torch.optim.Optimizer) -> None:
+        """After a resume, the snapshot's optimizer tensors are the optimizer's again, as they were when the
+        checkpoint was written (a checkpoint restores two equal copies): training drifts the snapshot until the next
+        improvement as in a fit that was never interrupted."""
+        live = optimizer.state_dict()["state"]  # the optimizer's own tensors, not copies
+        for index, saved in self.best_optimizer_state["state"].items():
+            for key, value in live[index].items():
+                if torch.is_tensor(value):
+                    if not torch.equal(saved[key], value):
+                        raise RuntimeError(f"the checkpoint's snapshot and optimizer differ in {key}: not resumable")
+                    saved[key] = value
 
     def restore(self, pl_module: L.LightningModule) -> None:
         """Put ``pl_module`` on the training device holding the best epoch's weights."""
@@ -149,6 +166,7 @@ class EpochProtocol(L.Callback):
         }
         if self.rules.backtrack:
             saved["best_optimizer_state"] = self.best_optimizer_state
+            saved["optimizer_is_snapshot"] = self.optimizer_is_snapshot
         return saved
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -158,6 +176,7 @@ class EpochProtocol(L.Callback):
         best = state_dict["best_state"]
         self.best_state = None if best is None else {k: v.to(self.device) for k, v in best.items()}
         self.best_optimizer_state = state_dict.get("best_optimizer_state")
+        self.optimizer_is_snapshot = state_dict.get("optimizer_is_snapshot", False)
 
 
 def named_tensors(module: torch.nn.Module):
