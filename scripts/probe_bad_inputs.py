@@ -117,6 +117,8 @@ class Case:
     # SIGTERM once a file matching this glob (under the case folder) exists, "after:S" seconds, or "log:TEXT" once a
     # log file under the case folder holds TEXT
     terminate_at: str | None = None
+    signal_group: bool = True  # SIGTERM to the process group (as Slurm signals a job), or to the launched process alone
+    exit_code: int | None = None  # the exit status expected instead of the class's (--rehash: 1 when runs are left)
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -162,6 +164,28 @@ def damaged_multirun(tmp: Path) -> list[str]:
     one_result(tmp)
     (tmp / "multirun.yaml").write_text("hydra:\n  run: {dir: [")
     return []
+
+
+def hand_edited_result(tmp: Path) -> list[str]:
+    """A sweep folder of two checked results.json (as runs write them), one with its paper MDL edited by hand."""
+    sys.path.insert(0, str(REPO))
+    from mdl.results import write_checked_json
+
+    for seed in (0, 1):
+        (tmp / f"{seed}_seed={seed}").mkdir()
+        record = {"config": {"seed": seed, "model": {"name": "mlp"}, "eraser": {"name": "none"}}, "paper_mdl": 4.39}
+        write_checked_json(tmp / f"{seed}_seed={seed}" / "results.json", record)
+    edited = tmp / "1_seed=1" / "results.json"
+    edited.write_text(edited.read_text().replace('"paper_mdl": 4.39', '"paper_mdl": 94.39'))
+    return []
+
+
+def fragment_store_record(tmp: Path) -> list[str]:
+    """A store entry whose config.json holds a fragment of a config (a damaged or hand-written record)."""
+    entry = tmp / "outputs" / "store" / "0123456789abcdef"
+    entry.mkdir(parents=True)
+    (entry / "config.json").write_text('{"config": {"callbacks": {}, "probes": {"enabled": false}}}')
+    return ["--rehash"]
 
 
 def truncated_run_config(tmp: Path) -> list[str]:
@@ -347,6 +371,43 @@ CASES = [
         fast=False,
         prepare=truncated_run_config,
     ),
+    # --- issue 47, "a sweep that survives chaos": raw or silent before ---
+    Case("reuse_across_environments=foo", ["mdl.reuse_across_environments=foo"], ["mdl.reuse_across_environments"]),
+    Case("skip_if_done=foo", ["skip_if_done=foo"], ["skip_if_done", "true"]),
+    Case(
+        "report on a hand-edited results.json",
+        ["{tmp}"],
+        ["1_seed=1", "checksum"],
+        expect_error=False,
+        command=["-m", "mdl.report"],
+        fast=False,
+        prepare=hand_edited_result,
+    ),
+    Case(
+        "runs --rehash, a store record holding a fragment",
+        [],
+        ["left 0123456789abcdef", "config lacks"],
+        expect_error=False,
+        exit_code=1,
+        command=["-m", "mdl.runs"],
+        fast=False,
+        prepare=fragment_store_record,
+    ),
+    Case(
+        "sweep_cost suby packs by data seed",
+        ["-m", "hydra/launcher=packed", "data.balance=suby", "data_seed=0,1", "seed=0,1"],
+        ["4 jobs in 2 packs"],
+        expect_error=False,
+        command=["-m", "mdl.sweeps.cost"],
+        fast=False,
+    ),
+    Case(
+        "local launcher, plain kill of the launcher",
+        ["-m", "hydra/launcher=local", "seed=0", *LONG],
+        [],
+        terminate_at="outputs/store/*/checkpoints/*.ckpt",
+        signal_group=False,
+    ),
     Case("packed sweep SIGTERM mid-fit", [*PACKED, *LONG], [], terminate_at=PACK_CHECKPOINT),
     Case(
         "packed sweep of two packs SIGTERM in the first",
@@ -439,7 +500,10 @@ def terminate_when_due(case: Case, process: subprocess.Popen, tmp: Path, timeout
         else:
             due = any(tmp.glob(case.terminate_at))
         if due:
-            os.killpg(process.pid, signal.SIGTERM)  # as Slurm signals every process of a job (a launcher's too)
+            if case.signal_group:
+                os.killpg(process.pid, signal.SIGTERM)  # as Slurm signals every process of a job (a launcher's too)
+            else:
+                process.send_signal(signal.SIGTERM)  # `kill <pid>`: the launcher alone
             return time.monotonic()
         time.sleep(0.05)
     return None
@@ -462,8 +526,8 @@ def judge(case: Case, done: subprocess.CompletedProcess) -> list[str]:
         if "error: " not in done.stderr:
             problems.append("no `error: ...` line on stderr")
         text = done.stderr
-    elif done.returncode != 0:
-        problems.append(f"exit code {done.returncode}, expected 0 (the run should survive this input)")
+    elif done.returncode != (case.exit_code or 0):
+        problems.append(f"exit code {done.returncode}, expected {case.exit_code or 0}")
     problems += [f"message does not mention {s!r}" for s in case.must_name if s not in text]
     return problems
 
@@ -479,7 +543,13 @@ def classify(outcome: Outcome) -> str:
         return "hang"
     if outcome.case.expect_error and outcome.returncode == 0:
         return "silent"
-    expected = PREEMPTED_EXIT if outcome.case.terminate_at else ERROR_EXIT if outcome.case.expect_error else 0
+    expected = (
+        PREEMPTED_EXIT
+        if outcome.case.terminate_at
+        else ERROR_EXIT
+        if outcome.case.expect_error
+        else outcome.case.exit_code or 0
+    )
     if "Traceback" in outcome.stderr or outcome.returncode != expected:
         return "raw"
     return "unclear"

@@ -464,6 +464,9 @@ def test_a_hand_edited_results_file_is_a_problem_not_a_number(tmp_path: Path):
     assert [r.path for r in sweep.runs] == [kept.resolve()]
     [problem] = sweep.problems
     assert problem.path == edited.resolve() and "checksum missing or wrong" in problem.reason
+    said: list[str] = []
+    build_report([tmp_path], tmp_path / "report", image_loader=None, echo=said.append)
+    assert any("1 results.json left out" in line and str(edited.resolve()) in line for line in said), said
 
 
 def test_copies_counted_once_with_several_code_versions(tmp_path: Path):

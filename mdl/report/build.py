@@ -105,6 +105,12 @@ def build_report(
             f"no readable results.json below {', '.join(map(str, dirs))}; "
             f"{len(sweeps[0].problems)} unreadable. Did the jobs finish?"
         )
+    skipped = [p for p in sweeps[0].problems if p.reason.startswith("unreadable")]  # every design's, read once
+    if skipped and echo is not None:
+        echo(
+            f"note: {len(skipped)} results.json left out (truncated, or edited by hand: a checksum that no longer "
+            f"matches); report.md lists them: " + "; ".join(f"{p.path}: {p.reason}" for p in skipped[:3])
+        )
     missing = missing_jobs(dirs)
     if missing and echo is not None:
         echo(
