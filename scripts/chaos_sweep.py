@@ -23,7 +23,8 @@ launched again in a fresh folder, and the faults are applied as their times come
 A sweep that stops is launched again with the same command (as a user or Slurm's requeue would); one that runs far
 longer than the reference is a hang, killed and launched again. Once both are done (and launched once more if a
 stored record was edited after their last launch began, so that the edit is met), every job's results.json numbers,
-CSV series and W&B offline series (``--wandb``) are compared with the reference's. It prints the faults per kind and
+CSV series and W&B offline series (``--wandb``; and no finished run logged to W&B twice) are compared with the
+reference's. It prints the faults per kind and
 how each ended (a clean message, a silent recovery or a problem), the relaunches, the time against the undisturbed
 sweep, and last ``<k> of <n> runs bit-identical, <l> records lost, <h> hangs``; the exit status is 1 unless all runs
 are identical, nothing is lost and nothing hung.
@@ -617,6 +618,21 @@ def computed_in(sweep: Sweep, job: str) -> Path | None:
     return None
 
 
+def logged_again(sweep: Sweep, job: str, computed: Path) -> list[Path]:
+    """Job folders of later launches that skipped the job yet logged it to W&B again, though the launch that computed
+    it finished its W&B run (one that did not is logged again from the store, rightly)."""
+    from wandb_records import records
+
+    when = (computed.parent.parent.name, computed.parent.name)  # multirun/<date>/<time>
+    later = [f for f in sweep_folders(sweep.output) if (f.parent.name, f.name) > when]
+    again = [j for f in later for j in f.glob(f"*_{glob_escape(job)}") if list(j.glob("wandb/offline-run-*"))]
+    if not again:
+        return []
+    (own,) = computed.glob("wandb/offline-run-*/run-*.wandb")
+    finished = any(r.WhichOneof("record_type") == "exit" for r in records(own))
+    return again if finished else []
+
+
 def glob_escape(name: str) -> str:
     return re.sub(r"([\[\]*?])", r"[\1]", name)
 
@@ -655,6 +671,10 @@ def compare(reference: Sweep, chaos: Sweep, wandb: bool) -> tuple[int, int, list
             except (OSError, ValueError, AssertionError) as err:
                 same, lost = False, lost + 1
                 differences.append(f"{where}: {name} record lost ({type(err).__name__}: {err})")
+        again = logged_again(chaos, job, logs) if wandb else []
+        if again:
+            same = False
+            differences.append(f"{where}: W&B has it {1 + len(again)} times (logged again by {again[0]})")
         identical += same
     return identical, lost, differences
 
