@@ -79,6 +79,7 @@ NUMBERS = (
 ENDING = re.compile(r"^(error|preempted): .*$", re.MULTILINE)  # launch.py's last words (mdl.run.exits)
 TMPFS_SIZE = "256M"
 POLL_S = 0.2
+GAP_S = 2.0  # least seconds between two faults on one target
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
@@ -457,6 +458,7 @@ def run_chaos(
         f"disk faults: {'a ' + TMPFS_SIZE + ' tmpfs at the run root' if disk.mounted else 'the write-layer stand-in'}"
     )
     hangs, start, max_launches = 0, time.monotonic(), 10 + 3 * len(schedule)
+    last_applied: dict[str, float] = {}  # target -> when a fault last hit it
     for sweep in sweeps.values():
         sweep.launch()
     pending = list(schedule)
@@ -468,9 +470,12 @@ def run_chaos(
                 if finished and fault.kind != "edit-results":  # an edit after the end is met by one more launch
                     fault.outcome, fault.detail = "not applied", "its sweep had finished"
                     pending.remove(fault)
+                elif now - last_applied.get(fault.target, -GAP_S) < GAP_S:
+                    continue  # faults that waited for one target land apart, not all on one process at once
                 elif apply(fault, sweeps, disk, rng, env):
                     print(f"  {now:6.1f} s  {fault.kind:<14} {fault.what}", flush=True)
                     pending.remove(fault)
+                    last_applied[fault.target] = now
             for fault in schedule:
                 if isinstance(fault.undo, HeldLock):
                     fault.undo.poll()
