@@ -407,3 +407,27 @@ def test_data_work_is_interruptible_and_otherwise_the_same(monkeypatch) -> None:
     finally:
         signal.signal(signal.SIGUSR1, previous)
         interrupts._abandoned.clear()  # this process goes on: its later tests must not be ended at once
+
+
+# submitit's message for a job of hydra/launcher=local killed with SIGKILL (as the chaos run saw it: scripts/chaos_sweep.py)
+KILLED_JOB = """Job 8696 (task: 0) with path /out/multirun/d/t/.submitit/8696/8696_0_result.pkl
+has not produced any output (state: FINISHED)
+No error stream produced. Look at stdout: /out/multirun/d/t/.submitit/8696/8696_0_log.out
+----------------------------------------
+submitit INFO (2026-11-28 01:48:58,292) - Starting with JobEnvironment(job_id=8696, hostname=vm, local_rank=0(1))
+run: /out/multirun/d/t/0_debug=fast,eraser=none,seed=0 (loading torch and lightning)
+"""
+
+
+def test_a_job_of_the_local_launcher_killed_outright_ends_the_sweep_with_one_error_line() -> None:
+    """Before: the launcher re-raised submitit's UncompletedJobError, a traceback and exit 1 for a job the
+    out-of-memory killer (or a node's SIGKILL) ended; a job's own last words still win."""
+    from hydra_plugins.mdl_local.local_launcher import job_ending
+
+    line, code = job_ending(KILLED_JOB, sigterm=False)
+    assert code == 1 and len(line.splitlines()) == 1
+    assert line.startswith("error: job 8696 of the sweep ended without a result or a message: it was killed")
+    assert "/out/multirun/d/t/.submitit/8696" in line and "Run the same command again" in line
+    own = KILLED_JOB.replace("No error stream", "Error stream produced:\nerror: the disk is full\nNo error stream")
+    assert job_ending(own, sigterm=False) == ("error: the disk is full", 2)
+    assert job_ending("a message of another kind", sigterm=False) is None

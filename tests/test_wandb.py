@@ -116,6 +116,17 @@ def test_a_skipped_run_is_logged_from_its_stored_results_once(finished_run, tmp_
     assert summary(run_files[0])["paper_mdl"] == json.loads(stored.read_text())["paper_mdl"]
 
 
+@pytest.mark.slow  # two launches with W&B
+def test_a_run_logged_live_is_not_logged_again_when_a_relaunch_skips_it(tmp_path: Path) -> None:
+    """A sweep relaunched after a preemption skips its finished runs: those W&B already has, live, were logged a
+    second time from the store (the store's marker was written only by that logging), two W&B runs for one run."""
+    for attempt in ("first", "relaunch"):
+        done = run_launch(["logger=wandb", f"paths.output_root={tmp_path}", *FAST], cwd=tmp_path, env=WANDB_OFFLINE)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped: a finished run" in done.stdout + done.stderr
+    assert len(list((tmp_path / "runs").glob("*/*/wandb/offline-run-*/run-*.wandb"))) == 1
+
+
 def test_several_loggers_each_get_the_run(small_sweep) -> None:
     """logger=[csv,wandb] (the template's list of loggers; the sweep's adds tensorboard where installed): the CSV file
     and the W&B run both hold the live series and the paper's numbers; W&B keeps its summary, the CSV its rows."""

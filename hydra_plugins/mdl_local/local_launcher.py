@@ -43,7 +43,8 @@ class LocalLauncher(submitit_launcher.LocalLauncher):
 
 def job_ending(message: str, sigterm: bool) -> tuple[str, int] | None:
     """The line and exit status a job that left no result ended with (from submitit's message, which holds its
-    stderr); None for a job that crashed otherwise (its traceback is submitit's message)."""
+    stderr): its own last words, the launcher's preemption, or a job killed outright (SIGKILL: submitit's traceback
+    before); None for any other message."""
     from mdl.engine.preemption import EXIT_CODE
     from mdl.run.exits import ERROR_EXIT
 
@@ -56,7 +57,21 @@ def job_ending(message: str, sigterm: bool) -> tuple[str, int] | None:
             "Run the same command again to resume.",
             EXIT_CODE,
         )
+    killed = NO_RESULT.search(message)
+    if killed:  # no result pickle: the job's process died before it could write one (a Python error writes one)
+        job, folder = killed.group("job"), killed.group("result").rpartition("/")[0]
+        return (
+            f"error: job {job} of the sweep ended without a result or a message: it was killed (SIGKILL, the "
+            f"out-of-memory killer) or its interpreter crashed; its logs are in {folder}. Run the same command again "
+            "to resume: finished runs are skipped, interrupted ones resume from their checkpoints.",
+            KILLED_EXIT,
+        )
     return None
+
+
+# submitit's UncompletedJobError for a job that left no result pickle
+NO_RESULT = re.compile(r"^Job (?P<job>\S+) \(task: \d+\) with path (?P<result>\S+)\s+has not produced any output", re.M)
+KILLED_EXIT = 1  # a failed job, not a setting to change (mdl.run.exits.ERROR_EXIT) nor a preemption
 
 
 @contextmanager

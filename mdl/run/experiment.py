@@ -54,7 +54,7 @@ from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environmen
 from mdl.engine.members import AUTO
 from mdl.run.identity import config_hash, grouping, members_per_fit, training_threads
 from mdl.run.job_logs import LogFile
-from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger
+from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger, mark_logged_to_wandb
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.engine.protocol import LoopRules
 from mdl.schedule import block_boundaries, protocol_rounding
@@ -388,8 +388,15 @@ def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
     write_checked_json(job.store / RESULTS_FILE, results)
     discard_resume_state(job.store)  # finished: no resume needs the checkpoints (the final one is ~4x the model)
     if run.logger is not None:
-        logging_never_fails(log_results, run.logger, results, job.run_dir)
+        logging_never_fails(log_finished_run, run.logger, results, job)
     return results
+
+
+def log_finished_run(logger: Any, results: dict[str, Any], job: Job) -> None:
+    """The run's last numbers to its loggers; once W&B has the whole run, the store says so (a relaunched sweep that
+    skips the run then logs it to the same project no second time)."""
+    log_results(logger, results, job.run_dir)
+    mark_logged_to_wandb(job.cfg, job.store)
 
 
 # Measured (digits MLP, widths 32 and 256; tests/test_disk_full.py checks it): a single model's checkpoint

@@ -371,14 +371,27 @@ def log_stored_run(cfg: DictConfig, run_dir: Path, overrides: list[str], results
     sweep re-launched with ``logger=wandb`` after CSV runs shows every run of it in the dashboard."""
     if not is_wandb(cfg):
         return
-    project = str(wandb_config(cfg).get("project"))
-    marker = store / WANDB_MARKER
-    logged = read_json(marker).get("projects", []) if marker.is_file() else []
-    if project in logged:
+    if str(wandb_config(cfg).get("project")) in wandb_projects(store):
         return
     logger = make_logger(cfg, run_dir, overrides, only_wandb=True)
     for i, block in enumerate(results.get("blocks", [])):
         log_block(logger, i, BlockResult(**block), curves=True)
     log_results(logger, results, run_dir, live=False)
-    atomic_write_json(marker, {"projects": [*logged, project]})
-    log.info("logged the stored results of this finished run to W&B project %s", project)
+    mark_logged_to_wandb(cfg, store)
+    log.info("logged the stored results of this finished run to W&B project %s", wandb_config(cfg).get("project"))
+
+
+def wandb_projects(store: Path) -> list[str]:
+    """The W&B projects the finished run stored in ``store`` has been logged to (its marker)."""
+    marker = store / WANDB_MARKER
+    return read_json(marker).get("projects", []) if marker.is_file() else []
+
+
+def mark_logged_to_wandb(cfg: DictConfig, store: Path) -> None:
+    """Record that the run in ``store`` is in its W&B project (with logger=wandb; else nothing), live or from the store,
+    so a relaunched sweep that skips it does not log it again."""
+    if not is_wandb(cfg):
+        return
+    project, logged = str(wandb_config(cfg).get("project")), wandb_projects(store)
+    if project not in logged:
+        atomic_write_json(store / WANDB_MARKER, {"projects": [*logged, project]})
