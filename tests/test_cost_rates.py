@@ -99,7 +99,12 @@ def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pa
         f"hydra.callbacks.sweep_cost.table={path}",
     ]
     cost_main(sweep)
-    alone = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours", capsys.readouterr().out).group(1))
+    printed = capsys.readouterr().out
+    alone = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours in all on one H200 ", printed).group(1))
+    # one GPU named, and the CPU time said to be the sweep's total (it read as "per job")
+    assert "(measured rows" not in printed and re.search(
+        r"on CPUs instead: [\d.]+ [sh] in all, each job on one", printed
+    )
     cost_main([*sweep[:-2], "mdl.members_per_fit=all", sweep[-1], "hydra/launcher=packed"])
     out = capsys.readouterr().out
     packed = float(re.search(r"estimated cost: ([\d.e+-]+) GPU-hours", out).group(1))
@@ -158,3 +163,16 @@ def test_bench_epoch_times_prints_rows_the_cost_table_reads() -> None:
     assert rows[0]["step_s"] > 0 and rows[0]["val_batch_s"] > 0 and "val_batch_s" not in rows[1]
     rates = MeasuredRates(rows, batch=128, eval_batch=1024)
     assert rates.rates("mlp", "fp32", stacked=True, where="bench")[2]
+
+
+@pytest.mark.slow
+def test_docs_paper_md_states_the_cost_tool_s_bill() -> None:
+    """docs/paper.md's jobs and GPU-hours per preset, their total and the example line are the tool's numbers
+    (scripts/paper_costs.py rewrites them); before, the docs said 33 GPU-hours for App. C where the tool said 114."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "paper_costs.py"), "--check"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

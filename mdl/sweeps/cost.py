@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -223,34 +224,61 @@ def hours(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h" if seconds >= 360 else f"{seconds:.0f} s"
 
 
-def cost_report(master: DictConfig, table: CostTable) -> str:
-    """The lines printed before a sweep: jobs (and their dimensions) and the estimated cost."""
+@dataclass
+class Estimate:
+    """A sweep's jobs and estimated seconds (GPU: the table's GPU; CPU: each job on one thread)."""
+
+    jobs: list[list[str]]
+    gpu_s: float
+    cpu_s: float
+    longest_gpu_s: float  # the longest job (or pack, when the launcher packs)
+    packed: Any = None  # mdl.sweeps.pack_cost.PackedCost when the launcher packs
+    alone_gpu_s: float = 0.0  # the same runs job by job (what packing saves against)
+
+
+def estimate(master: DictConfig, table: CostTable) -> Estimate:
+    """The sweep of a composed multirun config, priced job by job (or pack by pack)."""
     params = master.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=True) if params else {}
     jobs = sweep_jobs(params, OmegaConf.to_container(master.hydra.overrides.task))
-    dims = " x ".join(f"{k} {n}" for k, n in sweep_dimensions(jobs)) or "no swept keys"
-    lines = [f"sweep: {len(jobs)} jobs ({dims})"]
     configs = job_configs(master, jobs)
-    packing = str(master.hydra.launcher.get("_target_", "")) in PACKING_LAUNCHERS
-    if packing:
-        from mdl.sweeps.pack_cost import packed_sweep_cost
+    gpu, cpu, longest = sweep_seconds(table, configs)
+    if str(master.hydra.launcher.get("_target_", "")) not in PACKING_LAUNCHERS:
+        return Estimate(jobs, gpu, cpu, longest, alone_gpu_s=gpu)
+    from mdl.sweeps.pack_cost import packed_sweep_cost
 
-        packed = packed_sweep_cost(table, master, jobs, configs)
-        gpu, cpu, longest = packed.gpu_s, packed.cpu_s, packed.longest_gpu_s
-    else:
-        gpu, cpu, longest = sweep_seconds(table, configs)
+    packed = packed_sweep_cost(table, master, jobs, configs)
+    return Estimate(jobs, packed.gpu_s, packed.cpu_s, packed.longest_gpu_s, packed, alone_gpu_s=gpu)
+
+
+def cost_report(master: DictConfig, table: CostTable, cost: Estimate | None = None) -> str:
+    """The lines printed before a sweep: jobs (and their dimensions) and the estimated cost (``cost``: made already)."""
+    cost = cost or estimate(master, table)
+    dims = " x ".join(f"{k} {n}" for k, n in sweep_dimensions(cost.jobs)) or "no swept keys"
+    lines = [f"sweep: {len(cost.jobs)} jobs ({dims})"]
     lines.append(
-        f"estimated cost: {gpu / 3600:.3g} GPU-hours on {table.gpu['name']} (an estimate: {hours(gpu / len(jobs))} per job on "
-        f"average, longest {'pack' if packing else 'job'} {hours(longest)}); {hours(cpu)} of CPU time at one thread per job "
+        f"estimated cost: {cost.gpu_s / 3600:.3g} GPU-hours in all on {table.gpu['name']} (an estimate: "
+        f"{hours(cost.gpu_s / len(cost.jobs))} per job on average, longest {'pack' if cost.packed else 'job'} "
+        f"{hours(cost.longest_gpu_s)}); on CPUs instead: {hours(cost.cpu_s)} in all, each job on one thread "
         f"(measured rates)"
     )
     lines.append(
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
-        f"more; rates and how they were made: {table.path}"
+        f"more; GPU rates: {table.gpu['basis']}; rates and how they were made: {table.path}"
     )
-    if packing:
-        lines.append(packed.line(len(jobs), sweep_seconds(table, configs)[0]))
+    if cost.packed:
+        lines.append(cost.packed.line(len(cost.jobs), cost.alone_gpu_s))
     return "\n".join(lines)
+
+
+def composed_sweep(args: Sequence[str]) -> tuple[DictConfig, CostTable]:
+    """A command line's multirun config and its cost table (inside Hydra's initialize_config_dir; also
+    scripts/paper_costs.py, which makes docs/paper.md's bill)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    master = GlobalHydra.instance().hydra.compose_config("config", list(args), run_mode=RunMode.MULTIRUN)
+    return master, CostTable(OmegaConf.select(master, "hydra.callbacks.sweep_cost.table", default=SweepCost().table))
 
 
 def sweep_seconds(
@@ -286,9 +314,7 @@ class SweepCost(Callback):
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI: the same printout for a command line, without launching anything."""
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from hydra.types import RunMode
 
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("-m", "--multirun")]
     if any(a in ("-h", "--help") for a in args):
@@ -302,9 +328,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(2)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
-            master = GlobalHydra.instance().hydra.compose_config("config", args, run_mode=RunMode.MULTIRUN)
-            table = OmegaConf.select(master, "hydra.callbacks.sweep_cost.table", default=SweepCost().table)
-            print(cost_report(master, CostTable(table)))
+            print(cost_report(*composed_sweep(args)))
         except (ValueError, KeyError, HydraException) as err:  # a setting to change, not a bug: one message
             print(f"error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from err  # launch.py's exit code for a setting to change
