@@ -279,4 +279,4 @@ def register_resolvers() -> None:
 def _help_text() -> str:
     from mdl.run.help import help_text
 
-    return help_text()
+    return help_text().replace("$", "$$")  # Hydra's template substitution
