@@ -144,7 +144,7 @@ def test_an_interrupt_ends_with_one_line_naming_the_command_that_resumes_it(
             stop()
     err = capsys.readouterr().err
     assert ended.value.code == status and err.count("\n") == 1 and err.startswith(line), err
-    assert err.endswith("Run the same command again to resume: python launch.py eraser=qleace 'tags=[a,b]'\n")
+    assert err.endswith("Run the same command again to resume. Command: python launch.py eraser=qleace 'tags=[a,b]'\n")
 
 
 def test_other_exits_pass_through_unchanged(capsys) -> None:

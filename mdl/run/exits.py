@@ -56,13 +56,13 @@ def this_command() -> str:
 
 
 def preempted_line(err: Preempted) -> str:
-    return f"preempted: {err}. Run the same command again to resume: {this_command()}"
+    return f"preempted: {err}. Run the same command again to resume. Command: {this_command()}"
 
 
 def interrupted_line(what: str) -> str:
     return (
         f"interrupted: {what}: stopped; finished blocks and the last checkpoint are kept. "
-        f"Run the same command again to resume: {this_command()}"
+        f"Run the same command again to resume. Command: {this_command()}"
     )
 
 
