@@ -87,6 +87,11 @@ def refuse_retired_overrides(argv: list[str]) -> None:
 if __name__ == "__main__":
     sys.argv = sys.argv[:1] + without_null_groups(sys.argv[1:])
     refuse_retired_overrides(sys.argv[1:])
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        from mdl.run.help import print_help
+
+        print_help()  # in a second: Hydra's own --help lists every option of every group first (seconds)
+        sys.exit(0)
     if {"-sc", "--shell-completion"} & set(sys.argv):
         from mdl.run.help import complete_nested_options
 

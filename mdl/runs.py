@@ -1,14 +1,28 @@
 """``python -m mdl.runs [overrides] [--where KEY=VALUE] [--status S] [--csv FILE]``: the runs in the store.
 
 One line per run in ``paths.store_dir`` (``outputs/store`` unless overridden, e.g. ``paths.output_root=/scratch/x``):
-its config hash, status (finished; failed, with the error's first line; partial: blocks done of all; started: no
-block yet; damaged: its record cannot be read, named in a warning), data set, model, width, depth, eraser, seed,
-learning rate, how its members were grouped into fits (``mdl.members_per_fit``), paper MDL, every other config key
-that differs between runs of one data set, model and eraser (e.g. ``activation``), tags, date, code version, the
-environment that computed it (torch, device, threads) and the run's folder. ``--where eraser.name=leace`` keeps
-the runs whose resolved config has that value (repeatable; dotted keys as in overrides; a key no run has is refused
-with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every listed column, numbers in
-full precision) to a file as well.
+its config hash, status, data set, model, width, depth, eraser, seed, learning rate, how its members were grouped
+into fits (``mdl.members_per_fit``), paper MDL, every other config key that differs between runs of one data set,
+model and eraser (e.g. ``activation``), tags, date, code version, the environment that computed it (torch, device,
+threads) and the run's folder (each entry read by mdl.run.stored_runs). The status is one of
+
+- finished;
+- running: a process holds the run's lock now (its heartbeat is younger than its lease);
+- interrupted: stopped before it finished, by a Ctrl-C, a SIGTERM (preemption, a time limit) or a kill: the command
+  that started it resumes it from its finished blocks and last checkpoint, and the listing prints that command;
+- failed, with the error's first line (the same command runs it again);
+- damaged: a record of the run (results.json, config.json or progress.json) cannot be read; a warning names the file
+  and what to do.
+
+Running, interrupted and failed runs say how many blocks they have done ("3/9 blocks"). Rows are in the order of the
+columns, left to right (data set, model, width, depth, eraser in the paper's order, seed, lr, the swept keys), then by
+date. Runs of ``debug=fast``, ``debug=profile`` and the presets' smoke versions (``debug_run`` in their config), whose
+numbers mean nothing, are listed apart, below the others.
+
+``--where KEY=VALUE`` keeps the runs whose value in a column of the table (``eraser=leace``, ``activation=gelu``,
+``status=interrupted``) or at a dotted config key (``eraser.name=leace``, as in overrides) is VALUE (repeatable; a key
+that is neither is refused with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every
+listed column, numbers in full precision, and ``debug_run``) to a file as well.
 
 ``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl.run.rehash), once
 after the config's keys or the hash changed, so that relaunches find the runs done instead of training them again.
@@ -21,139 +35,22 @@ import csv
 import difflib
 import json
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from mdl.report.runs import display_names, flatten, is_ignored_key
-from mdl.run.environment import describe
-from mdl.run.identity import grouping
-from mdl.results import (
-    FAILURE_FILE,
-    PROGRESS_FILE,
-    RESULTS_FILE,
-    RUN_CONFIG_FILE,
-    DamagedRecord,
-    read_checked_json,
-    read_json,
+from mdl.report.runs import display_names, eraser_sort_key, flatten, is_ignored_key, sortable
+from mdl.run.stored_runs import (
+    COLUMN_KEYS,
+    COLUMNS,
+    DEBUG_KEY,
+    HEAD,
+    STATUSES,
+    TAIL,
+    StoredRun,
+    read_run,
+    relaunch,
+    select,
 )
-
-STATUSES = ("finished", "failed", "partial", "started", "damaged")
-HEAD = ("hash", "status", "data", "model", "width", "depth", "eraser", "seed", "lr", "fits", "paper_mdl")
-TAIL = ("tags", "date", "code_version", "environment", "path")
-# the config keys the fixed columns show (a swept key among them is not repeated)
-COLUMN_KEYS = {
-    "data": "data.source",
-    "model": "model.name",
-    "width": "width",
-    "depth": "depth",
-    "eraser": "eraser.name",
-    "seed": "seed",
-    "lr": "optimizer.lr",
-    "fits": "mdl.members_per_fit",  # shown as the grouping it makes (stacked, sequential, fits of k)
-    "tags": "tags",
-}
-COLUMNS = (*HEAD, *TAIL)  # plus the swept keys between them, and ``error`` when a listed run failed
-
-
-@dataclass
-class StoredRun:
-    folder: Path
-    status: str
-    config: dict[str, Any]
-    values: dict[str, Any]
-
-
-def select(config: dict[str, Any], key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def _read(path: Path, checked: bool = False) -> dict[str, Any] | None:
-    """A store record, or None when it is missing or damaged."""
-    try:
-        return read_checked_json(path) if checked else read_json(path)
-    except (DamagedRecord, OSError, ValueError):
-        return None
-
-
-def _progress(folder: Path) -> tuple[str, str | None]:
-    """partial or started, and "3/9 blocks" when the progress record says."""
-    progress = _read(folder / PROGRESS_FILE, checked=True)
-    if progress is None:
-        return "started", None
-    done = f"{len(progress.get('blocks', []))}/{len(progress.get('boundaries', [])) - 1} blocks"
-    return ("partial" if progress.get("blocks") else "started"), done
-
-
-def read_run(folder: Path) -> StoredRun | None:
-    """A store entry as a row; None for a folder that holds no run record."""
-    results = started = None
-    if (folder / RESULTS_FILE).exists():
-        try:
-            results = read_checked_json(folder / RESULTS_FILE)
-        except DamagedRecord as err:
-            if not (folder / RUN_CONFIG_FILE).exists():  # nothing else says what this run is
-                return damaged_run(folder, folder / RESULTS_FILE, err)
-    if (folder / RUN_CONFIG_FILE).exists():
-        try:
-            started = read_json(folder / RUN_CONFIG_FILE)
-        except (OSError, ValueError) as err:  # cut short by a full disk or a kill: listed, not left out
-            if results is None:
-                return damaged_run(folder, folder / RUN_CONFIG_FILE, err)
-    failure = _read(folder / FAILURE_FILE) if (folder / FAILURE_FILE).exists() else None
-    record = results or started
-    if record is None:
-        return None
-    config = record.get("config") or {}
-    if results is not None:
-        status, shown = "finished", "finished"
-    else:
-        status, done = _progress(folder)
-        status = "failed" if failure is not None else status
-        shown = f"{status} ({done})" if done else status
-    values = {
-        "hash": folder.name,
-        "status": shown,
-        **{column: select(config, key) for column, key in COLUMN_KEYS.items()},
-        "fits": (results or {}).get("fits") or _grouping(config),
-        "paper_mdl": (results or {}).get("paper_mdl"),
-        "date": _last_written(folder),
-        "code_version": record.get("code_version"),
-        "environment": describe(record.get("environment")),
-        "path": (failure or started or {}).get("run_dir") or _eraser_folder(results),
-        "error": (failure or {}).get("error") if status == "failed" else None,
-    }
-    return StoredRun(folder, status, config, values)
-
-
-def _grouping(config: dict[str, Any]) -> str | None:
-    """stacked, sequential, fits of k or fits by memory (mdl.run.identity); None for a config that does not say."""
-    try:
-        return grouping(config["mdl"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _last_written(folder: Path) -> str:
-    """When the entry's records last changed (started, a block done, failed or finished), to the minute."""
-    times = [
-        p.stat().st_mtime
-        for p in (folder / n for n in (RESULTS_FILE, FAILURE_FILE, PROGRESS_FILE, RUN_CONFIG_FILE))
-        if p.exists()
-    ]
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(max(times))) if times else ""
-
-
-def _eraser_folder(results: dict[str, Any] | None) -> str | None:
-    """The run folder of a finished run recorded before run folders were (its eraser file lies there)."""
-    eraser = (results or {}).get("eraser_path")
-    return str(Path(eraser).parent) if eraser else None
 
 
 def swept_keys(runs: list[StoredRun]) -> list[str]:
@@ -190,35 +87,59 @@ def with_swept_columns(runs: list[StoredRun]) -> tuple[str, ...]:
     return (*HEAD, *(names[k] for k in keys), *TAIL, *error)
 
 
-def check_where_key(key: str, runs: list[StoredRun]) -> None:
-    """A --where key that no run's config holds as a value would silently match nothing: refuse it, nearest named."""
+def column_keys(runs: list[StoredRun]) -> dict[str, str | None]:
+    """Every column the table of ``runs`` can show, with the config key it shows (None: a column of the record, such
+    as status, paper_mdl or fits, which shows the grouping rather than mdl.members_per_fit's value)."""
+    keys = swept_keys(runs)
+    shown: dict[str, str | None] = {c: None for c in (*COLUMNS, "error")}
+    shown |= {c: k for c, k in COLUMN_KEYS.items() if c != "fits"}
+    return shown | {name: key for key, name in display_names(keys).items()}
+
+
+def check_where_key(key: str, runs: list[StoredRun], columns: dict[str, str | None]) -> None:
+    """A --where key that is neither a column of the table nor a config key of any run would silently match nothing:
+    refuse it, the nearest named."""
     leaves = set().union(*(flatten(r.config) for r in runs)) if runs else set()
-    if not leaves or key in leaves:
+    if not runs or key in columns or key in leaves:
         return
     inside = sorted(k for k in leaves if k.startswith(key + "."))
-    near = inside[:1] if inside else difflib.get_close_matches(key, sorted(leaves), n=1)
-    what = "a group of settings, not one value" if inside else "not a config key of any listed run"
+    near = inside[:1] if inside else difflib.get_close_matches(key, sorted(columns) + sorted(leaves), n=1)
+    what = "a group of settings, not one value" if inside else "not a column of the table nor a config key of any run"
     hint = f"; did you mean --where {near[0]}=...?" if near else ""
     raise ValueError(
-        f"--where {key}: {what}{hint} (keys are dotted as in overrides, e.g. eraser.name, model.options.activation)"
+        f"--where {key}: {what}{hint} (a column: {', '.join(columns)}; or a config key, dotted as in overrides, "
+        f"e.g. eraser.name, model.options.activation)"
     )
 
 
-def damaged_run(folder: Path, record: Path, err: Exception) -> StoredRun:
-    """A store entry whose record cannot be read: a row saying so (its config unknown), and a warning naming the file."""
-    print(
-        f"warning: {record} is damaged ({type(err).__name__}: {err}); its run is listed as damaged: launch it "
-        f"again to redo it, or delete {folder}",
-        file=sys.stderr,
-    )
-    values = {c: None for c in COLUMNS} | {"hash": folder.name, "status": "damaged"}
-    return StoredRun(folder, "damaged", {}, values)
+def where_matches(run: StoredRun, key: str, wanted: str, columns: dict[str, str | None]) -> bool:
+    """Whether ``run`` has ``wanted`` in the column ``key`` (its state, for status; the text the table shows, for a
+    column of the record) or at the config key it shows, or at ``key`` as a dotted config key."""
+    if key == "status":
+        return run.status == wanted
+    if key in columns and columns[key] is None:
+        return cell(key, run.values.get(key)) == wanted or cell(key, run.values.get(key), full=True) == wanted
+    return _matches(select(run.config, columns.get(key) or key), wanted)
+
+
+def reading_order(runs: list[StoredRun]) -> list[StoredRun]:
+    """The rows as a reader scans the table: by its columns from the left (data set, model, width, depth, eraser in
+    the paper's order, seed, lr, the swept keys), then by date and hash; a row whose config is unknown last."""
+    keys = swept_keys(runs)
+
+    def key(run: StoredRun) -> tuple:
+        v = run.values
+        head = sortable((v["data"], v["model"], v["width"], v["depth"]))
+        rest = sortable((v["seed"], v["lr"], *(select(run.config, k) for k in keys), v["date"], v["hash"]))
+        return (not run.config, head, eraser_sort_key(str(v["eraser"] or "")), rest)
+
+    return sorted(runs, key=key)
 
 
 def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None) -> list[StoredRun]:
-    """The runs recorded in ``store``, those whose config matches every ``--where KEY=VALUE`` and in
-    ``status``, in hash order. A key no run holds is refused rather than matching nothing, so a typo cannot look
-    like an empty store."""
+    """The runs recorded in ``store``, those that match every ``--where KEY=VALUE`` (a column of the table or a
+    config key) and in ``status``, in reading order (``reading_order``). A key that is neither is refused rather than
+    matching nothing, so a typo cannot look like an empty store."""
     if not store.is_dir():
         raise FileNotFoundError(
             f"no run store at {store}; runs are recorded there by launch.py "
@@ -228,14 +149,15 @@ def list_runs(store: Path, where: Sequence[str] = (), status: str | None = None)
     for item in where:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--where {item!r}: use KEY=VALUE, e.g. --where eraser.name=leace")
+            raise ValueError(f"--where {item!r}: use KEY=VALUE, e.g. --where eraser=leace")
         filters.append((key, value))
     runs = [r for r in map(read_run, sorted(p for p in store.iterdir() if p.is_dir())) if r is not None]
+    columns = column_keys(runs)
     for key, _ in filters:
-        check_where_key(key, runs)
+        check_where_key(key, runs, columns)
     if status is not None:
         runs = [r for r in runs if r.status == status]
-    return [r for r in runs if all(_matches(select(r.config, k), v) for k, v in filters)]
+    return reading_order([r for r in runs if all(where_matches(r, k, v, columns) for k, v in filters)])
 
 
 def _matches(actual: Any, wanted: str) -> bool:
@@ -285,7 +207,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mdl.runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides that move the store, e.g. paths.output_root=/x")
     parser.add_argument(
-        "--where", action="append", default=[], metavar="KEY=VALUE", help="keep runs with this config value"
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keep runs with this value in a column of the table (eraser=leace) or at a config key (eraser.name=leace)",
     )
     parser.add_argument("--status", choices=STATUSES, default=None)
     parser.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV (full precision)")
@@ -305,12 +231,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, HydraException) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    columns = with_swept_columns(runs)
-    print(format_table(runs, columns))
-    print(f"{len(runs)} run(s): " + ", ".join(f"{sum(r.status == s for r in runs)} {s}" for s in STATUSES))
+    print(listing(runs))
     if args.csv:
-        write_csv(args.csv, runs, columns)
+        write_csv(args.csv, runs, (*with_swept_columns(runs), DEBUG_KEY))
     return 0
+
+
+def counts(runs: list[StoredRun]) -> str:
+    return ", ".join(f"{sum(r.status == s for r in runs)} {s}" for s in STATUSES)
+
+
+def listing(runs: list[StoredRun]) -> str:
+    """The tables ``python -m mdl.runs`` prints: the runs, then the debug runs apart (each table with the columns its
+    runs need), then the command that resumes each interrupted run."""
+    real = [r for r in runs if r.debug is None]
+    debug = [r for r in runs if r.debug is not None]
+    parts = []
+    if real or not debug:
+        parts += [format_table(real, with_swept_columns(real)), f"{len(real)} run(s): {counts(real)}"]
+    if debug:
+        labels = ", ".join(sorted({str(r.debug) for r in debug}))
+        parts += [
+            "" if parts else f"0 run(s) besides {len(debug)} debug run(s)",
+            f"debug runs ({labels}: debug=fast, debug=profile or a preset's smoke version; their numbers mean nothing):",
+            format_table(debug, with_swept_columns(debug)),
+            f"{len(debug)} debug run(s): {counts(debug)}",
+        ]
+    stopped = [r for r in runs if r.status == "interrupted"]
+    if stopped:
+        parts += ["", "interrupted runs resume (finished blocks and the last checkpoint kept) with:"]
+        parts += [f"  {r.folder.name}  {r.resume or relaunch(None, r.folder)}" for r in stopped]
+    return "\n".join(parts)
 
 
 def rehash(overrides: Sequence[str], dry_run: bool) -> int:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FITS, REPO, python_path
-from mdl.engine.preemption import EXIT_CODE
+from mdl.engine.preemption import EXIT_CODE, Preempted
+from mdl.run.exits import ends_like_a_run
 
 # Long enough to be interrupted (hundreds of epochs), checkpointing only at the first epoch end
 # unless a SIGTERM forces one: a checkpoint newer than the signal proves it was written for it.
@@ -107,3 +108,47 @@ def test_a_preempted_multirun_fails_instead_of_reporting_success(tmp_path: Path)
     assert code == EXIT_CODE, err[-2000:]
     assert "preempted" in err
     assert not list(root.glob("multirun/*/*/1_*/results.json")), "the sweep went on to its next job"
+
+
+def _ctrl_c_in_a_fit() -> None:
+    """What Lightning raises for a Ctrl-C in a fit (lightning.pytorch.trainer.call._call_and_handle_interrupt)."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        sys.exit(1)
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
+
+
+def _preempted() -> None:
+    raise Preempted("SIGTERM received (preemption or time limit): stopped; finished blocks are saved")
+
+
+@pytest.mark.parametrize(
+    "stop, status, line",
+    [
+        (_ctrl_c_in_a_fit, 130, "interrupted: Ctrl-C: "),
+        (_ctrl_c, 130, "interrupted: Ctrl-C: "),
+        (_preempted, 143, "preempted: "),
+    ],
+)
+def test_an_interrupt_ends_with_one_line_naming_the_command_that_resumes_it(
+    monkeypatch, capsys, stop, status, line
+) -> None:
+    """A Ctrl-C ended launch.py with exit status 1 and no message (Lightning's SystemExit), or a traceback."""
+    monkeypatch.setattr(sys, "argv", ["launch.py", "eraser=qleace", "tags=[a,b]"])
+    with pytest.raises(SystemExit) as ended:
+        with ends_like_a_run(), ends_like_a_run():  # a packed launcher's, around each pack's: said once
+            stop()
+    err = capsys.readouterr().err
+    assert ended.value.code == status and err.count("\n") == 1 and err.startswith(line), err
+    assert err.endswith("Run the same command again to resume. Command: python launch.py eraser=qleace 'tags=[a,b]'\n")
+
+
+def test_other_exits_pass_through_unchanged(capsys) -> None:
+    with pytest.raises(SystemExit) as ended:
+        with ends_like_a_run():
+            sys.exit(2)
+    assert ended.value.code == 2 and not capsys.readouterr().err

@@ -87,7 +87,7 @@ def test_a_migrated_store_has_every_run_under_today_s_hash_and_relaunches_skip(o
         results = relaunch(old_store, overrides, old_store / "again" / old)
         assert results["skipped"] and results["paper_mdl"] == read_checked_json(stored)["paper_mdl"], overrides
     listed = {r.values["hash"]: r.status for r in list_runs(store)}
-    assert listed == {key: ("started" if old == "d5dab5d1a3a4890b" else "finished") for old, key in new.items()}
+    assert listed == {key: ("interrupted" if old == "d5dab5d1a3a4890b" else "finished") for old, key in new.items()}
 
 
 def test_a_run_whose_folder_is_taken_is_left_and_said(old_store: Path, capsys) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import torch
 
-from mdl.engine.members import AUTO
+from mdl.engine.members import AUTO, check_pack_data_fraction
 from mdl.engine.protocol import LoopRules, fits_of
 
 if TYPE_CHECKING:
@@ -191,17 +191,6 @@ def memory_bytes(device: torch.device) -> int:
         if value.isdigit():
             limits.append(int(value))
     return min(limit for limit in limits if limit > 0)
-
-
-def check_pack_data_fraction(fraction: Any) -> float:
-    """``mdl.pack_data_fraction``, a share of the memory in (0, 1]; checked for every run before its data load
-    (mdl.run.config_checks), so what a packed sweep would refuse after hours is refused at once everywhere."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:  # nan too
-        raise ValueError(
-            f"mdl.pack_data_fraction={fraction!r}: give a share of the memory in (0, 1] "
-            f"(the most a pack of hydra/launcher=packed fills with data at once), e.g. mdl.pack_data_fraction=0.5"
-        )
-    return float(fraction)
 
 
 def plan_parts(

@@ -36,6 +36,19 @@ class Preempted(Exception):
     """The job was asked to stop (SIGTERM) and stopped with its progress saved."""
 
 
+def interruption(err: BaseException) -> str | None:
+    """What stopped a run that the same command resumes, in words, or None for an error: a SIGTERM (``Preempted``),
+    a Ctrl-C (``KeyboardInterrupt``, or the ``SystemExit(1)`` that Lightning raises instead of one inside a fit,
+    lightning.pytorch.trainer.call._call_and_handle_interrupt). Its finished blocks and checkpoints are kept."""
+    if isinstance(err, Preempted):
+        return "SIGTERM (preemption or time limit)"
+    if isinstance(err, KeyboardInterrupt):
+        return "Ctrl-C"
+    if isinstance(err, SystemExit) and err.code == 1 and isinstance(err.__context__, KeyboardInterrupt):
+        return "Ctrl-C"
+    return None
+
+
 class _State:
     active = False  # inside sigterm_guard (a run launched through run_experiment)
     requested = False  # a SIGTERM arrived during this run

@@ -9,6 +9,7 @@ can say (its registries, a data source's options, the compile backends) and runs
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.codelength import check_paper_loss
+from mdl.engine.members import check_pack_data_fraction
 from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
@@ -77,11 +79,20 @@ def probes_enabled(cfg: DictConfig) -> bool:
     return bool(OmegaConf.select(cfg, "probes.enabled", default=False))
 
 
+@functools.cache
+def conf_file(path: Path) -> DictConfig:
+    """A config file, read once per process and read-only: the checks read each group's files several times (what
+    they name, the keys they define), and every load of all of them took a tenth of a second before the first line."""
+    node = OmegaConf.load(path)
+    OmegaConf.set_readonly(node, True)
+    return node
+
+
 def group_file(group: str, name: str) -> DictConfig:
     """What conf/<group>/<name>.yaml gives its group: the file, or the ``<group>`` node of a file in the global
     package (a model's file also sets its mdl.members_per_fit)."""
     path = CONF_DIR / group / f"{name}.yaml"
-    node = OmegaConf.load(path)
+    node = conf_file(path)
     if path.read_text().startswith("# @package _global_"):
         return node.get(group) or OmegaConf.create({})
     return node
@@ -89,8 +100,8 @@ def group_file(group: str, name: str) -> DictConfig:
 
 def known_keys(group: str) -> set[str]:
     """The keys the files of ``group`` define, and those the model files set in it (mdl.members_per_fit)."""
-    files = [OmegaConf.load(path) for path in (CONF_DIR / group).glob("*.yaml")]
-    by_models = [OmegaConf.load(path).get(group) or {} for path in (CONF_DIR / "model").glob("*.yaml")]
+    files = [conf_file(path) for path in (CONF_DIR / group).glob("*.yaml")]
+    by_models = [conf_file(path).get(group) or {} for path in (CONF_DIR / "model").glob("*.yaml")]
     return set().union(*(node.keys() for node in files), *(node.keys() for node in by_models)) - {"defaults"}
 
 
@@ -232,8 +243,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(
             f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"
         )
-    from mdl.engine.memory import check_pack_data_fraction  # imports torch: after the early checks
-
     check_pack_data_fraction(cfg.mdl.get("pack_data_fraction"))  # used only by packs, refused in any run: one rule
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping

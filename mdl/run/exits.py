@@ -1,24 +1,29 @@
 """How a job ends when it cannot finish, the same for a single run (launch.py) and every job of a packed
 launcher (hydra_plugins/mdl_packed/): a setting or a file to change prints one ``error:`` line and exits 2; a
 preemption (SIGTERM, mdl.engine.preemption) prints the ``preempted:`` line and exits 143, so Slurm, submitit
-and a sweep see a failed job and nothing later in the process starts. Anything else is a bug and keeps its
-traceback. Light (no torch): Hydra imports the launchers' plugin module in every process that composes a config.
+and a sweep see a failed job and nothing later in the process starts; a Ctrl-C prints the ``interrupted:`` line and
+exits 130 (the shell's status for it). Both lines give the command that resumes the run: this one, again. Anything
+else is a bug and keeps its traceback. Light (no torch): Hydra imports the launchers' plugin module in every process
+that composes a config.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
+import signal
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from mdl.engine.preemption import EXIT_CODE, Preempted
+from mdl.engine.preemption import EXIT_CODE, Preempted, interruption
 
 # Errors that mean "change a setting or a file", reported as one message without a traceback
 # (set MDL_TRACEBACK=1 to see it anyway); with mdl.run.storage's StalledLockHolder (``user_errors``).
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, OSError, ImportError, FloatingPointError)
 ERROR_EXIT = 2
+INTERRUPT_EXIT = 128 + signal.SIGINT  # 130: a Ctrl-C, as the shell reports it
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -40,13 +45,30 @@ def end_now_if_work_was_abandoned(code: int) -> None:
     os._exit(code)
 
 
+def launch_command(overrides: Sequence[str]) -> str:
+    """The command that runs the run of these overrides, and resumes it once interrupted (python -m mdl.runs)."""
+    return shlex.join(["python", "launch.py", *overrides])
+
+
+def this_command() -> str:
+    """This process's command line, to type again: ``python launch.py -m ...``."""
+    return shlex.join(["python", *sys.argv])
+
+
 def preempted_line(err: Preempted) -> str:
-    return f"preempted: {err}. Run the same command again to resume."
+    return f"preempted: {err}. Run the same command again to resume. Command: {this_command()}"
+
+
+def interrupted_line(what: str) -> str:
+    return (
+        f"interrupted: {what}: stopped; finished blocks and the last checkpoint are kept. "
+        f"Run the same command again to resume. Command: {this_command()}"
+    )
 
 
 @contextmanager
 def ends_like_a_run() -> Iterator[None]:
-    """Turn a preemption or a user error raised inside into the entry point's message and exit status
+    """Turn a preemption, a Ctrl-C or a user error raised inside into the entry point's message and exit status
     (``SystemExit``, which Hydra's job runners pass on instead of recording a failed job)."""
     try:
         yield
@@ -54,6 +76,13 @@ def ends_like_a_run() -> Iterator[None]:
         print(preempted_line(err), file=sys.stderr, flush=True)
         end_now_if_work_was_abandoned(EXIT_CODE)
         sys.exit(EXIT_CODE)
+    except (KeyboardInterrupt, SystemExit) as err:
+        what = interruption(err)
+        if what is None:  # an exit on its way (e.g. an inner ends_like_a_run's)
+            raise
+        print(interrupted_line(what), file=sys.stderr, flush=True)
+        end_now_if_work_was_abandoned(INTERRUPT_EXIT)
+        sys.exit(INTERRUPT_EXIT)
     except user_errors() as err:
         if os.environ.get("MDL_TRACEBACK"):
             raise

@@ -25,7 +25,7 @@ from mdl.codelength import check_paper_loss
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.driver import train_runs
 from mdl.engine.runs import Fitting, Run
-from mdl.engine.preemption import Preempted, sigterm_guard
+from mdl.engine.preemption import interruption, sigterm_guard
 from mdl.results import (
     FAILURE_FILE,
     PROGRESS_FILE,
@@ -50,6 +50,7 @@ from mdl.run.components import (
     show_profile,
 )
 from mdl.run.config_checks import check_trainer_config, validate_config
+from mdl.run.exits import launch_command
 from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environment_differences
 from mdl.engine.members import AUTO
 from mdl.run.identity import config_hash, grouping, members_per_fit, training_threads
@@ -102,6 +103,7 @@ class Job:
     store: Path
     label: str = ""  # how log lines name it among the runs it trains with (a pack: mdl.run.pack.run_label)
     log_files: tuple[LogFile, ...] = ()  # its own log files, for a process that trains it with others (a pack)
+    command: str | None = None  # what resumes it once interrupted (launch.py's, its overrides'); None: not launched
 
     @classmethod
     def checked(cls, cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> Job:
@@ -109,7 +111,9 @@ class Job:
         validate_config(cfg)
         device = check_trainer_config(cfg)
         key = config_hash(cfg)
-        job = cls(cfg, Path(run_dir), list(overrides or []), device, key, Path(cfg.paths.store_dir) / key)
+        store = Path(cfg.paths.store_dir) / key
+        command = None if overrides is None else launch_command(overrides)
+        job = cls(cfg, Path(run_dir), list(overrides or []), device, key, store, command=command)
         require_writable(job.run_dir, "paths.output_root")
         require_writable(job.store, "paths.output_root (or paths.store_dir)")
         return job
@@ -144,6 +148,7 @@ class Job:
                 "code_version": code_version(),
                 ENVIRONMENT_KEY: self.environment(),
                 "run_dir": str(self.run_dir.resolve()),
+                "command": self.command,
             },
         )
         (store / FAILURE_FILE).unlink(missing_ok=True)
@@ -189,9 +194,10 @@ class Job:
             raise
 
     def record_failure(self, err: BaseException) -> None:
-        """So that ``python -m mdl.runs`` lists the run as failed and why, not as started for ever; not for a
-        preemption (the run resumes) or a run that finished (a pack's other runs failed)."""
-        if not isinstance(err, Preempted) and not (self.store / RESULTS_FILE).exists():
+        """So that ``python -m mdl.runs`` lists the run as failed and why, not as interrupted; not for a preemption
+        or a Ctrl-C (the same command resumes the run: listed as interrupted) or a run that finished (a pack's other
+        runs failed)."""
+        if interruption(err) is None and not (self.store / RESULTS_FILE).exists():
             record_failure(self.store, self.run_dir, err)
 
     @contextmanager

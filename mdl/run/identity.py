@@ -32,6 +32,7 @@ BOOKKEEPING_KEYS = (
     "hydra",
     "skip_if_done",
     "print_config",
+    "debug_run",  # debug=fast|profile: a label; the settings they change are in the identity
     "data.cache_dir",
     # where and how a data set is fetched (not what it holds)
     "data.options.root",

@@ -110,6 +110,19 @@ def read_holder(store: Path) -> tuple[dict[str, Any] | None, float | None]:
         return None, None
 
 
+def lock_is_held(store: Path, lease_s: Any = None) -> bool:
+    """Whether a process holds the run's lock now, as its holder record says (python -m mdl.runs: running, or
+    interrupted): the record is there, its heartbeat is younger than the lease it renews (``lease_s``, the run's
+    mdl.lock_lease_s, for a record that does not say) and, on this host, its process exists. A record left by a
+    killed holder is gone stale or names a dead process."""
+    holder, age = read_holder(store)
+    if not isinstance(holder, dict) or age is None:
+        return False
+    usable = isinstance(lease_s, (int, float)) and not isinstance(lease_s, bool) and lease_s > 0
+    lease = holder_lease(holder, float(lease_s) if usable else 0.0)
+    return age <= lease and not _dead_here(holder)
+
+
 def _dead_here(holder: dict[str, Any]) -> bool:
     """Whether the record's process ran on this host and no longer exists (its record is a leftover)."""
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
@@ -279,4 +292,4 @@ def register_resolvers() -> None:
 def _help_text() -> str:
     from mdl.run.help import help_text
 
-    return help_text()
+    return help_text().replace("$", "$$")  # Hydra's template substitution
