@@ -123,6 +123,8 @@ class Entry:
 
     @classmethod
     def read(cls, folder: Path) -> Entry:
+        """The entry of ``folder``; Unmovable when its records are missing, incomplete or disagree (the migration
+        would write a damaged config over intact records)."""
         results = _read(folder / RESULTS_FILE, checked=True)
         started = _read(folder / RUN_CONFIG_FILE, checked=False)
         record = results or started
