@@ -7,6 +7,7 @@ resolver wherever Hydra's own help runs.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,9 @@ GROUPS = {  # the groups a user chooses from, in the order a run is described; t
 }
 INTERNAL_GROUPS = ("cost", "paths", "experiment")  # experiment: the presets, listed apart
 KEYS = (
-    "seed=0  data_seed=0  width=128  depth=2  device=auto|cpu|cuda  optimizer.lr=5e-4",
+    "seed=0  data_seed=0  width=128  depth=2  device=auto|cpu|cuda",
     "tags=[a,b]  skip_if_done=true  print_config=overrides|full|false",
+    "optimizer.lr=LR (default: the data set's, below)",
 )
 WIDTH = 110  # characters a line of the help takes at most
 
@@ -83,6 +85,14 @@ def defaults() -> dict[str, str]:
     return {str(k): str(v) for e in entries if isinstance(e, dict) for k, v in e.items()}
 
 
+def default_lrs() -> str:
+    """The data sets' default learning rates as conf/optimizer sets them (``digits 0.003, cifar10 0.0005, ...``)."""
+    from omegaconf import OmegaConf
+
+    table = OmegaConf.load(CONF_DIR / "optimizer" / "schedulefree_adamw.yaml").lr_by_data
+    return ", ".join(f"{source} {lr:g}" for source, lr in table.items())
+
+
 def help_text() -> str:
     """The whole --help screen."""
     lines = [
@@ -99,6 +109,7 @@ def help_text() -> str:
         "",
         "Keys most runs set:",
         *(f"  {k}" for k in KEYS),
+        *textwrap.wrap(f"optimizer.lr_by_data: {default_lrs()}", WIDTH, initial_indent="  ", subsequent_indent="    "),
         "",
         "Presets (+experiment=NAME; paper/NAME/smoke: the same sweep, tiny, on digits in minutes on a CPU):",
     ]
