@@ -38,6 +38,7 @@ class BlockResult:
     # the same weights' mean cross-entropy in bits on the last block (L(c_i) of paper_loss=last_block)
     heldout_bits_per_example: float | None = None
     best_after_epochs: int | None = None  # epochs of training behind the kept weights (0: the untrained model)
+    val_accuracy_curve: list[float] = field(default_factory=list)  # fraction of validation right, per epoch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

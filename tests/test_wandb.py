@@ -114,6 +114,32 @@ def test_a_skipped_run_is_logged_from_its_stored_results_once(finished_run, tmp_
     assert len(run_files) == 1  # the second wandb launch found the marker
     (stored,) = (root / "store").glob("*/results.json")
     assert summary(run_files[0])["paper_mdl"] == json.loads(stored.read_text())["paper_mdl"]
+    record = run_files[0].read_bytes()
+    for series in (b"block01/val_accuracy", b"block02/val_accuracy", b"final/val_accuracy"):
+        assert series in record, series  # before: no val_accuracy series from a stored run (0 of 10)
+
+
+def test_a_stored_block_gives_a_logger_its_accuracy_with_its_losses(finished_run) -> None:
+    """results.json keeps each block's and the final fit's validation accuracy per epoch, so a logger added later
+    (W&B from the store) gets every series the live run logged; before, blocks kept none."""
+    from mdl.results import BlockResult
+    from mdl.run.loggers import LoggerGroup, log_block
+
+    class Rows:
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
+
+        def log_metrics(self, metrics: dict, step: int) -> None:
+            self.rows.append(metrics)
+
+    results = json.loads((finished_run.run_dir / "results.json").read_text())
+    first = results["blocks"][0]
+    assert len(first["val_accuracy_curve"]) == len(first["val_loss_curve"]) > 0
+    assert len(results["val_accuracy_curve"]) == len(results["val_loss_curve"])
+    rows = Rows()
+    log_block(LoggerGroup([rows]), 0, BlockResult(**first), curves=True)
+    logged = [r["block01/val_accuracy"] for r in rows.rows if "block01/val_accuracy" in r]
+    assert logged == first["val_accuracy_curve"] and all(0 <= a <= 1 for a in logged)
 
 
 @pytest.mark.slow  # two launches with W&B

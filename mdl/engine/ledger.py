@@ -157,4 +157,5 @@ def prequential_results(
         else None,  # None without a test split
         "val_loss_curve": final.val_loss_curve,
         "train_loss_curve": final.train_loss_curve,
+        "val_accuracy_curve": final.val_accuracy_curve,
     }

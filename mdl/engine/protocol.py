@@ -96,7 +96,7 @@ class MemberState:
     wait: int = 0
     val_loss_curve: list[float] = field(default_factory=list)
     train_loss_curve: list[float] = field(default_factory=list)
-    val_accuracy_curve: list[float] = field(default_factory=list)  # live logging only (not in results.json)
+    val_accuracy_curve: list[float] = field(default_factory=list)
     finished_at: float | None = None
 
     def judge(self, mean: float, epoch: int) -> bool:
@@ -137,6 +137,7 @@ class MemberOutcome:
     heldout_count: int
     val_loss_curve: list[float]
     train_loss_curve: list[float]
+    val_accuracy_curve: list[float] = field(default_factory=list)  # fraction right per epoch (a logger's series)
 
     def block(self) -> BlockResult:
         """The results.json record of a prefix member."""
@@ -150,6 +151,7 @@ class MemberOutcome:
             train_loss_curve=self.train_loss_curve,
             heldout_bits_per_example=self.heldout_bits / self.heldout_count,
             best_after_epochs=self.best_epoch + 1,
+            val_accuracy_curve=self.val_accuracy_curve,
         )
 
 

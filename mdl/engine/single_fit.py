@@ -277,6 +277,7 @@ def fit_one_member(
         heldout_count=held_count,
         val_loss_curve=result.module.val_loss_curve,
         train_loss_curve=result.module.train_loss_curve,
+        val_accuracy_curve=list(result.module.val_accuracy_curve),
     )
     return outcome, result.seconds
 

@@ -216,6 +216,7 @@ class StackedProtocol(L.Callback):
                 heldout_count=heldout_count,
                 val_loss_curve=list(state.val_loss_curve),
                 train_loss_curve=list(state.train_loss_curve),
+                val_accuracy_curve=list(state.val_accuracy_curve),
             )
             state.finished_at = time.monotonic() - self.started
             self.outcomes[m] = outcome

@@ -278,8 +278,9 @@ def log_block(logger: LoggerGroup, index: int, block: BlockResult, curves: bool 
     prefix = f"block{index + 1:02d}"
     if curves:
         share_epoch_axis(logger)
-        for epoch, (train, val) in enumerate(zip(block.train_loss_curve, block.val_loss_curve)):
-            log_epoch(logger, prefix, epoch, train, val)
+        accuracy = block.val_accuracy_curve or [None] * len(block.val_loss_curve)  # absent in older records
+        for epoch, (train, val, right) in enumerate(zip(block.train_loss_curve, block.val_loss_curve, accuracy)):
+            log_epoch(logger, prefix, epoch, train, val, right)
     best = block.val_bits_per_example * math.log(2)  # bits -> nats, as the curves
     update_summary(
         logger,
