@@ -678,7 +678,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
 
     sweep = tmp_path / "multirun"
     job = 0
-    for lrs, eraser in (((1e-3, 3e-3, 1e-2), "none"), ((1e-3, 3e-3), "leace")):
+    for lrs, eraser in (((1e-3, 3e-3, 1e-2), "none"), ((1e-3, 3e-3, 1e-2), "leace")):
         for lr in lrs:
             for seed in (0, 1):
                 run = write_run(sweep, job, "mlp", eraser, 128, 2, seed)
@@ -692,7 +692,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     choices = {c.eraser: c for c in best_learning_rates(load_sweep([sweep]), build_cells(load_sweep([sweep])))}
     assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
-    assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its grid starts at 1e-3
+    assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its lowest point is the grid's first
     text = path.read_text()
     assert (
         "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.001 (at the edge of the grid" in text
