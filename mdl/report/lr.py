@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, legend, plt, slug
+from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, figure_legend, marker_key, plt, slug
 from mdl.report.style import display_name, panel_title
 from mdl.report.runs import Sweep, eraser_sort_key, sortable
 from mdl.results import capped_fits, max_epochs_of
@@ -293,25 +293,38 @@ def lr_figures(
                 panels.setdefault(p.other, []).append(p)
         fig, axes, cols = _grid(len(panels))
         colors = cell_colors(cells)
+        keys: set[str] = set()
         for k, (_, members) in enumerate(sorted(panels.items(), key=lambda kv: sortable(kv[0]))):
-            _lr_panel(axes[k // cols][k % cols], members, colors)
+            keys |= _lr_panel(axes[k // cols][k % cols], members, colors)
             axes[k // cols][k % cols].set_title(panel_title(arch, members[0].setting))
         _finish_grid(axes, len(panels), cols)
+        figure_legend(fig, [key for name, key in lr_keys().items() if name in keys])
         path = _save(fig, out / f"lr_{slug(arch)}.png")
         figures.append(
             FigureFile(
                 path,
                 f"Learning-rate search: {arch}",
                 "Mean paper MDL against the learning rate, one line per eraser (error bars: sample sd "
-                "over seeds); a star marks each eraser's best lr; hollow markers: lrs where some runs "
+                f"over seeds); a star marks each eraser's best lr (where it tried {MIN_GRID_POINTS}+ lrs); hollow "
+                "markers: lrs where some runs "
                 "had a fit stopped at `trainer.kwargs.max_epochs` (under-trained: MDL too long).",
             )
         )
     return figures, []
 
 
-def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
-    """One line per eraser over the lr grid (log x), its best lr starred, capped lrs hollow."""
+def lr_keys() -> dict[str, Any]:
+    """The lr figures' marker kinds, by name, as legend entries."""
+    return {
+        "best": marker_key(f"best lr ({MIN_GRID_POINTS}+ lrs tried)", marker="*", size=9),
+        "capped": marker_key("capped fits (under-trained)", hollow=True),
+    }
+
+
+def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> set[str]:
+    """One line per eraser over the lr grid (log x), its best lr starred where the grid names one, capped lrs hollow;
+    returns the marker kinds it drew (keys of ``lr_keys``)."""
+    drawn = set()
     for eraser in [e for e in colors if any(p.eraser == e for p in points)]:
         pts = sorted((p for p in points if p.eraser == eraser), key=lambda p: p.lr)
         lr = [p.lr for p in pts]
@@ -334,16 +347,25 @@ def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
                 zorder=3,
                 s=18,
             )
-        best = min(pts, key=lambda p: p.mean)
-        ax.scatter(
-            [best.lr], [best.mean], marker="*", s=90, color=colors[eraser], edgecolors="black", linewidths=0.4, zorder=4
-        )
+        if len(pts) >= MIN_GRID_POINTS:
+            best = min(pts, key=lambda p: p.mean)
+            ax.scatter(
+                [best.lr],
+                [best.mean],
+                marker="*",
+                s=90,
+                color=colors[eraser],
+                edgecolors="black",
+                linewidths=0.4,
+                zorder=4,
+            )
+            drawn.add("best")
     if any(p.capped for p in points):
-        ax.scatter([], [], facecolors="white", edgecolors="grey", s=18, label="capped fits")
+        drawn.add("capped")
     ax.set_xscale("log")
     ax.set_xlabel(LR_AXIS_LABEL)
     ax.set_ylabel("paper MDL (bits/sample)")
-    legend(ax)
+    return drawn
 
 
 # --- does the optimum transfer across widths? ----------------------------------------------------
@@ -433,6 +455,7 @@ def lr_transfer_figures(
         widths = sorted({w for lines in panels.values() for w in lines})
         colors = {w: plt.cm.viridis(k / max(len(widths) - 1, 1)) for k, w in enumerate(widths)}
         ordered = sorted(panels.items(), key=lambda kv: (kv[0][0], eraser_sort_key(kv[0][1])))
+        starred = False
         for p, ((setting, eraser), lines) in enumerate(ordered):
             ax = axes[p // cols][p % cols]
             for width, pts in sorted(lines.items()):
@@ -447,14 +470,18 @@ def lr_transfer_figures(
                     marker="o",
                     markersize=3,
                 )
-                k = min(range(len(mean)), key=mean.__getitem__)
-                ax.scatter([lr[k]], [mean[k]], marker="*", s=80, color=colors[width], zorder=3)
+                if len(lr) >= MIN_GRID_POINTS:
+                    k = min(range(len(mean)), key=mean.__getitem__)
+                    ax.scatter(
+                        [lr[k]], [mean[k]], marker="*", s=80, color=colors[width], edgecolors="black", linewidths=0.4
+                    )
+                    starred = True
             ax.set_xscale("log")
             ax.set_xlabel(LR_AXIS_LABEL)
             ax.set_ylabel("paper MDL (bits/sample)")
             ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
-            legend(ax)
         _finish_grid(axes, len(panels), cols)
+        figure_legend(fig, [lr_keys()["best"]] if starred else [])
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
         figures.append(
             FigureFile(
