@@ -67,9 +67,9 @@ def marker_key(label: str, marker: str = "o", hollow: bool = False, size: float 
     )
 
 
-def line_key(label: str, linestyle: str, linewidth: float = 1.5) -> Line2D:
-    """A legend entry for a kind of line (solid, dashed, dotted; thin or thick), in grey."""
-    return Line2D([], [], color="grey", linestyle=linestyle, linewidth=linewidth, label=label)
+def line_key(label: str, linestyle: str, linewidth: float = 1.5, color: str = "grey") -> Line2D:
+    """A legend entry for a kind of line (solid, dashed, dotted; thin or thick), grey unless drawn in another colour."""
+    return Line2D([], [], color=color, linestyle=linestyle, linewidth=linewidth, label=label)
 
 
 def figure_legend(fig, keys: list[Line2D] | tuple[Line2D, ...] = ()) -> None:
@@ -281,7 +281,7 @@ def figure3(
             ax.errorbar(
                 x, y, yerr=np.nan_to_num([i.se for i in pts]), color=colors[eraser], label=eraser, capsize=3, marker="o"
             )
-        ax.axhline(0.0, color="black", lw=0.8, ls="--", label="no change")
+        ax.axhline(0.0, color="black", lw=0.8, ls="--")
         widths = sorted({i.width for i in points})
         if len(widths) > 1:
             ax.set_xscale("log", base=2)
@@ -291,7 +291,7 @@ def figure3(
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
         ax.set_title(panel_title(arch, setting))
     _finish_grid(axes, len(panels), cols)
-    figure_legend(fig)
+    figure_legend(fig, [line_key("no change", "--", 0.8, "black")])
     path = _save(fig, out / FIGURE3_NAME)
     return [
         FigureFile(
