@@ -29,7 +29,7 @@ from torch import Tensor
 
 from datamodules.cache import ErasureCache
 from datamodules.erasing import erase_splits, fit_on_scope, fit_options
-from datamodules.erasure_checks import criterion_check, eraser_on, quadratic_leftover
+from datamodules.erasure_checks import eraser_on, erasure_warnings
 from datamodules.interrupts import interruptible
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.options import DataOptions, EraserOptions
@@ -105,14 +105,10 @@ class ErasedDataModule(L.LightningDataModule):
         self.classes = list(info["classes"])
         self.num_classes = len(self.classes)
         self.diagnostics = {k: v for k, v in info.items() if k != "classes"}
-        report = self.diagnostics.get("erasure", {})
-        record, missed_criterion = criterion_check(self.eraser, report, o.eraser.checks)
+        record, messages = erasure_warnings(self.eraser, info, o.eraser.checks, o.eraser.fit_scope)
         if record is not None:
             self.diagnostics["erasure_criterion"] = record
-        leftover = quadratic_leftover(
-            self.eraser, report, o.eraser.checks.get("qda_warning_points"), o.eraser.fit_scope
-        )
-        for message in [*info.get("not_erased", []), *missed_criterion, *leftover]:
+        for message in messages:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         self.train_set = ImageSet(tensors["train_x"].to(on), tensors["train_y"].to(on))
         self.val_set = ImageSet(tensors["val_x"].to(on), tensors["val_y"].to(on))

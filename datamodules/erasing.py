@@ -122,7 +122,7 @@ def erase_splits(splits: Splits, eraser: Eraser, options: DataOptions) -> tuple[
             info["erasure_skipped"] = skipped
         log.info(diagnostics_summary(info["erasure"]))
     gaps = eraser.fit_gaps() or _report_gaps(info.get("erasure", {}))
-    info["not_erased"] = not_erased(eraser, "training", gaps) + info.get("not_erased", [])
+    info["not_erased"] = not_erased(eraser, {"training": gaps, **info.pop("split_gaps", {})}, info.get("erasure"))
     if splits.balance is not None:
         info["balance"] = splits.balance
     if splits.zscore is not None:
@@ -165,5 +165,5 @@ def _erase_held_out(splits: Splits, eraser: Eraser, options: DataOptions, info: 
                 options.eraser.name, x, labels, num_classes=len(splits.classes), **options.eraser.options
             )
             erased[name] = erase(split_eraser, x, labels if split_eraser.requires_labels else None)
-            info.setdefault("not_erased", []).extend(not_erased(split_eraser, name, split_eraser.fit_gaps()))
+            info.setdefault("split_gaps", {})[name] = split_eraser.fit_gaps()  # judged with the training split's
     return erased

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from datamodules.qda import QuadraticDiscriminant
-from datamodules.settings import ERASE_CHUNK
+from datamodules.settings import ERASE_CHUNK, ZSCORE_AFTER
 from datamodules.splits import Splits
 from erasure import Eraser, class_moments, erasure_report
 from erasure.diagnostics import erasure_shortfall, probe_shortfall
@@ -50,16 +50,81 @@ def _report_gaps(report: dict[str, float]) -> tuple[dict[str, float], dict[str, 
     return (split[0], split[1]) if split[0] and split[1] else None
 
 
-def not_erased(eraser: Eraser, split: str, gaps: tuple[dict[str, float], dict[str, float]] | None) -> list[str]:
-    """A warning when the eraser left the class moments it targets almost as they were: a run on
-    such data measures no erasure, whatever its name says."""
-    missed = erasure_shortfall(*gaps, eraser.targeted_gaps()) if gaps is not None else []
-    if not missed:
-        return []
-    return [
-        f"the {eraser.name!r} eraser did not erase on the {split} split: {', '.join(missed)} (less than 10% "
-        f"removed), so this run trains and evaluates on nearly unerased data. To fix it: {eraser.tuning_hint()}"
-    ]
+Gaps = tuple[dict[str, float], dict[str, float]]  # moment gaps (before, after) erasure
+EXTREME_RATIO = 100.0  # a held-out split whose largest |value| is this many times the training split's is extreme
+
+
+def not_erased(eraser: Eraser, gaps: dict[str, Gaps | None], report: dict[str, float] | None = None) -> list[str]:
+    """Warnings for the targeted class moments the eraser left (nearly) as they were, in words that follow the
+    numbers: a gap that shrank by less than 10% is "did not erase" (a run on such data measures no erasure), a gap
+    that grew is "added class information" (the edit made the classes more different), with what likely made it
+    grow (``report``'s input scales, ``input_scale``). One warning per kind, naming every split it happened on
+    (``gaps``: split name -> (before, after) gaps, None where not measured)."""
+    kinds: dict[str, dict[str, list[str]]] = {"grew": {}, "kept": {}}  # kind -> split -> "key before -> after (...)"
+    for split, pair in gaps.items():
+        if pair is None:
+            continue
+        before, after = pair
+        for key in eraser.targeted_gaps():
+            if not erasure_shortfall(before, after, (key,)):
+                continue
+            ratio = after[key] / before[key]
+            change = f"grew {ratio:.3g}x" if ratio > 1 else f"{100 * (1 - ratio):.0f}% removed"
+            kind = "grew" if ratio > 1 else "kept"
+            kinds[kind].setdefault(split, []).append(f"{key} {before[key]:.4g} -> {after[key]:.4g}, {change}")
+
+    def where(found: dict[str, list[str]]) -> str:
+        return " and ".join(f"the {split} split ({'; '.join(parts)})" for split, parts in found.items())
+
+    messages = []
+    if kinds["kept"]:
+        messages.append(
+            f"the {eraser.name!r} eraser did not erase on {where(kinds['kept'])}: less than the 10% that counts as "
+            f"erased, so this run trains and evaluates on nearly unerased data. To fix it: {eraser.tuning_hint()}"
+        )
+    if kinds["grew"]:
+        messages.append(
+            f"the {eraser.name!r} eraser made the classes differ more, not less, on {where(kinds['grew'])}: it added "
+            f"class information on this statistic, so this run measures learning from data the eraser distorted, not "
+            f"erased data. {grown_gap_cause(report or {})}"
+        )
+    return messages
+
+
+def input_scale(splits: Splits) -> dict[str, float]:
+    """The largest |value| of each split as the eraser gets it (after data.zscore before erasure), for the
+    diagnostics: a held-out split far larger than the training split points at a standardisation that divided a
+    feature constant on the training split by its std + eps (datamodules.splits.zscore_map)."""
+    return {
+        f"max_abs_input_{name}": float(images.x.abs().max()) if len(images) else 0.0
+        for name, images in (("train", splits.train), ("val", splits.val), ("test", splits.test))
+    }
+
+
+def grown_gap_cause(report: dict[str, float]) -> str:
+    """What most likely made a targeted gap grow, from the input scales in ``report`` (``input_scale``), and what to
+    check."""
+    train = report.get("max_abs_input_train")
+    extreme = {
+        split: report[f"max_abs_input_{split}"]
+        for split in ("val", "test")
+        if train and report.get(f"max_abs_input_{split}", 0.0) > EXTREME_RATIO * train
+    }
+    if not extreme:
+        return (
+            "What to check: the eraser's fit (eraser.options; a fit on few rows per class), the labels it maps the "
+            "rows with (data.eval_labels), and the data's scale (data.zscore)."
+        )
+    worst = max(extreme, key=extreme.__getitem__)
+    named = {"val": "validation", "test": "test"}
+    return (
+        f"Likely cause: the {named[worst]} split holds values up to {extreme[worst]:.3g}, the training split at most "
+        f"{train:.3g}. data.zscore before the eraser divides each feature by its training-split std + eps, so a feature "
+        f"(nearly) constant on the training split is blown up wherever it varies elsewhere; an eraser fitted on the "
+        f"validation rows too (eraser.fit_scope=pool) is pulled by them, and its class maps move the training rows. "
+        f"To fix it: fit on the training split alone (eraser.fit_scope=split), or standardise after erasure "
+        f"(data.zscore={ZSCORE_AFTER})."
+    )
 
 
 def criterion_check(
@@ -112,6 +177,21 @@ def criterion_check(
         f"available information, section 2.4; here: held-out {' and '.join(checked)} within {100 * points:g} points "
         f"of chance {report['chance']:.3f}): {', '.join(missed)}; residual {gaps}. To fix it: {eraser.tuning_hint()}"
     ] + distance
+
+
+def erasure_warnings(
+    eraser: Eraser, info: dict[str, Any], checks: dict[str, Any] | None, fit_scope: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """(criterion record, warnings) of one run's erasure, each finding said once: the gaps it left or grew
+    (``info["not_erased"]``, every split in one warning per kind), its criterion (``criterion_check``) and the
+    quadratic leftover (``quadratic_leftover``), which is left out when the criterion already names the same QDA
+    accuracy (a stricter bound on the same number)."""
+    checks = checks or {}
+    report = info.get("erasure", {})
+    record, missed_criterion = criterion_check(eraser, report, checks)
+    covered = bool(record and "qda_acc" in record and record["qda_acc"] > record["chance"] + record["points"])
+    leftover = [] if covered else quadratic_leftover(eraser, report, checks.get("qda_warning_points"), fit_scope)
+    return record, [*info.get("not_erased", []), *missed_criterion, *leftover]
 
 
 def quadratic_leftover(
@@ -203,7 +283,8 @@ def diagnose(
         else {"x_test_before": splits.val.x.to(device), "x_test_after": val_after, "y_test": splits.val.y.to(device)}
     )
     try:
-        return erasure_report(train_before, train_after, y, seed=data_seed, skipped=skipped, **held_out)
+        report = erasure_report(train_before, train_after, y, seed=data_seed, skipped=skipped, **held_out)
+        return {**report, **input_scale(splits)}
     except (ValueError, RuntimeError, ArithmeticError) as err:
         skipped["all"] = f"{type(err).__name__}: {err}"
         warnings.warn(

@@ -678,7 +678,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
 
     sweep = tmp_path / "multirun"
     job = 0
-    for lrs, eraser in (((1e-3, 3e-3, 1e-2), "none"), ((1e-3, 3e-3), "leace")):
+    for lrs, eraser in (((1e-3, 3e-3, 1e-2), "none"), ((1e-3, 3e-3, 1e-2), "leace")):
         for lr in lrs:
             for seed in (0, 1):
                 run = write_run(sweep, job, "mlp", eraser, 128, 2, seed)
@@ -692,7 +692,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     path = build_report([sweep], tmp_path / "out", image_loader=None, echo=None)
     choices = {c.eraser: c for c in best_learning_rates(load_sweep([sweep]), build_cells(load_sweep([sweep])))}
     assert choices["none"].lr == 3e-3 and not choices["none"].at_edge
-    assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its grid starts at 1e-3
+    assert choices["leace"].lr == 1e-3 and choices["leace"].at_edge  # its lowest point is the grid's first
     text = path.read_text()
     assert (
         "## Learning rate" in text and "| mlp | - | none | 0.003 |" in text and "0.001 (at the edge of the grid" in text
@@ -815,16 +815,18 @@ def drawn_figures(monkeypatch):
 def eraser_colours_drawn(fig) -> dict[str, str]:
     """Display name -> colour, from the legends' lines and from Figure 1's coloured column titles."""
     from matplotlib.colors import to_hex
+    from matplotlib.lines import Line2D
 
     found: dict[str, str] = {}
+    for legend in fig.legends:  # one per figure, below its panels
+        for text, handle in zip(legend.get_texts(), legend.legend_handles):
+            if isinstance(handle, Line2D) and handle.get_linestyle() == "None":
+                continue  # a marker kind's key (hollow, star), in grey
+            colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_edgecolor()
+            found[text.get_text()] = to_hex(colour)
     for ax in fig.axes:
-        legend = ax.get_legend()
-        if legend is not None:
-            for text, handle in zip(legend.get_texts(), legend.legend_handles):
-                colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_edgecolor()
-                found[text.get_text().split(" (n=")[0].split(":")[0]] = to_hex(colour)
-        if ax.get_title() and not ax.get_legend():
-            found[ax.get_title().split(" (")[0]] = to_hex(ax.title.get_color())
+        if ax.get_title() and not fig.legends:
+            found[ax.get_title().replace("\n", " ").split(" (")[0]] = to_hex(ax.title.get_color())  # wrapped
     return found
 
 
@@ -863,16 +865,18 @@ def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Pat
     for name, fig in figures:
         for label, colour in eraser_colours_drawn(fig).items():
             seen.setdefault(label, set()).add(colour)
+        for legend in fig.legends:
+            assert {t.get_fontsize() for t in legend.get_texts()} == {SMALL_FONT_SIZE}, name
         for ax in fig.axes:
-            if ax.get_legend() is not None:
-                assert {t.get_fontsize() for t in ax.get_legend().get_texts()} == {SMALL_FONT_SIZE}, name
             if ax.get_xlabel():
                 assert ax.xaxis.label.get_fontsize() == FONT_SIZE, name
             assert ax.title.get_fontsize() == FONT_SIZE, name
     assert "leace" not in seen and "none" not in seen, seen  # config names never reach a figure
     for label, colour in expected.items():
         assert seen.get(label) == {colour}, (label, seen.get(label))
-    figure1_titles = {ax.get_title() for name, fig in figures if name.startswith("figure1") for ax in fig.axes}
+    figure1_titles = {
+        ax.get_title().replace("\n", " ") for name, fig in figures if name.startswith("figure1") for ax in fig.axes
+    }
     assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles
 
 
@@ -1015,7 +1019,7 @@ def test_lr_search_draws_mdl_against_lr_and_flags_capped_fits(tmp_path: Path, dr
     assert ax.get_xscale() == "log" and "MDL" in ax.get_ylabel()
     lines = {to_hex(line.get_color()): list(line.get_xdata()) for line in ax.get_lines() if len(line.get_xdata()) > 1}
     assert lines == {to_hex(ERASER_COLORS["none"]): list(LR_GRID), to_hex(ERASER_COLORS["leace"]): list(LR_GRID)}
-    assert "capped fits" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "capped fits (under-trained)" in [t.get_text() for t in figures["lr_mlp.png"].legends[0].get_texts()]
     text = (out / "report.md").read_text()
     assert "](lr_mlp.png)" in text
     assert "| mlp | - | none | 0.003 | " in text and "| 0.0003: 3/3, 0.001: 3/3 |" in text

@@ -141,8 +141,21 @@ def test_zero_paper_sd_uses_the_rounding_of_the_printed_value(tmp_path: Path):
     table = load_paper_table("table16")
     [far] = compare(build_cells(load_sweep([tmp_path / "a"])), table)
     [near] = compare(build_cells(load_sweep([tmp_path / "b"])), table)
-    assert far.flagged and far.z_paper == math.inf and far.sigma == pytest.approx(0.005)
+    assert far.flagged and math.isnan(far.z_paper) and far.sigma == pytest.approx(0.005)
     assert not near.flagged
+
+
+def test_a_paper_sd_of_zero_prints_no_infinity(tmp_path: Path):
+    """Δ / sd_paper of MLP x QLEACE (printed 11.41 ± 0.00) read −∞ in the table and -inf in the CSV (issue 44.8):
+    the paper's sd rounds to zero, so the ratio has no unit; the table says so and the CSV leaves it empty."""
+    run(tmp_path / "sweep", 0, "mlp", "qleace", 0, 4.16)
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "sweep"), "--out", str(out), "--images", "0", "--compare-to", "table16"]) == 0
+    text = (out / "report.md").read_text()
+    assert "∞" not in text and "inf" not in text.replace("information", "")
+    assert "| -7.25 | n/a (paper sd 0.00) | -1450.0 | **yes** |" in text
+    [row] = read_csv(out / "paper_comparison.csv")
+    assert row["delta_over_paper_std"] == "" and float(row["delta_over_sigma"]) == pytest.approx(-1450.0)
 
 
 def test_other_data_set_compared_only_on_request_and_said_so(tmp_path: Path):

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from mdl.report.figures import FigureFile, _save, plt, slug
-from mdl.report.style import display_name, eraser_colors
+from mdl.report.style import COLUMN_WIDTH, FONT_SIZE, TWO_COLUMN_WIDTH, display_name, eraser_colors
 from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key, load_sweep
 
 RANDOM_FIT_IMAGES = 8192
+MIN_IMAGE_SIZE = 1.0  # inches: an image narrower than this reads as a thumbnail; more columns go two columns wide
+TITLE_HEIGHT = 0.35  # inches above the images for a column title of two lines at FONT_SIZE
+CHARS_PER_INCH = 72 / (0.6 * FONT_SIZE)  # a title's characters per inch at FONT_SIZE (average glyph 0.6 em)
 
 ImageLoader = Callable[[dict[str, Any]], tuple[Any, Any]]
 """config of a run -> (images float (n, c, h, w), int64 labels (n,)) of its data source."""
@@ -150,8 +154,14 @@ def _apply_first_loadable(runs: list[Run], xs, ys):
 
 
 def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: float) -> Path:
+    """A column wide while every image is at least MIN_IMAGE_SIZE across, else two columns; titles wrapped to their
+    image's width. The column titles, in each eraser's colour, are the figure's key."""
     n_rows, n_cols = columns[0][1].shape[0], len(columns)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.6 * n_rows), squeeze=False)
+    width = COLUMN_WIDTH if COLUMN_WIDTH / n_cols >= MIN_IMAGE_SIZE else TWO_COLUMN_WIDTH
+    side = width / n_cols
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(width, side * n_rows + TITLE_HEIGHT), squeeze=False, layout="constrained"
+    )
     span = hi - lo if hi > lo else 1.0
     colors = eraser_colors(label for label, _ in columns[1:])  # the original's column has no eraser
     for j, (label, images) in enumerate(columns):
@@ -165,7 +175,8 @@ def _draw_figure1(columns: list[tuple[str, Any]], path: Path, lo: float, hi: flo
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
-                ax.set_title(display_name(label), color=colors.get(label, "black"))
+                title = textwrap.fill(display_name(label), max(6, int(side * CHARS_PER_INCH)))
+                ax.set_title(title, color=colors.get(label, "black"))
     return _save(fig, path)
 
 

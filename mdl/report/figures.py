@@ -3,9 +3,10 @@ width), final-fit loss curves and probe curves (Figure 1, the erased images, is 
 
 Everything is drawn with matplotlib's Agg backend (no display needed) in the style of
 ``mdl.report.style`` (fonts, sizes, the paper's eraser names, a colour per eraser), each figure as PNG
-(shown in report.md) and as PDF and SVG beside it (for a paper), panels sized for a paper column, legends
-outside the axes and a dashed chance line where one is defined. Each function
-returns the files it wrote with a caption, plus notes on what it had to skip and why.
+(shown in report.md) and as PDF and SVG beside it (for a paper), a column (3.5 in) or two columns (7 in) wide with
+the panels wrapped into rows, one legend below the panels that keys every line colour and marker kind drawn
+(hollow markers, stars), and a dotted chance line where one is defined. Each function returns the files it wrote
+with a caption, plus notes on what it had to skip and why.
 """
 
 from __future__ import annotations
@@ -15,10 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.style import PANEL_SIZE, display_name, eraser_colors, panel_title
+from mdl.report.style import (
+    COLUMN_WIDTH,
+    LEGEND_ENTRY_WIDTH,
+    LEGEND_ROW_HEIGHT,
+    PANEL_HEIGHT,
+    PANELS_PER_ROW,
+    TWO_COLUMN_WIDTH,
+    display_name,
+    eraser_colors,
+    panel_title,
+)
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the Agg backend)
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from mdl.report.runs import Sweep, sortable  # noqa: E402
 from mdl.report.stats import Cell, Increase, curve_stats, erasers_of, mdl_increase  # noqa: E402
@@ -27,7 +39,6 @@ SCALING_METRICS = (
     ("paper_mdl", "paper MDL (bits/sample)"),
     ("online_bits_per_example", "online code length (bits/example)"),
 )
-MAX_COLUMNS = 4
 
 
 @dataclass
@@ -38,20 +49,46 @@ class FigureFile:
 
 
 FORMATS = ("png", "pdf", "svg")
+SEED_LINE_WIDTH = 0.7  # the loss figures' thin line of one seed, under the thick mean
 
 
-def legend(ax) -> None:
-    """Outside the axes on the right, so it never covers the data; eraser names as the paper writes them."""
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(
-            handles,
-            [display_name(label) for label in labels],
-            loc="upper left",
-            bbox_to_anchor=(1.02, 1.0),
-            borderaxespad=0.0,
-            frameon=False,
-        )
+def marker_key(label: str, marker: str = "o", hollow: bool = False, size: float = 5.0) -> Line2D:
+    """A legend entry for a kind of marker (not a line): grey, so it keys the marker's meaning, not an eraser."""
+    return Line2D(
+        [],
+        [],
+        linestyle="none",
+        marker=marker,
+        markersize=size,
+        markerfacecolor="white" if hollow else "grey",
+        markeredgecolor="black" if marker == "*" else "grey",
+        markeredgewidth=0.6,
+        label=label,
+    )
+
+
+def line_key(label: str, linestyle: str, linewidth: float = 1.5, color: str = "grey") -> Line2D:
+    """A legend entry for a kind of line (solid, dashed, dotted; thin or thick), grey unless drawn in another colour."""
+    return Line2D([], [], color=color, linestyle=linestyle, linewidth=linewidth, label=label)
+
+
+def figure_legend(fig, keys: list[Line2D] | tuple[Line2D, ...] = ()) -> None:
+    """One legend for the whole figure, below its panels and inside its width: every labelled line of the visible
+    panels once (eraser names as the paper writes them), then ``keys``, the marker and line kinds drawn. The figure
+    grows in height by the legend's rows, never in width."""
+    entries: dict[str, Any] = {}
+    for ax in fig.axes:
+        if ax.get_visible():
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                entries.setdefault(display_name(label), handle)
+    for key in keys:
+        entries.setdefault(key.get_label(), key)
+    if not entries:
+        return
+    width = fig.get_figwidth()
+    columns = max(1, min(len(entries), int(width // LEGEND_ENTRY_WIDTH)))
+    fig.set_size_inches(width, fig.get_figheight() + math.ceil(len(entries) / columns) * LEGEND_ROW_HEIGHT)
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=columns, frameon=False)
 
 
 def chance_level(cells: list[Cell], metric: str) -> float | None:
@@ -84,20 +121,31 @@ def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in text).strip("_") or "x"
 
 
-def _grid(n: int, width: float = PANEL_SIZE[0], height: float = PANEL_SIZE[1], rows_per_panel: int = 1):
-    cols = min(n, MAX_COLUMNS)
+def figure_width(panels_per_row: int) -> float:
+    """A column for one panel per row, both columns for more."""
+    return COLUMN_WIDTH if panels_per_row == 1 else TWO_COLUMN_WIDTH
+
+
+def _grid(n: int, rows_per_panel: int = 1):
+    """A figure of ``n`` panels (each ``rows_per_panel`` axes tall), wrapped into rows of PANELS_PER_ROW; its
+    layout engine keeps labels, titles and the legend inside the figure's size."""
+    cols = min(n, PANELS_PER_ROW)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(
-        rows * rows_per_panel, cols, figsize=(width * cols, height * rows * rows_per_panel), squeeze=False
+        rows * rows_per_panel,
+        cols,
+        figsize=(figure_width(cols), PANEL_HEIGHT * rows * rows_per_panel),
+        squeeze=False,
+        layout="constrained",
     )
     return fig, axes, cols
 
 
 def _save(fig, path: Path) -> Path:
-    """``path`` (PNG) and the same figure as PDF and SVG beside it; returns the PNG."""
-    fig.tight_layout()
+    """``path`` (PNG) and the same figure as PDF and SVG beside it, each at the figure's own size (a column or two
+    wide: nothing drawn outside it); returns the PNG."""
     for fmt in FORMATS:
-        fig.savefig(path.with_suffix(f".{fmt}"), dpi=200, bbox_inches="tight")  # tight: the legends outside
+        fig.savefig(path.with_suffix(f".{fmt}"), dpi=200)
     plt.close(fig)
     return path
 
@@ -142,8 +190,9 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ax.set_xlabel(axis)
                     ax.set_ylabel(ylabel)
                     ax.set_title(panel_title(arch, sweep.describe(_insert(other, a, None), skip=axis)))
-                    legend(ax)
             _finish_grid(axes, len(panels), cols, len(SCALING_METRICS))
+            partial = any(c.n < max_seeds for cells_ in panels.values() for c in cells_ if c.n)
+            figure_legend(fig, seed_keys(max_seeds) if partial else ())
             path = _save(fig, out / f"mdl_vs_{axis}_{slug(arch)}.png")
             figures.append(
                 FigureFile(
@@ -154,6 +203,11 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                 )
             )
     return figures, notes
+
+
+def seed_keys(max_seeds: int) -> tuple[Line2D, Line2D]:
+    """The key of the scaling figures' markers: filled, a cell with every seed; hollow, one with fewer."""
+    return marker_key(f"{max_seeds} seeds"), marker_key(f"fewer than {max_seeds} seeds", hollow=True)
 
 
 def _insert(values: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...]:
@@ -236,8 +290,8 @@ def figure3(
         ax.set_xlabel("width")
         ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
         ax.set_title(panel_title(arch, setting))
-        legend(ax)
     _finish_grid(axes, len(panels), cols)
+    figure_legend(fig, [line_key("no change", "--", 0.8, "black")])
     path = _save(fig, out / FIGURE3_NAME)
     return [
         FigureFile(
@@ -274,9 +328,9 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                     continue
                 for r in c.runs:
                     curve = r.results.get("val_loss_curve") or []
-                    ax.plot(np.arange(1, len(curve) + 1), curve, color=colors[c.eraser], alpha=0.25, lw=0.7)
+                    ax.plot(np.arange(1, len(curve) + 1), curve, color=colors[c.eraser], alpha=0.25, lw=SEED_LINE_WIDTH)
                 epochs = np.arange(1, len(stats.mean) + 1)
-                ax.plot(epochs, stats.mean, color=colors[c.eraser], lw=2, label=f"{c.eraser} (n={stats.n_seeds})")
+                ax.plot(epochs, stats.mean, color=colors[c.eraser], lw=2, label=c.eraser)
                 if stats.n_seeds > 1:
                     ax.fill_between(
                         epochs, stats.mean - stats.std, stats.mean + stats.std, color=colors[c.eraser], alpha=0.2
@@ -286,8 +340,8 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
             ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("validation loss (nats)")
-            legend(ax)
         _finish_grid(axes, len(rows), cols)
+        figure_legend(fig, [line_key("mean over seeds", "-", 2.0), line_key("one seed", "-", SEED_LINE_WIDTH)])
         if not drawn:
             plt.close(fig)
             continue
@@ -321,7 +375,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
         for c in with_probes:
             if c.arch == arch:
                 rows.setdefault(c.row, []).append(c)
-        fig, axes, cols = _grid(len(rows), width=1.5 * PANEL_SIZE[0])  # two legend lines per eraser, long ones
+        fig, axes, cols = _grid(len(rows))
         for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
             ax = axes[p // cols][p % cols]
             chance = set()
@@ -336,30 +390,18 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                         f"{arch} {sweep.describe(row)} {c.eraser}: {missing} of {c.n} runs without probes "
                         f"(probes=maxent); the probe figure averages the others."
                     )
-                n = probe.n_seeds
-                ax.plot(
-                    np.arange(1, len(val.mean) + 1),
-                    val.mean,
-                    color=colors[c.eraser],
-                    lw=2,
-                    label=f"{display_name(c.eraser)}: validation (n={val.n_seeds})",
-                )
-                ax.plot(
-                    np.arange(1, len(probe.mean) + 1),
-                    probe.mean,
-                    color=colors[c.eraser],
-                    lw=2,
-                    ls="--",
-                    label=f"{display_name(c.eraser)}: max-ent probes (n={n})",
-                )
+                ax.plot(np.arange(1, len(val.mean) + 1), val.mean, color=colors[c.eraser], lw=2, label=c.eraser)
+                ax.plot(np.arange(1, len(probe.mean) + 1), probe.mean, color=colors[c.eraser], lw=2, ls="--")
                 chance |= {1 / r.results["num_classes"] for r in c.runs if r.results.get("num_classes")}
             for level in sorted(chance):
                 ax.axhline(level, color="gray", ls=":", lw=1)
             ax.set_title(panel_title(arch, sweep.describe(row)))
             ax.set_xlabel("epoch of the final full-data fit")
             ax.set_ylabel("accuracy")
-            legend(ax)
         _finish_grid(axes, len(rows), cols)
+        figure_legend(
+            fig, [line_key("validation", "-"), line_key("max-ent probes", "--"), line_key("chance, 1/K", ":")]
+        )
         path = _save(fig, out / f"maxent_probes_{slug(arch)}.png")
         figures.append(
             FigureFile(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, legend, plt, slug
+from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, figure_legend, marker_key, plt, slug
 from mdl.report.style import display_name, panel_title
 from mdl.report.runs import Sweep, eraser_sort_key, sortable
 from mdl.results import capped_fits, max_epochs_of
@@ -23,6 +23,19 @@ from mdl.report.stats import Cell
 
 LR_KEY = "optimizer.lr"
 LR_AXIS_LABEL = f"learning rate ({LR_KEY})"
+# A best lr needs a minimum with a neighbour on either side to be one: one point is no search at all (a folder
+# of runs whose lr differs between architectures), two points only say which end is lower.
+MIN_GRID_POINTS = 3
+GRID_WORDS = {1: "one point", 2: "two points"}
+NO_BEST_LR = (
+    f"No cell tried {MIN_GRID_POINTS} or more values of `{LR_KEY}`, so no best lr is named and none is written for "
+    "a sweep to use."
+)
+
+
+def grid_words(points: int) -> str:
+    """'one point' / 'two points': why a grid this small names no best lr."""
+    return GRID_WORDS.get(points, f"{points} points")
 
 
 @dataclass(frozen=True)
@@ -42,8 +55,13 @@ class LrChoice:
     capped: int = 0  # runs at the best lr with a fit stopped at trainer.kwargs.max_epochs
 
     @property
+    def named(self) -> bool:
+        """Whether the grid is large enough (MIN_GRID_POINTS) for its lowest point to be called the best lr."""
+        return len(self.grid) >= MIN_GRID_POINTS
+
+    @property
     def at_edge(self) -> bool:
-        return len(self.grid) > 1 and self.lr in (self.grid[0], self.grid[-1])
+        return self.named and self.lr in (self.grid[0], self.grid[-1])
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,9 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
     ``lr_search.<data>.<model>.<eraser>: lr``, with ``optimizer.lr`` looked up from it (null, hence an error naming
     optimizer.lr, for a data set, model or eraser the search did not cover)."""
     found: dict[str, dict[str, dict[str, float]]] = {}
+    choices = [c for c in choices if c.named]
+    if not choices:
+        return None, NO_BEST_LR
     for c in choices:
         data, model, eraser = c.names
         slot = found.setdefault(data, {}).setdefault(model, {})
@@ -172,36 +193,55 @@ def write_best_lrs(choices: list[LrChoice], report_dir: Path) -> tuple[Path | No
 
 
 def lr_section(sweep: Sweep, cells: list[Cell], report_dir: Path | None = None) -> list[str]:
-    """report.md's "Learning rate" section; with ``report_dir``, the answers also written for a sweep to use."""
+    """report.md's "Learning rate" section; with ``report_dir``, the answers also written for a sweep to use. A cell
+    whose grid has fewer than MIN_GRID_POINTS lrs is listed as "one point" / "two points", with no best lr."""
     choices = best_learning_rates(sweep, cells)
     if not choices:
         return []
     use = "Use it with `optimizer.lr=<value>` in the real sweep."
-    if report_dir is not None:
+    if not any(c.named for c in choices):
+        use = NO_BEST_LR
+    elif report_dir is not None:
         use = write_best_lrs(choices, report_dir)[1]
     points = lr_points(sweep, cells)
+    small = [c for c in choices if not c.named]
     md = [
         "## Learning rate\n",
-        f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser (muP: tuned at "
-        f"the base width, it transfers to the others; figure `lr_<arch>.png`). {use}\n",
+        f"The swept `{LR_KEY}` with the lowest mean paper MDL, per architecture, setting and eraser, where it tried at "
+        f"least {MIN_GRID_POINTS} values (muP: tuned at the base width, it transfers to the others; figure "
+        f"`lr_<arch>.png`). {use}\n",
+    ]
+    if small:
+        counts = ", ".join(
+            f"{n} with {grid_words(k)}"
+            for k in sorted({len(c.grid) for c in small})
+            for n in [sum(len(c.grid) == k for c in small)]
+        )
+        md.append(
+            f"{len(small)} of {len(choices)} cells tried fewer than {MIN_GRID_POINTS} values of `{LR_KEY}` ({counts}): "
+            "no best lr is named for them (one point is no search; two only say which end is lower).\n"
+        )
+    md += [
         "| architecture | setting | eraser | best lr | paper MDL | n | grid | capped runs (lr: runs with a fit at "
         "max_epochs) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for c in choices:
+        mine = sorted((p for p in points if p.key == (c.arch, c.setting, c.eraser)), key=lambda p: p.lr)
+        by_lr = ", ".join(f"{p.lr:g}: {p.capped}/{p.n}" for p in mine if p.capped) or "none"
+        grid = ", ".join(f"{g:g}" for g in c.grid)
+        if not c.named:
+            mdl = ", ".join(f"{p.mean:.4f}" for p in mine)
+            md.append(
+                f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {grid_words(len(c.grid))} | {mdl} | "
+                f"{sum(p.n for p in mine)} | {grid} | {by_lr} |"
+            )
+            continue
         edge = " (at the edge of the grid: extend it)" if c.at_edge else ""
         capped = f" (**capped**: {c.capped} of {c.n} runs)" if c.capped else ""
-        by_lr = (
-            ", ".join(
-                f"{p.lr:g}: {p.capped}/{p.n}"
-                for p in sorted(points, key=lambda p: p.lr)
-                if p.key == (c.arch, c.setting, c.eraser) and p.capped
-            )
-            or "none"
-        )
         md.append(
             f"| {c.arch} | {c.setting or '-'} | {c.eraser} | {c.lr:g}{edge}{capped} | {c.mean:.4f} | {c.n} | "
-            f"{', '.join(f'{g:g}' for g in c.grid)} | {by_lr} |"
+            f"{grid} | {by_lr} |"
         )
     return [*md, "", *capped_lines(points), *transfer_section(sweep, cells)]
 
@@ -253,25 +293,38 @@ def lr_figures(
                 panels.setdefault(p.other, []).append(p)
         fig, axes, cols = _grid(len(panels))
         colors = cell_colors(cells)
+        keys: set[str] = set()
         for k, (_, members) in enumerate(sorted(panels.items(), key=lambda kv: sortable(kv[0]))):
-            _lr_panel(axes[k // cols][k % cols], members, colors)
+            keys |= _lr_panel(axes[k // cols][k % cols], members, colors)
             axes[k // cols][k % cols].set_title(panel_title(arch, members[0].setting))
         _finish_grid(axes, len(panels), cols)
+        figure_legend(fig, [key for name, key in lr_keys().items() if name in keys])
         path = _save(fig, out / f"lr_{slug(arch)}.png")
         figures.append(
             FigureFile(
                 path,
                 f"Learning-rate search: {arch}",
                 "Mean paper MDL against the learning rate, one line per eraser (error bars: sample sd "
-                "over seeds); a star marks each eraser's best lr; hollow markers: lrs where some runs "
+                f"over seeds); a star marks each eraser's best lr (where it tried {MIN_GRID_POINTS}+ lrs); hollow "
+                "markers: lrs where some runs "
                 "had a fit stopped at `trainer.kwargs.max_epochs` (under-trained: MDL too long).",
             )
         )
     return figures, []
 
 
-def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
-    """One line per eraser over the lr grid (log x), its best lr starred, capped lrs hollow."""
+def lr_keys() -> dict[str, Any]:
+    """The lr figures' marker kinds, by name, as legend entries."""
+    return {
+        "best": marker_key(f"best lr ({MIN_GRID_POINTS}+ lrs tried)", marker="*", size=9),
+        "capped": marker_key("capped fits (under-trained)", hollow=True),
+    }
+
+
+def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> set[str]:
+    """One line per eraser over the lr grid (log x), its best lr starred where the grid names one, capped lrs hollow;
+    returns the marker kinds it drew (keys of ``lr_keys``)."""
+    drawn = set()
     for eraser in [e for e in colors if any(p.eraser == e for p in points)]:
         pts = sorted((p for p in points if p.eraser == eraser), key=lambda p: p.lr)
         lr = [p.lr for p in pts]
@@ -294,34 +347,53 @@ def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> None:
                 zorder=3,
                 s=18,
             )
-        best = min(pts, key=lambda p: p.mean)
-        ax.scatter(
-            [best.lr], [best.mean], marker="*", s=90, color=colors[eraser], edgecolors="black", linewidths=0.4, zorder=4
-        )
+        if len(pts) >= MIN_GRID_POINTS:
+            best = min(pts, key=lambda p: p.mean)
+            ax.scatter(
+                [best.lr],
+                [best.mean],
+                marker="*",
+                s=90,
+                color=colors[eraser],
+                edgecolors="black",
+                linewidths=0.4,
+                zorder=4,
+            )
+            drawn.add("best")
     if any(p.capped for p in points):
-        ax.scatter([], [], facecolors="white", edgecolors="grey", s=18, label="capped fits")
+        drawn.add("capped")
     ax.set_xscale("log")
     ax.set_xlabel(LR_AXIS_LABEL)
     ax.set_ylabel("paper MDL (bits/sample)")
-    legend(ax)
+    return drawn
 
 
 # --- does the optimum transfer across widths? ----------------------------------------------------
 
 
+def lr_grids_by_width(
+    sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl"
+) -> dict[tuple[str, str, str], dict[Any, dict[float, float]]]:
+    """(architecture, other settings, eraser) -> {width: {lr: mean ``metric``}}, when a sweep varied both
+    ``optimizer.lr`` and ``width``."""
+    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
+        return {}
+    grids: dict[tuple[str, str, str], dict[Any, dict[float, float]]] = {}
+    for key, width, lr, mean, _, _ in _lr_points(sweep, cells, metric):
+        grids.setdefault(key, {}).setdefault(width, {})[lr] = mean
+    return {k: dict(sorted(v.items())) for k, v in sorted(grids.items())}
+
+
 def best_lr_by_width(
     sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl"
 ) -> dict[tuple[str, str, str], dict[Any, float]]:
-    """(architecture, other settings, eraser) -> {width: the lr with the lowest mean ``metric``}, when a
-    sweep varied both ``optimizer.lr`` and ``width``."""
-    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
-        return {}
-    best: dict[tuple[str, str, str], dict[Any, tuple[float, float]]] = {}
-    for key, width, lr, mean, _, _ in _lr_points(sweep, cells, metric):
-        current = best.setdefault(key, {}).get(width)
-        if current is None or mean < current[1]:
-            best[key][width] = (lr, mean)
-    return {k: {w: lr for w, (lr, _) in sorted(v.items())} for k, v in sorted(best.items())}
+    """(architecture, other settings, eraser) -> {width: the lr with the lowest mean ``metric``}, for the widths
+    whose grid has at least MIN_GRID_POINTS lrs (a group with none is left out)."""
+    best = {
+        key: {w: min(grid, key=grid.__getitem__) for w, grid in by_width.items() if len(grid) >= MIN_GRID_POINTS}
+        for key, by_width in lr_grids_by_width(sweep, cells, metric).items()
+    }
+    return {k: v for k, v in best.items() if v}
 
 
 def _lr_points(sweep: Sweep, cells: list[Cell], metric: str):
@@ -338,23 +410,32 @@ def _lr_points(sweep: Sweep, cells: list[Cell], metric: str):
 
 
 def transfer_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
-    """The best lr at each width, and whether it is the same at every width (muP's promise)."""
-    best = best_lr_by_width(sweep, cells)
-    if not best:
+    """The best lr at each width, and whether it is the same at every width (muP's promise): judged only from the
+    widths whose grid names a best lr (MIN_GRID_POINTS), "n/a" where fewer than two widths do."""
+    grids = lr_grids_by_width(sweep, cells)
+    if not grids:
         return []
+    best = best_lr_by_width(sweep, cells)
     md = [
         "### Does the optimum transfer across widths?\n",
-        "The lr with the lowest mean paper MDL at each width (figure `lr_transfer_<arch>.png`). Under muP it "
-        "should be the same at every width.\n",
+        "The lr with the lowest mean paper MDL at each width (figure `lr_transfer_<arch>.png`), where that width tried "
+        f"at least {MIN_GRID_POINTS} lrs. Under muP it should be the same at every width.\n",
         "| architecture | setting | eraser | best lr by width | transfers |",
         "|---|---|---|---|---|",
     ]
-    for (arch, setting, eraser), by_width in best.items():
-        same = len(set(by_width.values())) == 1
-        md.append(
-            f"| {arch} | {setting or '-'} | {eraser} | "
-            f"{', '.join(f'{w}: {lr:g}' for w, lr in by_width.items())} | {'yes' if same else 'no'} |"
+    for key, by_width in grids.items():
+        arch, setting, eraser = key
+        named = best.get(key, {})
+        parts = ", ".join(
+            f"{w}: {named[w]:g}" if w in named else f"{w}: {grid_words(len(grid))}" for w, grid in by_width.items()
         )
+        if len(named) < 2:
+            verdict = f"n/a ({len(named)} of {len(by_width)} widths tried {MIN_GRID_POINTS}+ lrs)"
+        else:
+            verdict = "yes" if len(set(named.values())) == 1 else "no"
+            if len(named) < len(by_width):
+                verdict += f" (from {len(named)} of {len(by_width)} widths)"
+        md.append(f"| {arch} | {setting or '-'} | {eraser} | {parts} | {verdict} |")
     return [*md, ""]
 
 
@@ -374,6 +455,7 @@ def lr_transfer_figures(
         widths = sorted({w for lines in panels.values() for w in lines})
         colors = {w: plt.cm.viridis(k / max(len(widths) - 1, 1)) for k, w in enumerate(widths)}
         ordered = sorted(panels.items(), key=lambda kv: (kv[0][0], eraser_sort_key(kv[0][1])))
+        starred = False
         for p, ((setting, eraser), lines) in enumerate(ordered):
             ax = axes[p // cols][p % cols]
             for width, pts in sorted(lines.items()):
@@ -388,14 +470,18 @@ def lr_transfer_figures(
                     marker="o",
                     markersize=3,
                 )
-                k = min(range(len(mean)), key=mean.__getitem__)
-                ax.scatter([lr[k]], [mean[k]], marker="*", s=80, color=colors[width], zorder=3)
+                if len(lr) >= MIN_GRID_POINTS:
+                    k = min(range(len(mean)), key=mean.__getitem__)
+                    ax.scatter(
+                        [lr[k]], [mean[k]], marker="*", s=80, color=colors[width], edgecolors="black", linewidths=0.4
+                    )
+                    starred = True
             ax.set_xscale("log")
             ax.set_xlabel(LR_AXIS_LABEL)
             ax.set_ylabel("paper MDL (bits/sample)")
             ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
-            legend(ax)
         _finish_grid(axes, len(panels), cols)
+        figure_legend(fig, [lr_keys()["best"]] if starred else [])
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")
         figures.append(
             FigureFile(

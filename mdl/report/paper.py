@@ -161,10 +161,9 @@ class Comparison:
 
     @property
     def z_paper(self) -> float:
-        """Δ in units of the paper's sd (±inf when the paper prints sd 0.00)."""
-        if self.paper.sd > 0:
-            return self.delta / self.paper.sd
-        return math.copysign(math.inf, self.delta) if self.delta else 0.0
+        """Δ in units of the paper's sd; NaN when the paper prints sd 0.00 (its sd rounds to zero, so no unit to count
+        in: σ, which adds the rounding, still measures the difference)."""
+        return self.delta / self.paper.sd if self.paper.sd > 0 else math.nan
 
     @property
     def z(self) -> float:
@@ -222,6 +221,9 @@ def tables_to_compare(cells: Sequence[Cell], compare_to: str | None) -> list[tup
 
 
 # --- the report section ------------------------------------------------------------------------
+
+
+ZERO_PAPER_SD = "n/a (paper sd 0.00)"  # the Δ / sd_paper cell of a paper value printed ± 0.00 (see Δ / σ)
 
 
 def signed(x: float, digits: int = 2) -> str:
@@ -361,7 +363,7 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
                 ours_text,
                 f"{x.paper.printed} (n={x.paper.n_seeds})",
                 signed(x.delta),
-                signed(x.z_paper, 1),
+                signed(x.z_paper, 1) if x.paper.sd > 0 else ZERO_PAPER_SD,
                 signed(x.z, 1),
                 "**yes**" if x.flagged else "no",
             ]

@@ -57,8 +57,16 @@ ERASER_COLORS = {
 }
 OTHER_COLORS = ("#56B4E9", "#F0E442", "#7F7F7F", "#8C564B", "#9467BD", "#BCBD22")  # erasers not named above
 MAX_TITLE_LINES = 2
-TITLE_WIDTH = 48  # characters per title line at FONT_SIZE over a PANEL_SIZE panel
-PANEL_SIZE = (3.3, 2.5)  # inches: a one-column figure of a two-column paper is about 3.3 in wide
+TITLE_WIDTH = 48  # characters per title line at FONT_SIZE over a panel of COLUMN_WIDTH
+# Figure sizes a two-column paper takes as they are (inches): one column, or both (figure*). A figure of one panel
+# is a column wide; of more, panels wrap into rows of PANELS_PER_ROW across both columns. The saved file has exactly
+# this width: the legend goes below the panels, inside the figure, not beside them.
+COLUMN_WIDTH = 3.5
+TWO_COLUMN_WIDTH = 7.0
+PANELS_PER_ROW = 2  # a panel of a two-column figure is a column wide: its labels read as in a one-panel figure
+PANEL_HEIGHT = 2.4  # inches per row of panels
+LEGEND_ENTRY_WIDTH = 1.75  # inches per legend column: "Gradient Quadratic" and its handle at SMALL_FONT_SIZE
+LEGEND_ROW_HEIGHT = 0.17  # inches per legend row at SMALL_FONT_SIZE
 
 
 def display_name(label: str) -> str:
