@@ -45,11 +45,12 @@ class PartialFit:
         if not self.path.exists():
             return None
         try:
-            state, _ = read_checked(self.path)
+            state, meta = read_checked(self.path)
         except CorruptCacheFile as err:
             warnings.warn(f"partial eraser fit: {err}; fitting from the start", RuntimeWarning, stacklevel=2)
             return None
-        log.info("resuming the eraser fit from %s", self.path)
+        self._step = self._written = int(meta.get("step", 0))  # the steps go on counting from the saved one
+        log.info("resuming the eraser fit after its step %d, saved in %s", self._step, self.path)
         return state
 
     def offer(self, state: Callable[[], State], stable: bool) -> None:

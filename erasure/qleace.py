@@ -43,7 +43,7 @@ from erasure.base import Eraser, register_eraser
 from erasure.linalg import per_class, psd_eigh, require_variance, smallest_kept, warn_once
 from erasure.moments import ClassMoments
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
-from erasure.resumable import FitProgress, accumulate_class_moments, part, with_prefix
+from erasure.resumable import FitProgress, State, accumulate_class_moments, part, with_prefix
 
 
 def compute_device(device: str) -> torch.device:
@@ -214,6 +214,32 @@ def _span_basis(covariances: Tensor, weights: Tensor, eigh: dict[str, Tensor] | 
     return eigvecs[:, keep]
 
 
+def _moments_and_span(
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    shrinkage: Shrinkage,
+    batch_size: int,
+    progress: FitProgress | None,
+    restored: State,
+) -> tuple[ClassMoments, Tensor, dict[str, Tensor], State]:
+    """The (shrunk) class moments, their covariances and the mean covariance's ``_mean_covariance_eigh``: each taken
+    from ``restored`` when a stopped fit kept it, else computed (the moments' pass resumed where it stopped) and
+    offered to ``progress``; and the state that holds both, which every later offer of the fit includes."""
+    offer = progress.offer if progress is not None else lambda state, stable: None
+    kept = {k: v.to(x.device) for k, v in part("moments_done", restored).items()}  # a finished pass, unshrunk
+    if not kept:
+        raw = accumulate_class_moments(x, y, num_classes, batch_size, progress, restored).finish()
+        kept = {"counts": raw.counts, "means": raw.means, "scatters": raw.scatters}
+        offer(lambda: with_prefix("moments_done", kept), stable=True)
+    moments = shrink_moments(ClassMoments(kept["counts"], kept["means"], kept["scatters"]), shrinkage)
+    covs, span = moments.covariances(), {k: v.to(x.device) for k, v in part("span", restored).items()}
+    if not span:
+        span = _mean_covariance_eigh(covs, moments.weights)
+        offer(lambda: {**with_prefix("moments_done", kept), **with_prefix("span", span)}, stable=True)
+    return moments, covs, span, {**with_prefix("moments_done", kept), **with_prefix("span", span)}
+
+
 def _warn_singular_classes(bary: Barycenter, counts: Tensor) -> None:
     ranks = bary.keep.sum(-1)
     dim = bary.keep.shape[-1]
@@ -277,19 +303,9 @@ class QLeaceEraser(Eraser):
         dev = compute_device(device)
         restored = (progress.restore() if progress is not None else None) or {}
         offer = progress.offer if progress is not None else lambda state, stable: None
-        kept = {k: v.to(dev) for k, v in part("moments_done", restored).items()}  # a finished pass's statistics
-        if not kept:
-            raw = accumulate_class_moments(x.to(dev), y.to(dev), num_classes, batch_size, progress, restored).finish()
-            kept = {"counts": raw.counts, "means": raw.means, "scatters": raw.scatters}
-            offer(lambda: with_prefix("moments_done", kept), stable=True)
-        raw = ClassMoments(counts=kept["counts"], means=kept["means"], scatters=kept["scatters"])
-        moments = shrink_moments(raw, shrinkage)
-        covs, weights = moments.covariances(), moments.weights
-        span = {k: v.to(dev) for k, v in part("span", restored).items()}
-        if not span:
-            span = _mean_covariance_eigh(covs, weights)
-            offer(lambda: {**with_prefix("moments_done", kept), **with_prefix("span", span)}, stable=True)
-        done = {**with_prefix("moments_done", kept), **with_prefix("span", span)}
+        x, y = x.to(dev), y.to(dev)
+        moments, covs, span, done = _moments_and_span(x, y, num_classes, shrinkage, batch_size, progress, restored)
+        weights = moments.weights
         basis = _span_basis(covs, weights, span)
         reduced = covs if basis is None else basis.T @ covs @ basis
         saved_iterate = part("barycenter", restored)
