@@ -42,7 +42,7 @@ CACHE_FORMAT_VERSION = 1
 
 STALE_AFTER_S = 3600.0  # a temporary this old whose key is unlocked belongs to a dead writer
 # .<key>.<kind>.safetensors.<pid>.<random>.tmp (older versions: .<name>.<random>.tmp / .raw)
-TEMPORARY = re.compile(r"^\.+(?P<target>[0-9a-f]{32}\.(?:eraser|data)\.safetensors)\..*\.(?:tmp|raw)$")
+TEMPORARY = re.compile(r"^\.+(?P<target>[0-9a-f]{32}\.(?:eraser|data|partial)\.safetensors)\..*\.(?:tmp|raw)$")
 # safetensors' own temporary (``save_file`` writes ``.tmpXXXXXX`` next to its target, then renames it): no key in its name
 SAFETENSORS_TEMPORARY = re.compile(r"^\.tmp[A-Za-z0-9_]{6}$")
 
@@ -104,7 +104,10 @@ def remove_stale_temporaries(folder: Path, stale_after_s: float = STALE_AFTER_S)
                 if match is None or not entry.is_file() or now - entry.stat().st_mtime < stale_after_s:
                     continue
                 try:
-                    with FileLock(str(folder / f"{match['target']}.lock"), timeout=0):
+                    owner = match["target"].replace(
+                        ".partial.", ".eraser."
+                    )  # a partial fit is written under its eraser's lock
+                    with FileLock(str(folder / f"{owner}.lock"), timeout=0):
                         os.unlink(entry.path)
                         removed.append(Path(entry.path))
                 except Timeout:
@@ -215,6 +218,11 @@ class ErasureCache:
     def data_path(self, key: str) -> Path | None:
         return self.directory / f"{key}.data.safetensors" if self.directory else None
 
+    def partial_path(self, key: str) -> Path | None:
+        """Where a resumable fit of the eraser ``key`` keeps its state until the eraser is stored
+        (datamodules.fit_progress); written only under the eraser's lock."""
+        return self.directory / f"{key}.partial.safetensors" if self.directory else None
+
     def eraser(self, key: str, fit: Callable[[], Eraser], describe: Mapping[str, Any] | None = None) -> Eraser:
         """The eraser cached under ``key``, fitted by ``fit()`` (once, across processes) if absent."""
         path = self.eraser_path(key)
@@ -231,6 +239,10 @@ class ErasureCache:
             tensors, meta = eraser.serialized()
             meta["describe"] = json.dumps(describe or {}, sort_keys=True, default=str)
             write_checked(path, tensors, meta)
+            partial = self.partial_path(key)
+            assert partial is not None
+            with cache_writes(path.parent):
+                partial.unlink(missing_ok=True)  # the fit's partial state: done with once the eraser is stored
             return eraser
 
         return self._get_or_build(path, load, build)

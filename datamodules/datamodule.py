@@ -30,7 +30,8 @@ from torch import Tensor
 from datamodules.cache import ErasureCache
 from datamodules.erasing import erase_splits, fit_on_scope, fit_options
 from datamodules.erasure_checks import eraser_on, erasure_warnings
-from datamodules.interrupts import interruptible
+from datamodules.fit_progress import PartialFit
+from datamodules.interrupts import interruptible, saved_if_abandoned
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.options import DataOptions, EraserOptions
 from datamodules.sources import ImageSet
@@ -79,11 +80,18 @@ class ErasedDataModule(L.LightningDataModule):
         splits = functools.cache(lambda: transformed_before(load_splits(o), o.transform, on))
 
         def cached_fit(spec: EraserOptions) -> Eraser:
+            key = o.eraser_key(spec)
+
             def fit() -> Eraser:  # the run's eraser with its options resolved (random's rank_from: another cached fit)
                 options = fit_options(spec, cached_fit) if spec is o.eraser else None
-                return fit_on_scope(splits(), spec, on, options)
+                partial = self.cache.partial_path(key)
+                if partial is None or spec.checkpoint_every_s is None:
+                    return fit_on_scope(splits(), spec, on, options)
+                progress = PartialFit(partial, spec.checkpoint_every_s)
+                with saved_if_abandoned(progress.save_latest):  # a SIGTERM keeps the last finished step
+                    return fit_on_scope(splits(), spec, on, options, progress)
 
-            return self.cache.eraser(o.eraser_key(spec), fit, describe=o.describe(spec))
+            return self.cache.eraser(key, fit, describe=o.describe(spec))
 
         # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
         eraser = functools.cache(lambda: eraser_on(cached_fit(o.eraser), on))

@@ -32,16 +32,22 @@ from datamodules.options import DataOptions, EraserOptions
 from datamodules.settings import POOLED_ERASERS, ZSCORE_AFTER, default_options
 from datamodules.splits import Splits, apply_transform, fit_transform, zscore_map
 from erasure import Eraser, fit_eraser
+from erasure.resumable import FitProgress
 
 log = logging.getLogger(__name__)
 
 
 def fit_on_scope(
-    splits: Splits, eraser: EraserOptions, device: torch.device, options: dict[str, Any] | None = None
+    splits: Splits,
+    eraser: EraserOptions,
+    device: torch.device,
+    options: dict[str, Any] | None = None,
+    progress: FitProgress | None = None,
 ) -> Eraser:
     """``eraser`` fitted (with ``options``, default its own) on the training split, or with ``fit_scope=pool`` on
     the training and validation splits together: validation rows in the fit, as every scored block is (for an eraser
-    that edits its fitting data, one edit of both, as the original's erased copy of its pool)."""
+    that edits its fitting data, one edit of both, as the original's erased copy of its pool). ``progress``: where a
+    resumable fit keeps its state (datamodules.fit_progress)."""
     x, y = splits.train.x, splits.train.y
     if eraser.fit_scope == "pool":
         x, y = torch.cat([x, splits.val.x]), torch.cat([y, splits.val.y])
@@ -56,6 +62,7 @@ def fit_on_scope(
         x.to(device),
         y.to(device),
         num_classes=len(splits.classes),
+        progress=progress,
         **(eraser.options if options is None else options),
     )
 

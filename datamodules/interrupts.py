@@ -8,17 +8,25 @@ cache writes are renames, so nothing half-written is ever read; a temporary is r
 datamodules.cache). The process must then end without waiting for the worker: ``abandoned`` says so
 (mdl.run.exits ends it with ``os._exit``). Everything else (results, numbers, warnings, logs) is as if the
 work ran in the main thread: torch's and numpy's random state and thread settings are process-wide.
+
+Work that can resume (an eraser fit that keeps its partial state, datamodules.fit_progress) registers a save with
+``saved_if_abandoned``: the main thread runs it before the exception goes on, so the stop keeps the last finished
+step.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any, Callable, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TypeVar
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 JOIN_S = 0.1  # how often the main thread lets a signal handler run while it waits
 
 _abandoned = threading.Event()
+_saves: list[Callable[[], None]] = []  # what the main thread saves when it abandons the work (saved_if_abandoned)
 
 
 def interruptible(work: Callable[[], T]) -> T:
@@ -45,10 +53,30 @@ def interruptible(work: Callable[[], T]) -> T:
             worker.join(JOIN_S)
     except BaseException:
         _abandoned.set()
+        _save_before_leaving()
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def _save_before_leaving() -> None:
+    """Run the registered saves; one that fails (a second signal, a full disk) is logged: the stop goes on."""
+    for save in list(_saves):
+        try:
+            save()
+        except Exception as err:  # noqa: BLE001 - the signal's exception is the one to raise
+            log.warning("stopping: could not save the work's progress (%s)", err)
+
+
+@contextmanager
+def saved_if_abandoned(save: Callable[[], None]) -> Iterator[None]:
+    """While inside (in the worker), a signal that abandons the work first runs ``save()`` in the main thread."""
+    _saves.append(save)
+    try:
+        yield
+    finally:
+        _saves.remove(save)
 
 
 def abandoned() -> bool:

@@ -31,17 +31,23 @@ from erasure.base import FORMAT_VERSION as ERASER_FORMAT_VERSION
 from erasure.base import eraser_class
 
 
+# eraser node keys that do not change the fitted eraser: left out of the cache keys
+NOT_IDENTITY = ("checks", "checkpoint_every_s")
+
+
 @dataclasses.dataclass(frozen=True)
 class EraserOptions:
-    """The ``eraser`` config node: its name, options, the rows it is fitted on (``fit_scope``: split | pool) and the
-    thresholds the run judges it by (``checks``). ``identity`` is the node as given less ``checks``: what the cache
-    keys hash (a key absent from the node stays absent from the key)."""
+    """The ``eraser`` config node: its name, options, the rows it is fitted on (``fit_scope``: split | pool), the
+    thresholds the run judges it by (``checks``) and, for an eraser whose fit can resume, the least seconds between
+    saves of its partial fit (``checkpoint_every_s``; None: never saved). ``identity`` is the node as given less
+    ``checks`` and ``checkpoint_every_s``: what the cache keys hash (a key absent from the node stays absent)."""
 
     name: str
     options: dict[str, Any]
     fit_scope: str
     checks: dict[str, Any]
     identity: dict[str, Any]
+    checkpoint_every_s: float | None = None
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any]) -> EraserOptions:
@@ -52,10 +58,17 @@ class EraserOptions:
             options=dict(node.get("options") or {}),
             fit_scope=node.get("fit_scope", "split"),
             checks=dict(node.get("checks") or {}),
-            identity={k: v for k, v in node.items() if k != "checks"},
+            identity={k: v for k, v in node.items() if k not in NOT_IDENTITY},
+            checkpoint_every_s=node.get("checkpoint_every_s"),
         )
 
     def __post_init__(self) -> None:
+        every = self.checkpoint_every_s
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0):
+            raise ValueError(
+                f"eraser.checkpoint_every_s={every!r}: give the least seconds between saves of a partial eraser fit "
+                f"(a number >= 0; 0 saves at every step), or null to save none"
+            )
         rank_from = self.options.get("rank_from") if self.name == "random" else None
         if rank_from is None:
             return

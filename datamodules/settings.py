@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from erasure.base import eraser_class
+from erasure.base import eraser_class, eraser_options
 
 
 AUGMENT_ORDERS = ("erase_then_augment", "augment_then_erase")
@@ -96,7 +96,8 @@ POOLED_ERASERS = ("leace", "qleace", "alf_qleace")
 def default_options(name: str) -> dict[str, Any]:
     """An eraser's options at their code defaults (conf/eraser/<name>.yaml repeats them), so a
     ``rank_from`` fit shares its cache entry with a run of that eraser at its config defaults."""
-    params = list(inspect.signature(eraser_class(name).fit).parameters.values())[3:]
+    cls = eraser_class(name)
+    params = [p for p in inspect.signature(cls.fit).parameters.values() if p.name in eraser_options(cls)]
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
     return {"zscore": False, **{k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}}
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from erasure.files import atomic_write
+from erasure.resumable import FitProgress
 
 FORMAT_VERSION = 1
 _REGISTRY: dict[str, type["Eraser"]] = {}
@@ -240,10 +241,20 @@ def load_eraser(path: str | os.PathLike) -> Eraser:
     return cls(**tensors, **header["metadata"])
 
 
+# Parameters of ``fit`` that say how a fit runs, not what it computes: not options (erasure.resumable)
+RUN_PARAMETERS = ("progress",)
+
+
 def eraser_options(cls: type[Eraser]) -> list[str]:
-    """The options an eraser's ``fit`` takes: its keyword parameters after (x, y, num_classes)."""
+    """The options an eraser's ``fit`` takes: its keyword parameters after (x, y, num_classes), less RUN_PARAMETERS."""
     params = list(inspect.signature(cls.fit).parameters.values())[3:]
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.name not in RUN_PARAMETERS]
+
+
+def resumable(cls: type[Eraser]) -> bool:
+    """Whether ``cls.fit`` can stop and resume (takes a ``progress``, erasure.resumable)."""
+    return "progress" in inspect.signature(cls.fit).parameters
 
 
 def check_options(cls: type[Eraser], options: dict[str, Any]) -> None:
@@ -256,15 +267,25 @@ def check_options(cls: type[Eraser], options: dict[str, Any]) -> None:
 
 
 def fit_eraser(
-    name: str, x: Tensor, y: Tensor, num_classes: int | None = None, zscore: bool = False, **options: Any
+    name: str,
+    x: Tensor,
+    y: Tensor,
+    num_classes: int | None = None,
+    zscore: bool = False,
+    progress: FitProgress | None = None,
+    **options: Any,
 ) -> Eraser:
     """Fit the eraser registered as ``name`` on x (n, ...) and integer labels y (n,).
 
     ``zscore=True`` standardises every feature with the training statistics first (for any eraser;
     the output stays in z-score units, see erasure.preprocess); other options go to the eraser.
+    ``progress`` (an erasure.resumable.FitProgress): where a ``resumable`` eraser's fit keeps its state, to
+    resume from after a stop; the other erasers fit from the start.
     """
     cls = eraser_class(name)
     check_options(cls, options)
+    if progress is not None and resumable(cls):
+        options = {**options, "progress": progress}
     check_features(x)
     k = check_labels(y, x.shape[0], num_classes)
     if not isinstance(zscore, bool):

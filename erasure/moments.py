@@ -56,44 +56,91 @@ class ClassMoments:
         return (self.means - self.mean).T * self.weights
 
 
+class MomentAccumulator:
+    """Per-class counts, sums and scatter matrices in float64, one batch per ``add``: ``class_moments`` in steps that a
+    fit can stop between and resume from. ``state_dict`` holds the running sums and the rows taken; an accumulator
+    that ``load_state_dict``\ s them and takes the remaining batches gives the bits of one uninterrupted pass.
+
+    Scatter matrices are accumulated around a per-class shift (the first batch's class mean), so large offsets (e.g.
+    pixel values near 1) do not cost precision.
+    """
+
+    FIELDS = ("counts", "sums", "shift", "shifted_sums", "scatters", "have_shift", "rows")
+
+    def __init__(self, num_classes: int, dim: int, second_order: bool = True, device: torch.device | None = None):
+        f64 = {"dtype": torch.float64, "device": device}
+        self.counts = torch.zeros(num_classes, **f64)
+        self.sums = torch.zeros(num_classes, dim, **f64)
+        self.shift = torch.zeros(num_classes, dim, **f64)
+        self.shifted_sums = torch.zeros(num_classes, dim, **f64)
+        self.scatters = torch.zeros(num_classes, dim, dim, **f64) if second_order else None
+        self.have_shift = torch.zeros(num_classes, dtype=torch.bool, device=device)
+        self.rows = 0  # rows taken so far: where the next batch starts
+
+    def add(self, xb: Tensor, yb: Tensor) -> None:
+        """Take the next batch of flattened rows ``xb`` (b, d) and their labels ``yb`` (b,)."""
+        xb = xb.to(torch.float64)
+        yb = yb.to(self.counts.device)
+        for c in torch.unique(yb).tolist():
+            xc = xb[yb == c]
+            if not self.have_shift[c]:
+                self.shift[c] = xc.mean(0)
+                self.have_shift[c] = True
+            self.counts[c] += xc.shape[0]
+            self.sums[c] += xc.sum(0)
+            if self.scatters is not None:
+                xs = xc - self.shift[c]
+                self.shifted_sums[c] += xs.sum(0)
+                self.scatters[c] += xs.T @ xs
+        self.rows += xb.shape[0]
+
+    def finish(self) -> ClassMoments:
+        """The moments of every row taken. Works on the running sums in place (no second copy of the scatter
+        matrices): the accumulator takes no more batches afterwards."""
+        counts, scatters = self.counts, self.scatters
+        means = self.sums / counts.clamp_min(1)[:, None]
+        if scatters is not None:
+            # sum (x - s)(x - s)^T = scatter_about_mean + n (mu - s)(mu - s)^T
+            delta = self.shifted_sums / counts.clamp_min(1)[:, None]
+            scatters -= counts[:, None, None] * delta[:, :, None] * delta[:, None, :]
+            scatters = (scatters + scatters.transpose(1, 2)) / 2
+        self.scatters = None  # spent: a further add would not count second moments
+        return ClassMoments(counts=counts, means=means, scatters=scatters)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The running sums and the rows taken (the tensors themselves: save them before the next ``add``)."""
+        state = {name: getattr(self, name) for name in self.FIELDS if name != "rows"}
+        if state["scatters"] is None:
+            del state["scatters"]
+        return {**state, "rows": torch.tensor(self.rows, dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Continue from ``state_dict()``\ 's sums (of an accumulator of the same classes, dimension and order)."""
+        for name in self.FIELDS[:-1]:
+            mine = getattr(self, name)
+            if mine is None:
+                continue
+            theirs = state.get(name)
+            if theirs is None or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                found = None if theirs is None else (tuple(theirs.shape), theirs.dtype)
+                raise ValueError(
+                    f"saved moments do not fit this accumulator: {name} is {found}, expected "
+                    f"{(tuple(mine.shape), mine.dtype)}"
+                )
+            mine.copy_(theirs)
+        self.rows = int(state["rows"])
+
+
 def class_moments(
     x: Tensor, y: Tensor, num_classes: int, second_order: bool = True, batch_size: int = 8192
 ) -> ClassMoments:
-    """Accumulate counts, sums and centred scatter matrices per class in float64.
-
-    Scatter matrices are accumulated around a per-class shift (the first batch's class mean), so
-    large offsets (e.g. pixel values near 1) do not cost precision.
-    """
+    """Accumulate counts, sums and centred scatter matrices per class in float64, ``batch_size`` rows at a time
+    (``MomentAccumulator``)."""
     x = x.reshape(x.shape[0], -1)
-    n, d = x.shape
-    device = x.device
-    counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
-    sums = torch.zeros(num_classes, d, dtype=torch.float64, device=device)
-    shift = torch.zeros(num_classes, d, dtype=torch.float64, device=device)
-    shifted_sums = torch.zeros(num_classes, d, dtype=torch.float64, device=device)
-    scatters = torch.zeros(num_classes, d, d, dtype=torch.float64, device=device) if second_order else None
-    have_shift = torch.zeros(num_classes, dtype=torch.bool, device=device)
-    for start in range(0, n, batch_size):
-        xb = x[start : start + batch_size].to(torch.float64)
-        yb = y[start : start + batch_size].to(device)
-        for c in torch.unique(yb).tolist():
-            xc = xb[yb == c]
-            if not have_shift[c]:
-                shift[c] = xc.mean(0)
-                have_shift[c] = True
-            counts[c] += xc.shape[0]
-            sums[c] += xc.sum(0)
-            if scatters is not None:
-                xs = xc - shift[c]
-                shifted_sums[c] += xs.sum(0)
-                scatters[c] += xs.T @ xs
-    means = sums / counts.clamp_min(1)[:, None]
-    if scatters is not None:
-        # sum (x - s)(x - s)^T = scatter_about_mean + n (mu - s)(mu - s)^T
-        delta = shifted_sums / counts.clamp_min(1)[:, None]
-        scatters -= counts[:, None, None] * delta[:, :, None] * delta[:, None, :]
-        scatters = (scatters + scatters.transpose(1, 2)) / 2
-    return ClassMoments(counts=counts, means=means, scatters=scatters)
+    accumulator = MomentAccumulator(num_classes, x.shape[1], second_order, x.device)
+    for start in range(0, x.shape[0], batch_size):
+        accumulator.add(x[start : start + batch_size], y[start : start + batch_size])
+    return accumulator.finish()
 
 
 def mean_and_scatter(x: Tensor, chunk_size: int = 8192) -> tuple[Tensor, Tensor]:

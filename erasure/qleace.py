@@ -34,14 +34,16 @@ Singular covariances (documented choices, deterministic, warned once with the nu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
 from erasure.linalg import per_class, psd_eigh, require_variance, smallest_kept, warn_once
-from erasure.moments import class_moments
+from erasure.moments import ClassMoments
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
+from erasure.resumable import FitProgress, State, accumulate_class_moments, part, with_prefix
 
 
 def compute_device(device: str) -> torch.device:
@@ -86,8 +88,35 @@ def _sqrt_from_eigh(eigvals: Tensor, eigvecs: Tensor) -> Tensor:
     return per_class(lambda h: h @ h.transpose(-1, -2), half) if half.ndim == 3 else half @ half.transpose(-1, -2)
 
 
+@dataclass(frozen=True)
+class Iterate:
+    """Where the fixed point stands after ``iteration`` iterations: the next iteration's S and the objective of the
+    last one. All that the iterations after it read, so a fit resumed from it gives the bits of an uninterrupted one."""
+
+    covariance: Tensor  # (d, d)
+    previous_objective: float
+    iteration: int
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {
+            "covariance": self.covariance,
+            "previous_objective": torch.tensor(self.previous_objective, dtype=torch.float64),
+            "iteration": torch.tensor(self.iteration, dtype=torch.int64),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Tensor], device: torch.device) -> "Iterate":
+        return cls(state["covariance"].to(device), float(state["previous_objective"]), int(state["iteration"]))
+
+
 def wasserstein_barycenter(
-    covariances: Tensor, weights: Tensor, tol: float = 1e-10, max_iter: int = 100, init: Tensor | None = None
+    covariances: Tensor,
+    weights: Tensor,
+    tol: float = 1e-10,
+    max_iter: int = 100,
+    init: Tensor | None = None,
+    resume: Iterate | None = None,
+    on_iterate: Callable[[Iterate], None] | None = None,
 ) -> Barycenter:
     """Gaussian W2 barycenter of (k, d, d) PSD covariances by the Alvarez-Esteban fixed point.
 
@@ -95,14 +124,17 @@ def wasserstein_barycenter(
     stops when ||S_new - S||_F <= tol * ||S||_F, when the W2 objective
     F(S) = tr S + sum_i w_i tr S_i - 2 sum_i w_i tr (L^T S_i L)^{1/2} increases (beyond rounding:
     level; happens when singular classes make the barycenter singular and convergence sublinear),
-    or after max_iter iterations.
+    or after max_iter iterations. A fit that can stop: ``on_iterate`` receives the ``Iterate`` after each iteration
+    that does not end it, and ``resume`` continues from one.
     """
     weights = weights.to(covariances)
     s = (weights[:, None, None] * covariances).sum(0) if init is None else init
     mean_trace = float(weights @ torch.diagonal(covariances, dim1=-2, dim2=-1).sum(-1))
-    residual, previous = float("inf"), float("inf")
+    residual, previous, done = float("inf"), float("inf"), 0
+    if resume is not None:
+        s, previous, done = resume.covariance, resume.previous_objective, resume.iteration
     eps = torch.finfo(covariances.dtype).eps
-    for iteration in range(1, max_iter + 1):
+    for iteration in range(done + 1, max_iter + 1):
         factor, factor_inv = _factor(s)
         congruent = per_class(lambda c: factor.T @ c @ factor, covariances)
         eigvals, eigvecs, keep = psd_eigh(congruent)
@@ -116,6 +148,8 @@ def wasserstein_barycenter(
         if residual <= tol or iteration == max_iter or stalled:
             break
         s, previous = s_new, objective
+        if on_iterate is not None:
+            on_iterate(Iterate(s, previous, iteration))
     if residual > tol:
         warn_once(
             "qleace-not-converged",
@@ -155,11 +189,19 @@ def maps_to_target(covariances: Tensor, target: Tensor) -> Tensor:
     return transport_maps(Barycenter(target, factor, eigvals, eigvecs, keep, 0, 0.0, 0.0))
 
 
-def _span_basis(covariances: Tensor, weights: Tensor) -> Tensor | None:
-    """Orthonormal basis of the range of the mean covariance, or None when it is full rank."""
-    mean_cov = (weights[:, None, None] * covariances).sum(0)
-    eigvals, eigvecs, keep = psd_eigh(mean_cov)
-    d, rank = mean_cov.shape[0], int(keep.sum())
+def _mean_covariance_eigh(covariances: Tensor, weights: Tensor) -> dict[str, Tensor]:
+    """The eigendecomposition of the frequency-weighted mean covariance (``_span_basis`` reads it): a step of its own
+    in a resumable fit, which keeps it (one eigh of d x d, minutes at CIFAR-10's size on a busy CPU)."""
+    eigvals, eigvecs, keep = psd_eigh((weights[:, None, None] * covariances).sum(0))
+    return {"eigvals": eigvals, "eigvecs": eigvecs, "keep": keep}
+
+
+def _span_basis(covariances: Tensor, weights: Tensor, eigh: dict[str, Tensor] | None = None) -> Tensor | None:
+    """Orthonormal basis of the range of the mean covariance, or None when it is full rank (``eigh``: the mean
+    covariance's ``_mean_covariance_eigh`` when it is already known)."""
+    eigh = _mean_covariance_eigh(covariances, weights) if eigh is None else eigh
+    eigvals, eigvecs, keep = eigh["eigvals"], eigh["eigvecs"], eigh["keep"]
+    d, rank = eigvals.shape[0], int(keep.sum())
     require_variance(keep, "QLEACE")
     if rank == d:
         return None
@@ -170,6 +212,32 @@ def _span_basis(covariances: Tensor, weights: Tensor) -> Tensor | None:
         f"{d - rank} directions are mapped to the mean",
     )
     return eigvecs[:, keep]
+
+
+def _moments_and_span(
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    shrinkage: Shrinkage,
+    batch_size: int,
+    progress: FitProgress | None,
+    restored: State,
+) -> tuple[ClassMoments, Tensor, dict[str, Tensor], State]:
+    """The (shrunk) class moments, their covariances and the mean covariance's ``_mean_covariance_eigh``: each taken
+    from ``restored`` when a stopped fit kept it, else computed (the moments' pass resumed where it stopped) and
+    offered to ``progress``; and the state that holds both, which every later offer of the fit includes."""
+    offer = progress.offer if progress is not None else lambda state, stable: None
+    kept = {k: v.to(x.device) for k, v in part("moments_done", restored).items()}  # a finished pass, unshrunk
+    if not kept:
+        raw = accumulate_class_moments(x, y, num_classes, batch_size, progress, restored).finish()
+        kept = {"counts": raw.counts, "means": raw.means, "scatters": raw.scatters}
+        offer(lambda: with_prefix("moments_done", kept), stable=True)
+    moments = shrink_moments(ClassMoments(kept["counts"], kept["means"], kept["scatters"]), shrinkage)
+    covs, span = moments.covariances(), {k: v.to(x.device) for k, v in part("span", restored).items()}
+    if not span:
+        span = _mean_covariance_eigh(covs, moments.weights)
+        offer(lambda: {**with_prefix("moments_done", kept), **with_prefix("span", span)}, stable=True)
+    return moments, covs, span, {**with_prefix("moments_done", kept), **with_prefix("span", span)}
 
 
 def _warn_singular_classes(bary: Barycenter, counts: Tensor) -> None:
@@ -222,19 +290,33 @@ class QLeaceEraser(Eraser):
         shrinkage: Shrinkage = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
+        progress: FitProgress | None = None,
     ) -> "QLeaceEraser":
         """Fit the barycenter and every class's transport map on x (n, d) and labels y (n,). ``device`` is only
         where the float64 moments and iterations run: the eraser's tensors come back on the CPU, and its user puts
-        them where the data is. ``tol`` trades iterations for optimality only (erasure is exact at any tol)."""
+        them where the data is. ``tol`` trades iterations for optimality only (erasure is exact at any tol).
+        ``progress`` (not an option: how the fit runs, erasure.resumable): the fit resumes from the state it restores
+        and offers its state after every batch of the moments, the span and every iteration of the barycenter."""
         if not (tol > 0 and max_iter >= 1):
             raise ValueError(f"QLEACE needs tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
         check_shrinkage(shrinkage)
         dev = compute_device(device)
-        moments = shrink_moments(class_moments(x.to(dev), y.to(dev), num_classes, True, batch_size), shrinkage)
-        covs, weights = moments.covariances(), moments.weights
-        basis = _span_basis(covs, weights)
+        restored = (progress.restore() if progress is not None else None) or {}
+        offer = progress.offer if progress is not None else lambda state, stable: None
+        x, y = x.to(dev), y.to(dev)
+        moments, covs, span, done = _moments_and_span(x, y, num_classes, shrinkage, batch_size, progress, restored)
+        weights = moments.weights
+        basis = _span_basis(covs, weights, span)
         reduced = covs if basis is None else basis.T @ covs @ basis
-        bary = wasserstein_barycenter(reduced, weights, tol=tol, max_iter=max_iter)
+        saved_iterate = part("barycenter", restored)
+        bary = wasserstein_barycenter(
+            reduced,
+            weights,
+            tol=tol,
+            max_iter=max_iter,
+            resume=Iterate.from_state_dict(saved_iterate, dev) if saved_iterate else None,
+            on_iterate=lambda it: offer(lambda: {**done, **with_prefix("barycenter", it.state_dict())}, stable=True),
+        )
         _warn_singular_classes(bary, moments.counts)
         maps, s = transport_maps(bary), bary.covariance
         if basis is not None:

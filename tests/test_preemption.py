@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from conftest import FITS, REPO, python_path
+from conftest import FAST, FITS, REPO, python_path
+from datamodules.cache import read_checked
 from mdl.engine.preemption import EXIT_CODE, Preempted
 from mdl.run.exits import ends_like_a_run
 
@@ -152,3 +154,68 @@ def test_other_exits_pass_through_unchanged(capsys) -> None:
         with ends_like_a_run():
             sys.exit(2)
     assert ended.value.code == 2 and not capsys.readouterr().err
+
+
+# A QLEACE fit on CIFAR-10's image shape (3x32x32: 3072 x 3072 statistics, eigendecompositions and maps) that CI can
+# afford: 2 classes and 2 barycenter iterations (5 eighs of 3072 x 3072, 10-50 s each on 2 cores), a save at every step.
+QLEACE_FIT = [
+    *FAST,
+    "data=synthetic",
+    "data.options.shape=[3,32,32]",
+    "data.options.n_train=4200",
+    "data.options.n_test=200",
+    "data.options.num_classes=2",
+    "data.val_size=200",
+    "data.diagnostics=false",
+    "eraser=qleace",
+    "eraser.options.max_iter=2",
+    "eraser.options.batch_size=2048",
+    "eraser.checkpoint_every_s=0",
+]
+
+
+def saved_iteration(cache: Path) -> int | None:
+    """The barycenter iteration the cache's partial eraser fit holds (None: no file, or none before the iterations)."""
+    from safetensors import safe_open
+
+    for path in cache.glob("*.partial.safetensors"):
+        with safe_open(str(path), framework="pt") as f:
+            if "barycenter.iteration" in f.keys():
+                return int(f.get_tensor("barycenter.iteration"))
+    return None
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_qleace_fit_keeps_its_progress_and_the_rerun_resumes_it_bit_identical(tmp_path: Path) -> None:
+    """Before: the re-run fitted the eraser again from nothing (8.5 minutes under load at CIFAR-10's size)."""
+    caches = {name: tmp_path / f"{name}-cache" for name in ("ref", "preempted")}
+    reference = launch([*QLEACE_FIT, f"data.cache_dir={caches['ref']}"], tmp_path / "ref")
+    assert reference.wait(timeout=1800) == 0, reference.communicate()[1][-2000:]
+
+    root, args = tmp_path / "preempted", [*QLEACE_FIT, f"data.cache_dir={caches['preempted']}"]
+    run = launch(args, root)
+    deadline = time.monotonic() + 1800
+    while saved_iteration(caches["preempted"]) is None:  # the first iteration saved: the second one is running
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-2000:]
+        time.sleep(0.05)
+    code, err, _ = terminate(run)
+    assert code == EXIT_CODE and "preempted: SIGTERM received" in err, err[-2000:]
+    assert saved_iteration(caches["preempted"]) == 1, "the fit's progress is not kept"
+    assert not list(caches["preempted"].glob("*.eraser.safetensors")), "the fit ended before the signal"
+
+    rerun = launch(args, root)
+    _, err = rerun.communicate(timeout=1800)
+    assert rerun.returncode == 0, err[-2000:]
+    logs = " ".join(p.read_text(errors="replace") for p in root.glob("runs/**/*.log"))
+    assert "resuming the eraser fit after its step" in logs
+    assert not list(caches["preempted"].glob("*.partial.safetensors")), "the partial fit outlived the eraser"
+    resumed, uninterrupted = results_of(root), results_of(tmp_path / "ref")
+    for key in EXACT:
+        assert resumed[key] == uninterrupted[key], key
+    for kind in ("eraser", "data"):  # the fitted eraser and the erased splits, bit for bit (safetensors orders its
+        # header's metadata as it likes: the files' bytes may differ)
+        (mine, my_meta), (theirs, their_meta) = (
+            read_checked(next(caches[name].glob(f"*.{kind}.safetensors"))) for name in ("preempted", "ref")
+        )
+        assert my_meta == their_meta and mine.keys() == theirs.keys(), kind
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine), kind

@@ -39,6 +39,7 @@ BOOKKEEPING_KEYS = (
     "data.options.download",
     # how fast or how often
     "mdl.checkpoint_every_s",
+    "eraser.checkpoint_every_s",
     "mdl.steps_per_group",
     "mdl.lock_lease_s",
     "mdl.pack_data_fraction",
