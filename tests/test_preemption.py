@@ -149,6 +149,33 @@ def test_an_interrupt_ends_with_one_line_naming_the_command_that_resumes_it(
     assert err.endswith("Run the same command again to resume. Command: python launch.py eraser=qleace 'tags=[a,b]'\n")
 
 
+def test_a_job_a_launcher_started_names_launch_py_with_its_overrides(monkeypatch, capsys) -> None:
+    """In a job of hydra/launcher=local or slurm the process's command line is submitit's: the chaos run saw
+    'Command: python .../submitit/core/_submit.py ...'. The command that resumes the run is launch.py with the job's
+    overrides."""
+    from mdl.run import exits
+
+    monkeypatch.setattr(
+        sys, "argv", ["/venv/lib/python3.11/site-packages/submitit/core/_submit.py", "/sweep/.submitit"]
+    )
+    monkeypatch.setattr(exits, "job_overrides", lambda: ["eraser=leace", "seed=1"])
+    with pytest.raises(SystemExit):
+        with ends_like_a_run():
+            raise Preempted("SIGTERM received")
+    assert capsys.readouterr().err.endswith("Command: python launch.py eraser=leace seed=1\n")
+
+
+def test_a_full_disk_no_folder_named_yet_is_named(capsys) -> None:
+    """The chaos run saw a bare 'error: [Errno 28] No space left on device'."""
+    import errno
+
+    with pytest.raises(SystemExit):
+        with ends_like_a_run():
+            raise OSError(errno.ENOSPC, "No space left on device", "/out/store/abc/progress.json")
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write to /out/store/abc: the disk is full") and "paths.output_root=" in err
+
+
 def test_other_exits_pass_through_unchanged(capsys) -> None:
     with pytest.raises(SystemExit) as ended:
         with ends_like_a_run():

@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from mdl.engine.preemption import EXIT_CODE, Preempted, interruption
@@ -51,8 +52,21 @@ def launch_command(overrides: Sequence[str]) -> str:
 
 
 def this_command() -> str:
-    """This process's command line, to type again: ``python launch.py -m ...``."""
+    """The command to type again: this process's (``python launch.py -m ...``); in a job a launcher started in a
+    process of its own (submitit's, locally or on Slurm), ``python launch.py`` with the job's overrides, which
+    resumes that run (the process's own command line is submitit's)."""
+    if Path(sys.argv[0]).name != "launch.py":
+        overrides = job_overrides()
+        if overrides is not None:
+            return launch_command(overrides)
     return shlex.join(["python", *sys.argv])
+
+
+def job_overrides() -> list[str] | None:
+    """The overrides of the Hydra job this process runs, or None outside one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
 
 
 def preempted_line(err: Preempted) -> str:
@@ -86,5 +100,16 @@ def ends_like_a_run() -> Iterator[None]:
     except user_errors() as err:
         if os.environ.get("MDL_TRACEBACK"):
             raise
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        print(f"error: {named(err)}", file=sys.stderr, flush=True)
         sys.exit(ERROR_EXIT)
+
+
+def named(err: BaseException) -> str:
+    """A full disk met where no folder was named yet (a bare ``[Errno 28] No space left on device``): named as the
+    store's own full-disk errors are, with the file and the setting that moves it."""
+    from mdl.run.storage import NO_SPACE, storage_error
+
+    if isinstance(err, OSError) and err.errno in NO_SPACE and str(err).startswith("[Errno"):
+        where = Path(err.filename).parent if err.filename else Path("the output folder")
+        return str(storage_error(where, "paths.output_root", err).strerror)
+    return str(err)
