@@ -171,9 +171,12 @@ def test_a_full_disk_no_folder_named_yet_is_named(capsys) -> None:
 
     with pytest.raises(SystemExit):
         with ends_like_a_run():
-            raise OSError(errno.ENOSPC, "No space left on device", "/out/store/abc/progress.json")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/store/abc/progress.json")
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot write to /out/store/abc: the disk is full") and "paths.output_root=" in err
+    assert (
+        err.startswith("error: [Errno 28] cannot write to /out/store/abc: the disk is full")
+        and "paths.output_root=" in err
+    )
 
 
 def test_other_exits_pass_through_unchanged(capsys) -> None:

@@ -109,7 +109,7 @@ def named(err: BaseException) -> str:
     store's own full-disk errors are, with the file and the setting that moves it."""
     from mdl.run.storage import NO_SPACE, storage_error
 
-    if isinstance(err, OSError) and err.errno in NO_SPACE and str(err).startswith("[Errno"):
+    if isinstance(err, OSError) and err.errno in NO_SPACE and err.strerror == os.strerror(err.errno):
         where = Path(err.filename).parent if err.filename else Path("the output folder")
-        return str(storage_error(where, "paths.output_root", err).strerror)
+        return str(storage_error(where, "paths.output_root", err))
     return str(err)
