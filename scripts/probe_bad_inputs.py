@@ -146,10 +146,19 @@ def read_only_cache(tmp: Path) -> list[str]:
     return [f"data.cache_dir={tmp / 'not-a-folder' / 'erased'}"]
 
 
+def write_checked(path: Path, record: dict) -> None:
+    """A results.json as runs write it (with its checksum: the report leaves out records without one)."""
+    sys.path.insert(0, str(REPO))
+    from mdl.results import write_checked_json
+
+    write_checked_json(path, record)
+
+
 def one_result(tmp: Path) -> list[str]:
-    """A sweep folder holding one results.json (what the report reads) and a file where --out should go."""
+    """A sweep folder holding one results.json (what the report reads, checksummed as runs write it) and a file where
+    --out should go."""
     (tmp / "0_seed=0").mkdir()
-    (tmp / "0_seed=0" / "results.json").write_text('{"config": {"seed": 0}, "paper_mdl": 1.0}')
+    write_checked(tmp / "0_seed=0" / "results.json", {"config": {"seed": 0}, "paper_mdl": 1.0})
     return a_file(tmp)
 
 
@@ -168,13 +177,10 @@ def damaged_multirun(tmp: Path) -> list[str]:
 
 def hand_edited_result(tmp: Path) -> list[str]:
     """A sweep folder of two checked results.json (as runs write them), one with its paper MDL edited by hand."""
-    sys.path.insert(0, str(REPO))
-    from mdl.results import write_checked_json
-
     for seed in (0, 1):
         (tmp / f"{seed}_seed={seed}").mkdir()
         record = {"config": {"seed": seed, "model": {"name": "mlp"}, "eraser": {"name": "none"}}, "paper_mdl": 4.39}
-        write_checked_json(tmp / f"{seed}_seed={seed}" / "results.json", record)
+        write_checked(tmp / f"{seed}_seed={seed}" / "results.json", record)
     edited = tmp / "1_seed=1" / "results.json"
     edited.write_text(edited.read_text().replace('"paper_mdl": 4.39', '"paper_mdl": 94.39'))
     return []
