@@ -79,9 +79,16 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (eager: no code generation)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
+        "--sides",
+        default="one,stack",
+        help="one,stack: both (the ratio); stack: the stack alone (its compile time with a warm inductor cache)",
+    )
+    parser.add_argument(
         "--json", default=None, metavar="FILE", help="also write each setting's numbers as JSON (scripts/gpu_check.py)"
     )
     args = parser.parse_args()
+    if args.sides not in ("one,stack", "stack"):
+        parser.error(f"--sides must be one,stack or stack, got {args.sides!r}")
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(
@@ -91,6 +98,18 @@ def main() -> None:
     for setting in args.settings.split(","):
         if setting not in SETTINGS:
             raise SystemExit(f"error: unknown setting {setting!r}; choose from {sorted(SETTINGS)}")
+        if args.sides == "stack":  # the stack alone, e.g. a second process finding the first one's inductor cache
+            many, warm_many, graphs_many = examples_per_second_and_graphs(args, args.members, setting, device)
+            print(
+                f"{setting:14s} {args.members} members stacked {many:10.0f} ex/s  (warm-up {warm_many:.1f} s)",
+                flush=True,
+            )
+            rows[setting] = {
+                "stacked_ex_s": many,
+                "warmup_s": [None, warm_many],
+                "graphs_compiled": [None, graphs_many],
+            }
+            continue
         one, warm_one, graphs_one = examples_per_second_and_graphs(args, 1, setting, device)
         many, warm_many, graphs_many = examples_per_second_and_graphs(args, args.members, setting, device)
         compiled = SETTINGS[setting][1]

@@ -35,7 +35,11 @@ class StackableConvNeXt(ConvNeXt):
     grouped convolutions (models.convnext_stacked) instead of vmap's per-member fallbacks."""
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return convnext_stacked.forward_stacked(self, params, x)
+        return convnext_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
+
+    def compile_stacked(self, backend: str) -> None:
+        """Compile the repeated block only (``StackedModel.compile`` asks): ``convnext_stacked.compile_blocks``."""
+        self.__dict__["compiled_block"] = convnext_stacked.compile_blocks(backend)
 
 
 def stage_widths(width: int) -> list[int]:

@@ -74,6 +74,10 @@ class StackedModel(nn.Module):
         member axis shrinks: it is marked dynamic (``run``), so one graph serves every stack size instead of one
         per size; training and evaluation (autograd on or off, one batch per member or one shared) and a stack
         of one member (which dynamo specialises) get their own graphs (tests/test_one_engine.py counts them)."""
+        regional = getattr(self.template, "compile_stacked", None)
+        if regional is not None:  # the model compiles its repeated block itself (models.convnext_stacked)
+            regional(backend)
+            return
         import torch._dynamo
 
         # dynamo takes parameters' shapes as static by default: the stacked weights' member axis must not be

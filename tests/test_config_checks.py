@@ -136,3 +136,17 @@ def test_an_option_the_eraser_does_not_take_is_refused_before_the_data_are_loade
     for eraser in ("none", "leace", "qleace", "alf_qleace", "gradient", "random"):
         validate_config(compose_config([*FAST, f"eraser={eraser}"]))  # every shipped option is taken
     validate_config(compose_config([*FAST, "eraser=random", "eraser.options.rank_from=leace"]))
+
+
+@pytest.mark.parametrize("model", ["convnext", "swin"])
+def test_trainer_gpu_stacks_convnext_and_swin_where_stacks_pay(model: str) -> None:
+    """On a CPU one member per fit is their faster grouping; under trainer=gpu (bf16 + compile) a stack trains more
+    examples per second (conf/trainer/gpu.yaml cites the measurement), so it is their default there. A packed sweep
+    packs them then, as it does MLPs (mdl.run.pack.pack_key)."""
+    from mdl.run.pack import pack_key
+
+    assert compose_config([f"model={model}"]).mdl.members_per_fit == 1
+    on_gpu = compose_config([f"model={model}", "trainer=gpu"])
+    assert on_gpu.mdl.members_per_fit == "auto"
+    assert pack_key(compose_config([f"model={model}"])) is None and pack_key(on_gpu) is not None
+    assert compose_config([f"model={model}", "trainer=gpu", "mdl.members_per_fit=1"]).mdl.members_per_fit == 1

@@ -209,3 +209,28 @@ def test_inductor_compiles_convnexts_stacked_form_on_one_channel_images(tmp_path
     torch.testing.assert_close(
         shared, eager.run(eager.param_dict(), eager.buffer_dict(), x[0], shared_input=True), rtol=1e-4, atol=1e-5
     )
+
+
+def test_compiled_convnext_blocks_make_one_graph_per_stage_however_many_members_leave() -> None:
+    """trainer.compile on a stacked ConvNeXt compiles the repeated block (models.convnext_stacked.compile_blocks),
+    not the whole network: one graph per stage for training and one for evaluation, and none more when members leave
+    the stack or a batch is short (their axes are symbolic). The eager backend traces as inductor would, fast."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    stack = StackedModel([create_model("convnext", 8, 1, 10, (3, 16, 16), base_width=8) for _ in range(3)])
+    stack.compile("eager")
+    x = torch.rand(3, 4, 3, 16, 16)
+    stack(x).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 4  # ConvNeXt's four stages
+    stack.keep(torch.tensor([0, 2]))
+    stack(x[:2]).sum().backward()
+    stack(x[:2, :3]).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 4
+    with torch.no_grad():
+        stack(x[:2])
+    assert counters["stats"]["unique_graphs"] == 8
+    torch._dynamo.reset()

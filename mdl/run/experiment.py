@@ -59,7 +59,7 @@ from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run,
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.engine.protocol import LoopRules
 from mdl.schedule import block_boundaries, protocol_rounding
-from models.precision import check_compile, set_float32_precision
+from models.precision import check_compile, set_float32_precision, share_compile_cache
 
 log = logging.getLogger(__name__)
 
@@ -358,6 +358,8 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
         channels_last=t.channels_last,
         compile_backend=check_compile(t.compile),
     )
+    if fitting.compile_backend is not None:
+        share_compile_cache(cfg.paths.get("compile_cache_dir"))
     return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, fits)
 
 
