@@ -66,7 +66,7 @@ LEASE = Sizes(
     # of 4 runs past 40 s (start-up and diagnostics); ConvNeXt x10 bf16+compile 130 s of compiling the whole stack
     # (now its blocks: models/convnext_stacked.py compile_blocks); 11 gpu tests in 195 s, one compiled test taking the
     # rest. Each cap is at least 1.5x a measured time; the steps share --budget-s, pytest (last) gets what is left.
-    caps_s={"default": 32, "convnext": 100, "swin": 80, "epochs": 75, "pytest": 400, "mlp1024": 130, "pack": 120},
+    caps_s={"default": 60, "convnext": 95, "swin": 70, "epochs": 65, "pytest": 400, "mlp1024": 130, "pack": 120},
     default=[],
     cifar=[
         "data.options.shape=[3,32,32]",
@@ -83,7 +83,7 @@ LEASE = Sizes(
     convnext=["--width", "64", "--members", "10", "--settings", "bf16_compile", "--steps", "10"],
     swin=["--width", "32", "--members", "10", "--settings", "bf16_compile", "--steps", "10"],
     # ConvNeXt width 40 depth 2 and Swin width 32 depth 2 on CIFAR-10's shape (POINTS 9 and 12): the App. C sizes
-    epochs=["--points", "9,12", "--settings", "fp32_high,bf16_compile", "--budget-s", "55"],
+    epochs=["--points", "9,12", "--settings", "fp32_high,bf16_compile", "--budget-s", "45"],
     pack=[
         "debug=fast",
         "width=1024",
@@ -239,14 +239,22 @@ class Check:
             step.metrics = pytest_tally(self.last_output)
 
     def default(self, step: Step) -> None:
-        start = time.monotonic()
-        (result,) = self.launch(step, self.sizes.default, self.work / "default", self.cap("default"))
+        """The default run as a user starts it (seconds from launch to its training), then the reference record of
+        this environment (scripts/make_reference.py: both fit modes) for tests/reference/default_runs.json."""
+        start = time.time()
+        (result,) = self.launch(step, self.sizes.default, self.work / "default", self.cap("default") / 2)
+        seconds = time.time() - start
+        (log,) = (self.work / "default" / "runs").rglob("launch.log")
         step.metrics = {
             "paper_mdl": result["paper_mdl"],
             "final_val_loss": result["final_val_loss"],
-            "seconds": round(time.monotonic() - start, 1),
+            "seconds": round(seconds, 1),
+            "seconds_to_training": round(training_start(log.read_text()) - start, 1),
             "device": result["device"],
         }
+        reference = self.out / "default_runs.json"
+        self.run(step, [sys.executable, "scripts/make_reference.py", "--out", str(reference)], self.cap("default"))
+        step.metrics["reference_record"] = reference.name
 
     def mlp1024(self, step: Step) -> None:
         path = self.work / "mlp_step.json"
@@ -374,14 +382,23 @@ class Check:
         (self.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
 
 
+def _log_times(log: str) -> list[tuple[float, str, str]]:
+    """(epoch seconds, logger, first word of the message) of each line of a run's launch.log."""
+    lines = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\]\[([\w.]+)\]\[\w+\] - (\S+)", log, flags=re.M)
+    return [
+        (time.mktime(time.strptime(t, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000, who, word) for t, ms, who, word in lines
+    ]
+
+
+def training_start(log: str) -> float:
+    """When a run started training: its "run <key> (fits: ...)" line, after the data and the eraser."""
+    return next(t for t, who, word in _log_times(log) if who == "mdl.run.experiment" and word == "run")
+
+
 def training_seconds(log: str) -> float:
-    """Seconds from a run's start of training (its "run <key> (fits: ...)" line) to its last ledger line, from the
-    timestamps of its launch.log: training alone, whatever start-up and data preparation took."""
-    stamps = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]\[([\w.]+)\]\[\w+\] - (\S+)", log, flags=re.M)
-    parsed = [(time.strptime(t[:19], "%Y-%m-%d %H:%M:%S"), int(t[20:]), module, word) for t, module, word in stamps]
-    start = next(p for p in parsed if p[2] == "mdl.run.experiment" and p[3] == "run")
-    end = [p for p in parsed if p[2] == "mdl.engine.ledger"][-1]
-    return (time.mktime(end[0]) + end[1] / 1000) - (time.mktime(start[0]) + start[1] / 1000)
+    """Seconds from a run's start of training to its last ledger line (timestamps of its launch.log): training
+    alone, whatever start-up and data preparation took."""
+    return [t for t, who, _ in _log_times(log) if who == "mdl.engine.ledger"][-1] - training_start(log)
 
 
 def _round(value: Any) -> Any:

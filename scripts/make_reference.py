@@ -2,6 +2,7 @@
 
     python scripts/make_reference.py            # add or replace the record of this environment
     python scripts/make_reference.py --readme   # ... and mark it as the README's (the lock's environment)
+    python scripts/make_reference.py --out F    # write the reference with this record to F (a GPU lease: $OUT)
 
 A run's last bits follow its environment (torch build, CPU kernels, threads: mdl/run/environment.py), so the
 reference holds one record per environment it was made in. tests/test_one_engine.py compares a run bit for bit
@@ -50,6 +51,9 @@ def matching_record(reference: dict, environment: dict) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--readme", action="store_true", help="mark this record as the one README.md prints")
+    parser.add_argument(
+        "--out", type=Path, default=REFERENCE, help="where the reference with this record goes (default: the tests')"
+    )
     args = parser.parse_args()
     from hydra import compose, initialize_config_dir
 
@@ -79,8 +83,8 @@ def main() -> None:
             r.pop("readme", None)
         record["readme"] = True
     reference["records"].append(record)
-    atomic_write_bytes(REFERENCE, json.dumps(reference, indent=1).encode() + b"\n")
-    print(f"{'replaced' if old else 'added'} the record of this environment in {REFERENCE}")
+    atomic_write_bytes(args.out, json.dumps(reference, indent=1).encode() + b"\n")
+    print(f"{'replaced' if old else 'added'} the record of this environment in {args.out}")
 
 
 if __name__ == "__main__":
