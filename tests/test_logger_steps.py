@@ -1,5 +1,6 @@
-"""Every logger on one step axis that advances: TensorBoard's event steps, the CSV's step column and W&B's
-trainer/global_step are the same count of logged rows, and ``epoch`` is each member's own epoch."""
+"""Every logger puts a fit's curves against its own epoch: TensorBoard's event steps, the CSV's step column and W&B's
+trainer/global_step of a per-epoch row are that fit's epoch, from 0, also in a stacked fit where blocks train at
+once (a shared count of rows interleaved them)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[int]]:
     return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_tensorboard_csv_and_wandb_share_one_advancing_step(small_sweep) -> None:
+def test_tensorboard_csv_and_wandb_put_each_fit_against_its_own_epochs(small_sweep) -> None:
     pytest.importorskip(
         "tensorboard", reason="logger=tensorboard needs the tensorboard extra: pip install -e '.[tensorboard]'"
     )
@@ -31,20 +32,34 @@ def test_tensorboard_csv_and_wandb_share_one_advancing_step(small_sweep) -> None
     run_dir = small_sweep.run_dirs[0]
 
     scalars = tensorboard_scalars(run_dir / "tensorboard")
-    for tag in ("final/val_loss", "block01/val_loss", "epoch"):
-        steps = scalars[tag]
-        assert len(steps) > 1 and steps == sorted(set(steps)), (tag, steps)  # one event per step, advancing
-    assert max(scalars["final/val_loss"]) > max(scalars["block01/val_loss"])  # the final fit after the blocks
+    series = [t for t in scalars if t.endswith(("/val_loss", "/train_loss")) and "best" not in t and "last" not in t]
+    assert {"final/val_loss", "block01/val_loss", "block02/val_loss"} <= set(series)
+    for tag in series:
+        assert scalars[tag] == list(range(len(scalars[tag]))), (tag, scalars[tag])  # its own epochs, from 0
 
     with open(run_dir / "csv" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    csv_steps = [int(r["step"]) for r in rows]
-    assert csv_steps == sorted(set(csv_steps))
-    csv_final = [int(r["step"]) for r in rows if r.get("final/val_loss")]
-    assert csv_final == scalars["final/val_loss"]  # the same x for the same row in both files
+    for name in ("final", "block01", "block02"):
+        csv_rows = [r for r in rows if r.get(f"{name}/val_loss")]
+        assert [int(r["step"]) for r in csv_rows] == [int(float(r["epoch"])) for r in csv_rows]
+        assert [int(r["step"]) for r in csv_rows] == scalars[f"{name}/val_loss"]  # the same x in both files
 
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     wandb_final = [int(r["trainer/global_step"]) for r in history(run_file) if "final/val_loss" in r]
-    assert wandb_final == csv_final
-    epochs = [int(float(r["epoch"])) for r in rows if r.get("final/val_loss")]
-    assert epochs == list(range(len(epochs)))  # epoch: the fit's own epoch, from 0
+    assert wandb_final == scalars["final/val_loss"]
+
+
+def test_a_stacked_fits_blocks_each_log_against_their_own_epochs(tmp_path: Path) -> None:
+    """The blocks of a stacked fit train at once; each block's rows still carry its own epochs as their step (the
+    default's CSV had block01 on steps 0..91 and block09 on 23..746 while they shared one count of rows)."""
+    from conftest import FAST, compose_config
+    from mdl.run.experiment import run_experiment
+
+    cfg = compose_config([*FAST, "mdl.members_per_fit=all", "mdl.num_blocks=4", "logger=csv"], tmp_path)
+    run_experiment(cfg, tmp_path / "run")
+    (metrics,) = (tmp_path / "run").rglob("metrics.csv")
+    with open(metrics) as f:
+        rows = list(csv.DictReader(f))
+    for name in ("block01", "block02", "block03", "final"):  # num_blocks boundaries: 3 blocks and the final fit
+        steps = [int(r["step"]) for r in rows if r.get(f"{name}/val_loss")]
+        assert steps == list(range(len(steps))) and len(steps) > 1, (name, steps)

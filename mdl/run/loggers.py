@@ -2,8 +2,8 @@
 the W&B extras, for runs that train and for runs skipped as already done.
 
 - every prequential block's training and validation loss as its own series, numbered from 1
-  (``block03/val_loss``), and the final fit's (``final/val_loss``), all against one ``epoch`` axis so
-  they overlay in one chart, logged live at each epoch's end by both kinds of fit;
+  (``block03/val_loss``), and the final fit's (``final/val_loss``), each against its own epoch (the step of
+  every logger, and ``epoch``) so they overlay in one chart, logged live at each epoch's end by both kinds of fit;
 - the numbers a reader compares (paper MDL, online code, every erasure diagnostic, and each fit's
   ``<block or final>/best_val_loss`` (the kept weights') and ``/last_val_loss`` (the last epoch's)) as
   metrics, and in W&B as the run *summary* (one value per run, not a one-point chart; the per-epoch
@@ -76,22 +76,24 @@ def is_wandb(cfg: DictConfig) -> bool:
 class LoggerGroup:
     """The run's loggers as one: every metric goes to each; W&B's run (summary, media, artifacts) is the W&B one's.
 
-    One step axis for all of them: each logged row gets the next ``step`` of the run (TensorBoard's step, the CSV's
-    ``step`` column, W&B's ``trainer/global_step``), so no two rows of a series share an x; ``epoch``, logged with
-    every loss, is the member's own epoch. Lightning's loggers left alone put every TensorBoard event at step 0 and
-    restart the CSV's count at each flush."""
+    The step (TensorBoard's x, the CSV's ``step`` column, W&B's ``trainer/global_step``) of a fit's per-epoch row is
+    that fit's own epoch (``epoch``, logged beside it), so each block's curves lie against its own epochs, from 0, in
+    every logger: the blocks of a stacked fit train at once, and a shared count of rows interleaved them. Any other
+    row (a block's code length, the run's numbers) gets the next of a count of such rows. Lightning's loggers left
+    alone put every TensorBoard event at step 0 and restart the CSV's count at each flush."""
 
     def __init__(self, loggers: list[Any], wandb: Any = None, run_images: str | None = None) -> None:
         self.loggers = loggers
         self.wandb = wandb  # the W&B logger among them, if any
         self.run_images = run_images  # the W&B logger's run_images function (a dotted name), if any
-        self.step = 0  # the next row's step
+        self.step = 0  # the next step of a row that is not a fit's epoch
 
-    def log_metrics(self, metrics: dict[str, Any], loggers: list[Any] | None = None) -> None:
-        """One row at the next step, to every logger (or to ``loggers`` among them)."""
+    def log_metrics(self, metrics: dict[str, Any], loggers: list[Any] | None = None, step: int | None = None) -> None:
+        """One row at ``step`` (None: the next of the count), to every logger (or to ``loggers`` among them)."""
+        if step is None:
+            step, self.step = self.step, self.step + 1
         for logger in self.loggers if loggers is None else loggers:
-            logger.log_metrics(metrics, step=self.step)
-        self.step += 1
+            logger.log_metrics(metrics, step=step)
 
     def finalize(self, status: str) -> None:
         for logger in self.loggers:
@@ -260,7 +262,7 @@ def log_epoch(
     metrics = {f"{name}/val_loss": val_loss, f"{name}/train_loss": train_loss, "epoch": epoch}
     if val_accuracy is not None:
         metrics[f"{name}/val_accuracy"] = val_accuracy
-    logger.log_metrics(metrics)
+    logger.log_metrics(metrics, step=epoch)
 
 
 def live_epochs(logger: LoggerGroup, num_blocks: int) -> Callable[..., None]:
@@ -313,7 +315,7 @@ def _log_final(logger: LoggerGroup, results: dict[str, Any], run_dir: Path, live
             continue
         for epoch, value in enumerate(curve):
             if value is not None:
-                logger.log_metrics({f"final/{name}": value, "epoch": epoch})
+                logger.log_metrics({f"final/{name}": value, "epoch": epoch}, step=epoch)
     numbers = {k: results[k] for k in SUMMARY_KEYS if results.get(k) is not None}
     erasure = {
         f"erasure/{k}": v

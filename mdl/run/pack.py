@@ -242,10 +242,11 @@ def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule])
     prepared = []
     for job in jobs:
         dm = modules.get(data_key(job.cfg))
-        with own_lines(*([job.key] if dm is not None else _sharing_data(job, jobs))):  # the data's lines: each run's
-            run = prepare_run(job, dm=dm)
-        modules.setdefault(data_key(job.cfg), run.run.data)
-        prepared.append(run)
+        if dm is None:
+            with own_lines(*_sharing_data(job, jobs)):  # the data's lines: in the log of each run it serves
+                dm = modules[data_key(job.cfg)] = job_data(job)
+        with own_lines(job.key):  # the run's own lines ("run <key> ..."): in its log only
+            prepared.append(prepare_run(job, dm=dm))
     return prepared
 
 
