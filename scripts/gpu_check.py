@@ -1,25 +1,26 @@
 """The GPU check of one lease: every CUDA path and the GPU-hours numbers, in two calls of at most 420 s each.
 
     bash scripts/gpu_check.sh                                   # call 1 on the device machine (the default steps)
-    bash scripts/gpu_check.sh --steps versions,mlp1024,pack,pytest   # call 2, right after (the machine is warm)
+    bash scripts/gpu_check.sh --steps versions,pytest,mlp1024   # call 2, right after (the machine is warm)
     python scripts/gpu_check.py --dry-run                       # on a CPU, toy sizes, in the test suite
 
 A 15-minute lease holds a start (about a minute) and two such calls. Steps, in this order (each capped at 1.5x or
 more of what an H200 took, all within --budget-s; a failure is recorded and the next step runs):
   versions   the software and GPU it ran with (mdl/run/environment.py)
-  default    the default run on the device; paper MDL and seconds
+  default    the default run on the device (paper MDL, seconds from launch to training), then this environment's
+             record for tests/reference/default_runs.json (scripts/make_reference.py --out $OUT/default_runs.json)
   convnext   ConvNeXt width 64, 10 members: stacked + bf16 + compile against one member with bf16 + compile
              (benchmarks/bench_stacked_speed.py; goal >= 2.5x); the stack's compile time cold, then in a second
              process with the first one's inductor cache (a sweep's second job of the same shape)
   swin       the same for Swin V2 width 32 (models/swin_stacked.py)
   epochs     benchmarks/bench_epoch_times.py --device cuda: ConvNeXt's and Swin's rows at the paper presets'
              setting (fp32_high) and bf16_compile, one member and a stack, for conf/cost/epoch_times.yaml `gpu`
-  pytest     `pytest -m gpu`, a per-test cap, counted per outcome (also when cut short)
-Second call (--steps):
-  mlp1024    a CIFAR-shaped run (synthetic 3x32x32) of the MLP width 1024, every member in one fit and one member per
-             fit, the data cache built first so both sides start alike: examples per second from the runs' own
-             training time (their logs) beside process wall; and the framework's step of 10 members against one
   pack       a packed sweep of 4 runs against the same 4 runs alone: every number equal, bit for bit
+Second call (--steps versions,pytest,mlp1024):
+  pytest     `pytest -m gpu`, a per-test cap, counted per outcome (also when cut short)
+  mlp1024    a CIFAR-shaped run (synthetic 3x32x32) of the MLP width 1024, every member in one fit and one member per
+             fit: examples per second from the runs' own training time (their logs) beside process wall (the first
+             run builds the data's cache); and the framework's step of 10 members against one
 Writes $OUT/gpu_check.json and $OUT/gpu_check.md (OUT defaults to ./gpu_check_out).
 """
 
@@ -435,8 +436,9 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-STEPS = ("versions", "default", "convnext", "swin", "epochs", "pytest", "mlp1024", "pack")
-FIRST_CALL = ("versions", "default", "convnext", "swin", "epochs", "pytest")  # the default --steps; the rest: call 2
+STEPS = ("versions", "default", "convnext", "swin", "epochs", "pack", "pytest", "mlp1024")
+FIRST_CALL = ("versions", "default", "convnext", "swin", "epochs", "pack")  # the default --steps: the GPU-hours numbers
+SECOND_CALL = ("versions", "pytest", "mlp1024")  # --steps of the call right after: the GPU tests, then the MLP's rates
 
 
 def main(argv: list[str] | None = None) -> int:
