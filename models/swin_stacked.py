@@ -1,7 +1,8 @@
 """Swin V2 of M members as one network, for both Swins ``models.swin.build_swin`` makes: timm's
 ``SwinTransformerV2`` (ours) and torchvision's ``SwinTransformer`` with V2 blocks (``variant=original``).
 
-vmap runs a stack of Swins as whatever batching rules it has per op; here the tokens are member-major,
+Under vmap a stack of Swins ran op by op through vmap's batching rules, and stochastic depth's random draws not
+at all; here the tokens are member-major,
 (M, B, H, W, C), and every layer is one kernel whatever M is: a linear layer is one batched matmul over the
 members (``_linear``), a layer norm normalises each member's tokens with its own gain and bias, the patch
 embedding (a convolution whose kernel is its stride) is a batched matmul over the patches, and a block's window

@@ -100,6 +100,15 @@ def test_the_stacks_tested_shift_and_pad_and_make_torchvisions_tables() -> None:
     torch.testing.assert_close(index, block.attn.relative_position_index, rtol=0, atol=0)
 
 
+def test_structures_the_stacked_form_does_not_reproduce_are_not_stackable() -> None:
+    timm_swin, torchvision_swin = members(1, "timm")[0], members(1, "original")[0]
+    assert swin_stacked.stackable(timm_swin) and swin_stacked.stackable(torchvision_swin)
+    timm_swin.layers[0].blocks[1].attn.attn_drop = torch.nn.Dropout(0.1)  # attention dropout: no stacked form
+    torchvision_swin.features[1][1].stochastic_depth.mode = "batch"  # one draw for the whole batch
+    assert not swin_stacked.stackable(timm_swin) and not swin_stacked.stackable(torchvision_swin)
+    assert not swin_stacked.stackable(create_model("convnext", 8, 1, 10, SHAPE, base_width=8))
+
+
 def test_a_stacked_swin_runs_its_stacked_form_not_vmap(monkeypatch) -> None:
     def no_vmap(*args, **kwargs):
         raise AssertionError("vmap used")
