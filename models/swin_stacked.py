@@ -84,6 +84,12 @@ def _linear(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return out.view(*h.shape[:-1], weight.shape[1])
 
 
+def _pad(h: Tensor, bottom: int, right: int) -> Tensor:
+    """Zeros below and right of the grid of h (M, B, H, W, C), as the libraries' ``F.pad(x, (0, 0, 0, right, 0,
+    bottom))``; nothing (no copy) where none is needed."""
+    return F.pad(h, (0, 0, 0, right, 0, bottom)) if bottom or right else h
+
+
 def _norm(params: dict[str, Tensor], name: str, norm: nn.Module, h: Tensor) -> Tensor:
     """Each member's ``nn.LayerNorm`` over the channels of its tokens h (M, ..., C)."""
     return ops.layer_norm_member_major(h, params[f"{name}.weight"], params[f"{name}.bias"], norm.eps)
@@ -105,7 +111,7 @@ def _merge_patches(params: dict[str, Tensor], name: str, norm: nn.Module, h: Ten
     torchvision ``_patch_merging_pad`` (cat of x[0::2, 0::2], x[1::2, 0::2], x[0::2, 1::2], x[1::2, 1::2]) order
     the four alike: the row offset varies fastest; both reduce (no bias) and then norm (``PatchMergingV2``)."""
     members, batch, height, width, channels = h.shape
-    h = F.pad(h, (0, 0, 0, width % 2, 0, height % 2))
+    h = _pad(h, height % 2, width % 2)
     height, width = h.shape[2], h.shape[3]
     h = h.reshape(members, batch, height // 2, 2, width // 2, 2, channels).permute(0, 1, 2, 4, 5, 3, 6).flatten(4)
     return _norm(params, f"{name}.norm", norm, _linear(h, params[f"{name}.reduction.weight"]))
@@ -263,7 +269,7 @@ def _timm_attention(block: SwinTransformerV2Block, params: dict[str, Tensor], na
         h = torch.roll(h, shifts=(-shift[0], -shift[1]), dims=(2, 3))
     pad_h = (window[0] - height % window[0]) % window[0]
     pad_w = (window[1] - width % window[1]) % window[1]
-    h = F.pad(h, (0, 0, 0, pad_w, 0, pad_h))
+    h = _pad(h, pad_h, pad_w)
     q_bias = params.get(f"{name}.q_bias")
     qkv_bias = None if q_bias is None else torch.cat((q_bias, torch.zeros_like(q_bias), params[f"{name}.v_bias"]), 1)
     weight = params[f"{name}.qkv.weight"]
@@ -358,7 +364,7 @@ def _torchvision_attention(attn: ShiftedWindowAttentionV2, params: dict[str, Ten
     window = list(attn.window_size)
     pad_r = (window[1] - width % window[1]) % window[1]
     pad_b = (window[0] - height % window[0]) % window[0]
-    h = F.pad(h, (0, 0, 0, pad_r, 0, pad_b))
+    h = _pad(h, pad_b, pad_r)
     pad_height, pad_width = h.shape[2], h.shape[3]
     shift = list(attn.shift_size)
     if window[0] >= pad_height:
