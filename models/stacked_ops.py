@@ -76,6 +76,12 @@ def layer_norm(h: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return torch.addcmul(bias, F.layer_norm(h, h.shape[-1:], eps=eps), weight)
 
 
+def layer_norm_member_major(h: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """Each member's LayerNorm over the last axis of member-major h (M, ..., C), with its own weight and bias (M, C)."""
+    shape = (weight.shape[0],) + (1,) * (h.ndim - 2) + (weight.shape[1],)
+    return torch.addcmul(bias.view(shape), F.layer_norm(h, h.shape[-1:], eps=eps), weight.view(shape))
+
+
 def channel_norm(params: dict[str, Tensor], name: str, eps: float, h: Tensor, members: int) -> Tensor:
     """timm's ``LayerNorm2d`` (a LayerNorm over the channels of each pixel) per member of (B, M*C, H, W)."""
     normed = layer_norm(members_last(h, members), params[f"{name}.weight"], params[f"{name}.bias"], eps)

@@ -66,6 +66,13 @@ class StackedModel(nn.Module):
     def buffer_dict(self) -> dict[str, Tensor]:
         return {n: getattr(self, f"stacked_buffer_{i}") for i, n in enumerate(self.buffer_names)}
 
+    def train(self, mode: bool = True) -> StackedModel:
+        """The template is no submodule, so its mode follows the stack's here (stochastic depth in a model's
+        ``forward_stacked`` reads it)."""
+        super().train(mode)
+        self.template.train(mode)
+        return self
+
     def forward(self, x: Tensor, chunks: Sequence[int] | None = None) -> Tensor:
         return self.run(self.param_dict(), self.buffer_dict(), x, shared_input=False, chunks=chunks)
 

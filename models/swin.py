@@ -59,8 +59,9 @@ import timm.models.swin_transformer_v2 as timm_swin_transformer_v2
 from mup import MuReadout
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 
-from torch import nn
+from torch import Tensor, nn
 
+from models import swin_stacked
 from models.mup_setup import fast_timm_init
 from models.registry import check_image_shape, register_model
 from models.swin_original import build_original_swin
@@ -68,6 +69,14 @@ from models.swin_original import build_original_swin
 # model.options.variant: timm (ours, the default; this module) | original (torchvision's, as the original code:
 # models.swin_original, the paper presets)
 VARIANTS = ("timm", "original")
+
+
+class StackableSwinTransformerV2(SwinTransformerV2):
+    """timm's Swin V2 with a stacked form: a fit of several members runs them as one network of batched matmuls and
+    one attention call per block (models.swin_stacked) instead of vmap over each member's forward."""
+
+    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return swin_stacked.forward_stacked(self, params, x)
 
 
 def stage_grids(grid: tuple[int, int], num_stages: int) -> list[tuple[int, int]]:
@@ -206,7 +215,7 @@ def build_swin(
             stacklevel=2,
         )
     with fast_timm_init(timm_swin_transformer_v2):  # timm's init, faster (the muP init replaces it anyway)
-        model = SwinTransformerV2(
+        model = StackableSwinTransformerV2(
             img_size=(h, w),
             patch_size=patch_size,
             in_chans=in_channels,
@@ -219,4 +228,6 @@ def build_swin(
             drop_path_rate=drop_path_rate,  # stochastic depth, linear in the block index (timm's rule)
         )
     model.head.fc = MuReadout(model.num_features, num_classes, readout_zero_init=True)
+    if not swin_stacked.stackable(model):
+        raise AssertionError("swin: the stacked form does not match this structure (models.swin_stacked)")
     return model

@@ -29,9 +29,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from mup import MuReadout
-from torch import nn
+from torch import Tensor, nn
 from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
 
+from models import swin_stacked
 from models.registry import check_image_shape
 
 ORIGINAL_HEADS = (
@@ -42,6 +43,14 @@ ORIGINAL_HEADS = (
 )  # original: mdl/vision_probe.py@5e66bb9:204 (atto; femto, pico, nano the same: :207, 210, 213)
 ORIGINAL_STAGE_DEPTHS = (1, 1, 3, 1)  # x depth 2 = [2, 2, 6, 2], original: mdl/vision_probe.py@5e66bb9:225
 ORIGINAL_WINDOW = 7  # original: mdl/vision_probe.py@5e66bb9:227 window_size=[7, 7]
+
+
+class StackableSwinTransformer(SwinTransformer):
+    """torchvision's Swin with a stacked form: a fit of several members runs them as one network (models.swin_stacked,
+    padding and all) instead of vmap over each member's forward."""
+
+    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return swin_stacked.forward_stacked(self, params, x)
 
 
 def build_original_swin(
@@ -88,7 +97,7 @@ def build_original_swin(
             f"swin: patch size {patch_size} does not divide the {h}x{w} input; set "
             f"model.options.patch_size to a divisor of both sides"
         )
-    model = SwinTransformer(
+    model = StackableSwinTransformer(
         patch_size=[patch_size, patch_size],
         embed_dim=width,
         depths=[depth * d for d in stage_depths],
@@ -103,4 +112,8 @@ def build_original_swin(
     if in_channels != 3:  # ours: torchvision's patch embedding takes RGB
         model.features[0][0] = nn.Conv2d(in_channels, width, kernel_size=patch_size, stride=patch_size)
     model.head = MuReadout(model.head.in_features, num_classes, readout_zero_init=True)
+    if not swin_stacked.stackable(model):
+        raise AssertionError(
+            "swin variant=original: the stacked form does not match this structure (models.swin_stacked)"
+        )
     return model

@@ -446,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="on a CPU at toy sizes (the test suite runs this)")
     parser.add_argument(
         "--steps",
-        default=",".join(FIRST_CALL),
-        help=f"comma list of {', '.join(STEPS)} (default: {','.join(FIRST_CALL)})",
+        default=None,
+        help=f"comma list of {', '.join(STEPS)} (default: {','.join(FIRST_CALL)}; with --dry-run every step)",
     )
     parser.add_argument(
         "--out", default=os.environ.get("OUT", "gpu_check_out"), help="where the record goes (default $OUT)"
