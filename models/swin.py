@@ -76,7 +76,11 @@ class StackableSwinTransformerV2(SwinTransformerV2):
     one attention call per block (models.swin_stacked) instead of vmap over each member's forward."""
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return swin_stacked.forward_stacked(self, params, x)
+        return swin_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
+
+    def compile_stacked(self, backend: str) -> None:
+        """Compile the repeated block only (``StackedModel.compile`` asks): ``swin_stacked.compile_blocks``."""
+        self.__dict__["compiled_block"] = swin_stacked.compile_blocks(backend)
 
 
 def stage_grids(grid: tuple[int, int], num_stages: int) -> list[tuple[int, int]]:

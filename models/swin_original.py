@@ -50,7 +50,11 @@ class StackableSwinTransformer(SwinTransformer):
     padding and all) instead of vmap over each member's forward."""
 
     def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return swin_stacked.forward_stacked(self, params, x)
+        return swin_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
+
+    def compile_stacked(self, backend: str) -> None:
+        """Compile the repeated block only (``StackedModel.compile`` asks): ``swin_stacked.compile_blocks``."""
+        self.__dict__["compiled_block"] = swin_stacked.compile_blocks(backend)
 
 
 def build_original_swin(

@@ -24,6 +24,8 @@ its own ``forward`` up to float rounding (tests/test_swin_stacked.py checks outp
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,11 +56,52 @@ def stackable(model: nn.Module) -> bool:
     return False
 
 
-def forward_stacked(model: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
-    """x (M, B, C, H, W) -> logits (M, B, K), member m with the weights params[name][m]."""
+def forward_stacked(model: nn.Module, params: dict[str, Tensor], x: Tensor, compiled: Callable | None = None) -> Tensor:
+    """x (M, B, C, H, W) -> logits (M, B, K), member m with the weights params[name][m]. ``compiled``: the blocks'
+    computation compiled (``compile_blocks``), or None to run them eagerly."""
+    run_block = _run_block if compiled is None else partial(_run_compiled_block, compiled)
     if isinstance(model, SwinTransformerV2):
-        return _timm_forward(model, params, x)
-    return _torchvision_forward(model, params, x)
+        return _timm_forward(model, params, x, run_block)
+    return _torchvision_forward(model, params, x, run_block)
+
+
+def compile_blocks(backend: str) -> Callable:
+    """The repeated block compiled, not the whole network (a stacked Swin compiled whole took 424 s on 2 CPU cores):
+    blocks of one structure (stage, shift, window, heads) share a graph, the member and batch axes are symbolic
+    (``_run_compiled_block``), so members leaving the stack recompile nothing; patch embedding, merging and the head
+    run eagerly."""
+    import torch._dynamo
+
+    torch._dynamo.config.force_parameter_static_shapes = False  # the stacked weights' member axis is symbolic
+    # a graph per block structure, for training and evaluation, a stack of several members and of one
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(_run_block, backend=backend, dynamic=False)
+
+
+def _run_block(block_fn: Callable, block: nn.Module, params: dict[str, Tensor], h: Tensor, training: bool) -> Tensor:
+    """One block: ``block_fn`` (``_timm_block`` or ``_torchvision_block``) on this block's own parameters, named
+    ``block.<name in the block>``, so every block of a structure is the same call."""
+    return block_fn(block, params, "block", h, training)
+
+
+def _run_compiled_block(
+    compiled: Callable, block_fn: Callable, block: nn.Module, params: dict[str, Tensor], h: Tensor, training: bool
+) -> Tensor:
+    import torch._dynamo
+
+    for t in params.values():
+        if t.shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+    for axis in (0, 1):
+        if h.shape[axis] > 1:
+            torch._dynamo.maybe_mark_dynamic(h, axis)
+    return compiled(block_fn, block, params, h, training)
+
+
+def _block_params(params: dict[str, Tensor], name: str) -> dict[str, Tensor]:
+    """The parameters under ``name``, renamed ``block.<rest>`` (what ``_run_block`` passes on)."""
+    prefix = f"{name}."
+    return {f"block.{k[len(prefix) :]}": v for k, v in params.items() if k.startswith(prefix)}
 
 
 def keep_factors(members: int, batch: int, keep: float, like: Tensor) -> Tensor:
@@ -232,7 +275,7 @@ def _timm_block_stackable(block: SwinTransformerV2Block) -> bool:
     )
 
 
-def _timm_forward(model: SwinTransformerV2, params: dict[str, Tensor], x: Tensor) -> Tensor:
+def _timm_forward(model: SwinTransformerV2, params: dict[str, Tensor], x: Tensor, run_block: Callable) -> Tensor:
     """timm ``SwinTransformerV2.forward``: patch_embed, layers, norm, head (mean over the grid, fc)."""
     expected = model.patch_embed.img_size
     if expected is not None and model.patch_embed.strict_img_size and tuple(x.shape[-2:]) != tuple(expected):
@@ -244,7 +287,7 @@ def _timm_forward(model: SwinTransformerV2, params: dict[str, Tensor], x: Tensor
         if not isinstance(stage.downsample, nn.Identity):
             h = _merge_patches(params, f"layers.{i}.downsample", stage.downsample.norm, h)
         for j, block in enumerate(stage.blocks):
-            h = _timm_block(block, params, f"layers.{i}.blocks.{j}", h, training)
+            h = run_block(_timm_block, block, _block_params(params, f"layers.{i}.blocks.{j}"), h, training)
     h = _norm(params, "norm", model.norm, h)
     return _head(model.head.fc, params, "head.fc", h.mean((2, 3)))
 
@@ -325,7 +368,7 @@ def _torchvision_block_stackable(block: nn.Module) -> bool:
     )
 
 
-def _torchvision_forward(model: SwinTransformer, params: dict[str, Tensor], x: Tensor) -> Tensor:
+def _torchvision_forward(model: SwinTransformer, params: dict[str, Tensor], x: Tensor, run_block: Callable) -> Tensor:
     """torchvision ``SwinTransformer.forward``: features (patch conv, permute, norm; stages and patch merging),
     norm, the average pool, head."""
     training = _drops_paths(model)
@@ -338,7 +381,7 @@ def _torchvision_forward(model: SwinTransformer, params: dict[str, Tensor], x: T
             h = _merge_patches(params, f"features.{i}", module.norm, h)
             continue
         for j, block in enumerate(module):
-            h = _torchvision_block(block, params, f"features.{i}.{j}", h, training)
+            h = run_block(_torchvision_block, block, _block_params(params, f"features.{i}.{j}"), h, training)
     h = _norm(params, "norm", model.norm, h)
     return _head(model.head, params, "head", h.mean((2, 3)))
 

@@ -219,3 +219,34 @@ def test_a_run_of_stacked_swins_codes_as_one_member_per_fit(tmp_path) -> None:
         for fits in ("1", "all")
     }
     assert results["1"]["paper_mdl"] == pytest.approx(results["all"]["paper_mdl"], abs=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_swin_blocks_share_graphs_and_none_more_as_members_leave(variant: str) -> None:
+    """trainer.compile on a stacked Swin compiles its repeated block (models.swin_stacked.compile_blocks), not the
+    whole network: blocks of one structure share a graph, and members leaving the stack or a short batch compile
+    nothing more (their axes are symbolic). The eager backend traces as inductor would, fast; numbers as eager."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    made = members(3, variant)
+    eager, compiled = StackedModel(made), StackedModel(made)
+    compiled.compile("eager")
+    x = torch.rand(3, 3, *SHAPE)
+    compiled.eval(), eager.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), eager(x))
+    compiled.train()
+    compiled(x).sum().backward()
+    graphs = counters["stats"]["unique_graphs"]
+    blocks = sum(1 for m in made[0].modules() if "Block" in type(m).__name__)
+    # the blocks compiled, not the network (that would be one graph per mode): one per block structure and mode
+    assert "compiled_block" in compiled.template.__dict__ and 2 < graphs <= 2 * blocks
+    compiled.keep(torch.tensor([0, 2]))
+    compiled(x[:2]).sum().backward()
+    compiled(x[:2, :2]).sum().backward()
+    assert counters["stats"]["unique_graphs"] == graphs
+    torch._dynamo.reset()
