@@ -7,7 +7,8 @@ thread waits in short joins, so the handler's exception ends the wait at once; t
 cache writes are renames, so nothing half-written is ever read; a temporary is removed by the next start,
 datamodules.cache). The process must then end without waiting for the worker: ``abandoned`` says so
 (mdl.run.exits ends it with ``os._exit``). Everything else (results, numbers, warnings, logs) is as if the
-work ran in the main thread: torch's and numpy's random state and thread settings are process-wide.
+work ran in the main thread: torch's and numpy's random state and thread settings are process-wide, and the worker
+runs in a copy of the caller's context (its context variables: a pack's line owners, mdl.run.job_logs).
 
 Work that can resume (an eraser fit that keeps its partial state, datamodules.fit_progress) registers a save with
 ``saved_if_abandoned``: the main thread runs it before the exception goes on, so the stop keeps the last finished
@@ -16,6 +17,7 @@ step.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ def interruptible(work: Callable[[], T]) -> T:
         return work()
     outcome: dict[str, Any] = {}
     device = _cuda_device()
+    context = contextvars.copy_context()  # the caller's context variables (e.g. which job's log a line goes to)
 
     def run() -> None:
         try:
@@ -42,7 +45,7 @@ def interruptible(work: Callable[[], T]) -> T:
                 import torch
 
                 torch.cuda.set_device(device)  # the current device is per thread
-            outcome["value"] = work()
+            outcome["value"] = context.run(work)
         except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
             outcome["error"] = err
 

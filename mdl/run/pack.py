@@ -47,6 +47,7 @@ from mdl.run.experiment import (
 )
 from mdl.run.identity import config_hash, members_per_fit
 from mdl.run.job_logs import job_log_files, own_lines, owned_by
+from mdl.run.phases import PROFILE_DIR, profiled_phases
 from mdl.run.storage import require_space, run_lock
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,9 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
 
 
 def _run_alone(job: Job) -> dict[str, Any]:
-    with own_lines(job.key), job.disk_errors_named():
+    """A run of a sweep that trains alone; with a profiler (such a run is never packed), where its time went."""
+    profile = job.run_dir / PROFILE_DIR
+    with own_lines(job.key), job.disk_errors_named(), profiled_phases(job.cfg.trainer.get("profiler"), profile):
         return finish_run(*train_alone(prepare_run(job)))
 
 
@@ -242,10 +245,11 @@ def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule])
     prepared = []
     for job in jobs:
         dm = modules.get(data_key(job.cfg))
-        with own_lines(*([job.key] if dm is not None else _sharing_data(job, jobs))):  # the data's lines: each run's
-            run = prepare_run(job, dm=dm)
-        modules.setdefault(data_key(job.cfg), run.run.data)
-        prepared.append(run)
+        if dm is None:
+            with own_lines(*_sharing_data(job, jobs)):  # the data's lines: in the log of each run it serves
+                dm = modules[data_key(job.cfg)] = job_data(job)
+        with own_lines(job.key):  # the run's own lines ("run <key> ..."): in its log only
+            prepared.append(prepare_run(job, dm=dm))
     return prepared
 
 
