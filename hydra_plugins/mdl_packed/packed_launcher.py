@@ -130,11 +130,15 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
 
 
 @contextmanager
-def lines_named_as_in_a_job(hydra_cfg: DictConfig) -> Iterator[None]:
+def lines_named_as_in_a_job(hydra_cfg: DictConfig | None) -> Iterator[None]:
     """While a pack trains, this process's lines look as a job's do (Hydra's ``job_logging``: the logger's name and
     level, ``[datamodules.datamodule][INFO] - ...``), not as the launcher's own (``hydra_logging``: ``[HYDRA] ...``,
     which the jobs' checks leave configured); then the launcher's again. The jobs' log files are the pack's
-    (mdl.run.job_logs), so ``job_logging``'s own file handlers are left out."""
+    (mdl.run.job_logs), so ``job_logging``'s own file handlers are left out. No Hydra config (a job made outside
+    Hydra): the logging as it is."""
+    if hydra_cfg is None:
+        yield
+        return
     hydra = hydra_cfg.hydra
     configure_log(console_only(hydra.job_logging), hydra.verbose)
     try:
