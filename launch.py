@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -24,6 +25,7 @@ def main(cfg: DictConfig) -> float | None:
     """One run (or, under ``-m``, one job of a sweep): check the config before torch is imported, so a wrong
     value fails in a second, print it, then run it (or ``debug=overfit``'s check instead). Returns the paper MDL,
     which Hydra's sweepers can optimise; a user error exits 2 with one line, as every launcher's job does."""
+    startup = {STARTUP[0]: time.perf_counter()}  # where start-up went, for debug=profile (mdl.run.phases)
     hc = HydraConfig.get()
     one_line_warnings()
     run_dir = Path(hc.runtime.output_dir)
@@ -41,11 +43,13 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(2)
     show_config(cfg, list(hc.overrides.task), run_dir)  # first, before the seconds torch and lightning take to import
     print(f"run: {run_dir} (loading torch and lightning)", flush=True)
+    startup[STARTUP[1]] = time.perf_counter()
 
     with imports_frozen():  # after Hydra parsed the command line
         from mdl.run.experiment import quiet_lightning, run_experiment, summary
     from mdl.results import RESULTS_FILE
 
+    startup[STARTUP[2]] = time.perf_counter()
     quiet_lightning()
     if cfg.get("overfit_one_batch"):  # debug=overfit: a check, not a run (mdl.run.debug_checks)
         from mdl.run.debug_checks import overfit_one_batch
@@ -57,9 +61,16 @@ def main(cfg: DictConfig) -> float | None:
             sys.exit(1)
         return None
     with ends_like_a_run():  # a user error: one line, exit 2; preemption: exit 143 (as every packed job ends)
-        results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task))
+        results = run_experiment(cfg, run_dir, overrides=list(hc.overrides.task), startup=startup)
     print(summary(results, run_dir / RESULTS_FILE), flush=True)
     return results["paper_mdl"]
+
+
+STARTUP = (  # launch.py's start-up phases, each ending where main() stamps it
+    "start-up: Python, Hydra, composing the config",
+    "start-up: checking and printing the config",
+    "start-up: importing torch, lightning and the framework",
+)
 
 
 def without_null_groups(argv: list[str]) -> list[str]:

@@ -35,8 +35,9 @@ from datamodules.interrupts import interruptible, saved_if_abandoned
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.options import DataOptions, EraserOptions
 from datamodules.sources import ImageSet
-from datamodules.splits import load_splits, transformed_before
+from datamodules.splits import Splits, load_splits, transformed_before
 from datamodules.stacked_batches import StackedBatches, TrainSource
+from datamodules.timing import timed
 from erasure import Eraser
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,12 @@ class ErasedDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         o, on = self.options, self.options.device
-        splits = functools.cache(lambda: transformed_before(load_splits(o), o.transform, on))
+
+        def load() -> Splits:
+            with timed("data: loading and splitting the source"):
+                return transformed_before(load_splits(o), o.transform, on)
+
+        splits = functools.cache(load)
 
         def cached_fit(spec: EraserOptions) -> Eraser:
             key = o.eraser_key(spec)
@@ -85,11 +91,12 @@ class ErasedDataModule(L.LightningDataModule):
             def fit() -> Eraser:  # the run's eraser with its options resolved (random's rank_from: another cached fit)
                 options = fit_options(spec, cached_fit) if spec is o.eraser else None
                 partial = self.cache.partial_path(key)
-                if partial is None or spec.checkpoint_every_s is None:
-                    return fit_on_scope(splits(), spec, on, options)
-                progress = PartialFit(partial, spec.checkpoint_every_s)
-                with saved_if_abandoned(progress.save_latest):  # a SIGTERM keeps the last finished step
-                    return fit_on_scope(splits(), spec, on, options, progress)
+                with timed("eraser: fit"):  # less the source's load, if it comes first here (timed on its own)
+                    if partial is None or spec.checkpoint_every_s is None:
+                        return fit_on_scope(splits(), spec, on, options)
+                    progress = PartialFit(partial, spec.checkpoint_every_s)
+                    with saved_if_abandoned(progress.save_latest):  # a SIGTERM keeps the last finished step
+                        return fit_on_scope(splits(), spec, on, options, progress)
 
             return self.cache.eraser(key, fit, describe=o.describe(spec))
 

@@ -31,6 +31,7 @@ from datamodules.erasure_checks import (
 from datamodules.options import DataOptions, EraserOptions
 from datamodules.settings import POOLED_ERASERS, ZSCORE_AFTER, default_options
 from datamodules.splits import Splits, apply_transform, fit_transform, zscore_map
+from datamodules.timing import timed
 from erasure import Eraser, fit_eraser
 from erasure.resumable import FitProgress
 
@@ -114,17 +115,18 @@ def erase_splits(splits: Splits, eraser: Eraser, options: DataOptions) -> tuple[
     }
     if options.diagnostics:
         skipped: dict[str, str] = {}
-        info["erasure"] = diagnose(
-            eraser,
-            splits,
-            train_x,
-            erased["val"],
-            skipped,
-            on,
-            raw_train=options.augment_order == "augment_then_erase",
-            own_edit_per_split=not getattr(eraser, "can_transform_new_data", True) and not options.eraser.fits_pool,
-            data_seed=options.data_seed,
-        )
+        with timed("eraser: diagnostics"):
+            info["erasure"] = diagnose(
+                eraser,
+                splits,
+                train_x,
+                erased["val"],
+                skipped,
+                on,
+                raw_train=options.augment_order == "augment_then_erase",
+                own_edit_per_split=not getattr(eraser, "can_transform_new_data", True) and not options.eraser.fits_pool,
+                data_seed=options.data_seed,
+            )
         if skipped:
             info["erasure_skipped"] = skipped
         log.info(diagnostics_summary(info["erasure"]))

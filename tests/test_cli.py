@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -189,10 +190,17 @@ def test_debug_fast_is_the_fast_settings() -> None:
 
 @pytest.fixture(scope="module")
 def profiled(finished_run, tmp_path_factory):
-    """`python launch.py debug=profile print_config=full` where the same config (debug=fast's) has already finished."""
+    """`python launch.py debug=profile print_config=full` where the same config (debug=fast's) has already finished,
+    without the data cache."""
     root = copy_output(finished_run, tmp_path_factory.mktemp("profiled") / "out")
-    proc = run_launch(["debug=profile", "print_config=full", f"paths.output_root={root}"], cwd=root)
+    started = time.perf_counter()
+    args = ["debug=profile", "print_config=full", "data.cache_dir=null", f"paths.output_root={root}"]
+    proc = run_launch(args, cwd=root)  # no data cache: the eraser is fitted (and diagnosed), as on a first launch
+    PROFILED_WALL_S[root] = time.perf_counter() - started
     return root, proc
+
+
+PROFILED_WALL_S: dict[Path, float] = {}  # the profiled launch's wall time, measured around its process
 
 
 def test_debug_profile_writes_and_shows_the_profile(profiled) -> None:
@@ -200,6 +208,27 @@ def test_debug_profile_writes_and_shows_the_profile(profiled) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     (report,) = root.glob("runs/*/*/profile/fit-profile.txt")
     assert "run_training_epoch" in report.read_text() and f"profile ({report}" in proc.stdout
+
+
+def test_debug_profile_breaks_the_whole_job_down_from_its_start_up_to_its_results(profiled) -> None:
+    """mdl.run.phases: besides Lightning's report (the fits alone: a fraction of a digits job), debug=profile writes
+    where the whole job's time went, from the process's start: start-up, data, eraser, the fits, the results; the
+    phases add up to the launch's wall time within 10% (its own is a little shorter: the summary and the
+    interpreter's exit come after), and the table is printed. Before: only the fits' 0.3 s of a 20 s job."""
+    root, proc = profiled
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (path,) = root.glob("runs/*/*/profile/phases.json")
+    breakdown = json.loads(path.read_text())
+    seconds = {p["phase"]: p["seconds"] for p in breakdown["phases"]}
+    names = list(seconds)
+    for start in ("start-up: ", "data: ", "eraser: fit", "eraser: diagnostics", "fit ", "results: "):
+        assert any(name.startswith(start) for name in names), (start, names)
+    assert names[0].startswith("start-up: ") and names[-2].startswith("results: "), names
+    wall = PROFILED_WALL_S[root]
+    timed = sum(s for name, s in seconds.items() if not name.startswith("untimed"))
+    assert abs(sum(seconds.values()) - breakdown["wall_s"]) < 0.01 and breakdown["from"] == "process start"
+    assert 0.9 * wall <= timed <= wall, (timed, wall, seconds)
+    assert f"; {path}):" in proc.stdout and "start-up: importing torch" in proc.stdout
 
 
 def test_debug_profile_runs_even_when_the_config_is_done(finished_run, profiled) -> None:

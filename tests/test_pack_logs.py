@@ -239,7 +239,8 @@ def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps
 ) -> None:
     """Each run's block lines carry its label, each run ends with its own ``paper MDL`` summary (as launch.py prints a
     run's), and each job folder's launch.log holds that job's lines and none of the other job's. Before: unlabelled
-    block lines of both runs, no summary, and a launch.log holding the next job's launch line (the last one empty)."""
+    block lines of both runs, no summary, and a launch.log holding the next job's launch line (the last one empty);
+    then the second job's log held the first job's start line, and every line of the pack was labelled ``[HYDRA]``."""
     from conftest import run_launch
 
     proc = run_launch(
@@ -262,6 +263,9 @@ def test_a_packed_sweep_names_each_run_on_its_lines_prints_its_summary_and_keeps
         assert f"{label}: block 1/2: trained on" in own and f"{label}: paper MDL: {results['paper_mdl']:.4f}" in own
         assert "data digits: train" in own  # the data the two runs share: in both logs
         assert f"{other}:" not in own and "\t#" not in own  # nothing of the other job, nor the next one's launch line
+        other_key = json.loads((jobs[other] / "results.json").read_text())["config_hash"]
+        assert f"run {other_key}" not in own  # the other job's start line (the two share their data)
+        assert f"[mdl.engine.ledger][INFO] - {label}: block 1/2" in out  # named by its logger, as in a run alone
 
 
 def test_each_jobs_log_file_gets_its_own_lines_and_the_packs(tmp_path: Path) -> None:
@@ -288,6 +292,84 @@ def test_each_jobs_log_file_gets_its_own_lines_and_the_packs(tmp_path: Path) -> 
         "b": ["the pack", "b's line"],
         "c": ["the pack", "data of a and c"],
     }
+
+
+def test_a_packs_shared_data_is_logged_to_each_run_it_serves_and_each_runs_start_to_its_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """mdl.run.pack._prepare_sharing_data: the lines of data that two runs share (made in the data-preparation worker
+    thread, datamodules.interrupts) go to both runs' logs, each run's start line to its own only. Before: the worker
+    lost the line owners (a context variable), so one data module's eraser lines went to every job of the pack, and
+    the first run's start line ("run <key>") went to the log of the other run sharing its data too."""
+    import logging
+    from types import SimpleNamespace
+
+    import mdl.run.pack as pack
+    from conftest import FAST, compose_config
+    from datamodules.interrupts import interruptible
+    from mdl.run.job_logs import LogFile, job_log_files
+
+    log = logging.getLogger("test_pack_logs")
+    log.setLevel(logging.INFO)
+
+    def job_data(job: Any) -> Any:
+        interruptible(lambda: log.info("data of %s's eraser", job.key))  # as the eraser fit logs, in the worker
+        log.info("data of %s", job.key)
+        return SimpleNamespace(made_for=job.key)
+
+    def prepare_run(job: Any, dm: Any) -> Any:
+        log.info("run %s", job.key)
+        return SimpleNamespace(job=job, data=dm)
+
+    monkeypatch.setattr(pack, "job_data", job_data)
+    monkeypatch.setattr(pack, "prepare_run", prepare_run)
+    jobs = [
+        SimpleNamespace(key=key, cfg=compose_config([*FAST, *overrides]))
+        for key, overrides in (("a", ["seed=0"]), ("b", ["seed=1"]), ("c", ["eraser=none"]))
+    ]  # a and b share their data (they differ only in the seed), c has its own
+    files = {job.key: (LogFile(tmp_path / f"{job.key}.log", logging.Formatter("%(message)s")),) for job in jobs}
+    with job_log_files(files):
+        prepared = pack._prepare_sharing_data(jobs, {})
+    assert [run.data.made_for for run in prepared] == ["a", "a", "c"]
+    assert {key: (tmp_path / f"{key}.log").read_text().splitlines() for key in files} == {
+        "a": ["data of a's eraser", "data of a", "run a"],
+        "b": ["data of a's eraser", "data of a", "run b"],
+        "c": ["data of c's eraser", "data of c", "run c"],
+    }
+
+
+def test_a_pack_logs_its_lines_under_their_loggers_names_then_the_launchers_again(capsys) -> None:
+    """hydra_plugins.mdl_packed.packed_launcher.lines_named_as_in_a_job: while a pack trains, a line shows its logger's
+    name and level as a single run's does (Hydra's job_logging); after, the launcher's own format again, and no file
+    was opened by job_logging's file handler (the pack writes each job's log itself). Before: every line of a pack
+    read ``[HYDRA] ...`` (the launcher's hydra_logging, left configured by the jobs' checks)."""
+    import logging
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import configure_log
+
+    from conftest import CONF, FAST
+    from hydra_plugins.mdl_packed.packed_launcher import lines_named_as_in_a_job
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        hydra_cfg = compose("config", overrides=[*FAST, "hydra/launcher=packed"], return_hydra_config=True)
+    root = logging.getLogger()
+    before = (root.level, list(root.handlers))
+    try:
+        configure_log(hydra_cfg.hydra.hydra_logging, hydra_cfg.hydra.verbose)  # as the launcher leaves it
+        with lines_named_as_in_a_job(hydra_cfg):
+            logging.getLogger("datamodules.datamodule").info("data digits")
+            assert not any(isinstance(h, logging.FileHandler) for h in root.handlers)
+        logging.getLogger("mdl.sweeps.x").info("sweep done")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.setLevel(before[0])
+        for handler in before[1]:
+            root.addHandler(handler)
+    out = capsys.readouterr().out
+    assert "][datamodules.datamodule][INFO] - data digits" in out and "[HYDRA] data digits" not in out
+    assert "][HYDRA] sweep done" in out
 
 
 def test_a_failing_wandb_run_leaves_the_csv_complete(tmp_path: Path) -> None:

@@ -17,16 +17,17 @@ checkpoints the pack in training, starts no further pack and exits 143 with the 
 """
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mdl.engine.preemption import sigterm_guard, stop_if_requested
 from mdl.run.exits import ends_like_a_run
@@ -118,7 +119,7 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
         )
 
     try:
-        with ends_like_a_run():
+        with ends_like_a_run(), lines_named_as_in_a_job(checked[0].hydra_cfg):
             results = run_pack([ret.return_value for ret in checked])
     except Exception as err:  # noqa: BLE001 - a bug: every job of the pack failed with it, as Hydra reports a job's error
         log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
@@ -126,6 +127,42 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
             ret.return_value.record_failure(err)  # python -m mdl.runs: failed, and why
         return [returned(ret, JobStatus.FAILED, err) for ret in checked]
     return [returned(ret, JobStatus.COMPLETED, r["paper_mdl"]) for ret, r in zip(checked, results)]
+
+
+@contextmanager
+def lines_named_as_in_a_job(hydra_cfg: DictConfig | None) -> Iterator[None]:
+    """While a pack trains, this process's lines look as a job's do (Hydra's ``job_logging``: the logger's name and
+    level, ``[datamodules.datamodule][INFO] - ...``), not as the launcher's own (``hydra_logging``: ``[HYDRA] ...``,
+    which the jobs' checks leave configured); then the launcher's again. The jobs' log files are the pack's
+    (mdl.run.job_logs), so ``job_logging``'s own file handlers are left out. No Hydra config (a job made outside
+    Hydra): the logging as it is."""
+    if hydra_cfg is None:
+        yield
+        return
+    hydra = hydra_cfg.hydra
+    configure_log(console_only(hydra.job_logging), hydra.verbose)
+    try:
+        yield
+    finally:
+        configure_log(hydra.hydra_logging, hydra.verbose)
+
+
+def console_only(log_config: DictConfig | None) -> DictConfig | None:
+    """A logging config (``logging.config.dictConfig``'s schema) without its handlers that write to a file (those
+    naming a ``filename``), resolved where it stands (a job's config: its interpolations of ``hydra.*``)."""
+    if log_config is None:
+        return None
+    files = {name for name, handler in (log_config.get("handlers") or {}).items() if "filename" in handler}
+    plain: dict[str, Any] = {}
+    for key, value in log_config.items():
+        if key == "handlers":
+            plain[key] = {n: OmegaConf.to_container(h, resolve=True) for n, h in value.items() if n not in files}
+        else:
+            plain[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    for logger in [plain.get("root") or {}, *(plain.get("loggers") or {}).values()]:
+        if logger.get("handlers"):
+            logger["handlers"] = [name for name in logger["handlers"] if name not in files]
+    return OmegaConf.create(plain)
 
 
 class PackedLauncher(Launcher):

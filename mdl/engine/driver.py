@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.timing import timed
 from erasure.files import sha256_hex
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.ledger import Ledger
@@ -107,7 +108,7 @@ def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier
         extra_callbacks=extra,
         member=member,
     )
-    with batch_order_of(run.data, run.seed):
+    with batch_order_of(run.data, run.seed), timed(f"fit: {name}"):
         outcome, seconds = fit_one_member(run.data, run.boundaries, member, run.seeds()[member], fit)
     ledger.record(outcome, seconds)
     if not is_final:
@@ -128,9 +129,18 @@ def run_stacked_fit(ledgers: Sequence[Ledger], members: list[Member], fitting: F
     parts = [(ledgers[r], sorted(m for q, m in members if q == r)) for r in in_fit]
     checkpoint = stacked_checkpoint(fitting.folder, members, size * len(ledgers))
     has_final = any(m == size - 1 for _, m in members)
-    outcomes = fit_stack(parts, fitting, checkpoint, keep_checkpoint=has_final)
+    with timed(stacked_fit_phase(members, size)):
+        outcomes = fit_stack(parts, fitting, checkpoint, keep_checkpoint=has_final)
     for r, outcome in zip(in_fit, outcomes):
         ledgers[r].keep(outcome)
+
+
+def stacked_fit_phase(members: list[Member], size: int) -> str:
+    """A stacked fit's name in debug=profile's breakdown (mdl.run.phases): the blocks it trains."""
+    blocks = sorted({m for _, m in members})
+    names = [f"block {m + 1}/{size - 1}" if m < size - 1 else "final fit" for m in blocks]
+    runs = len({r for r, _ in members})
+    return f"fit (stacked{f', {runs} runs' if runs > 1 else ''}): {', '.join(names)}"
 
 
 def stacked_checkpoint(folder: Path, members: list[Member], total: int) -> Path:

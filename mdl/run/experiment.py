@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.timing import timed, timed_calls
 from mdl.codelength import check_paper_loss
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.driver import train_runs
@@ -55,6 +56,7 @@ from mdl.run.environment import ENVIRONMENT_KEY, current_environment, environmen
 from mdl.engine.members import AUTO
 from mdl.run.identity import config_hash, grouping, members_per_fit, training_threads
 from mdl.run.job_logs import LogFile
+from mdl.run import phases
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger, mark_logged_to_wandb
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.engine.protocol import LoopRules
@@ -77,18 +79,27 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
-def run_experiment(cfg: DictConfig, run_dir: str | os.PathLike, overrides: list[str] | None = None) -> dict[str, Any]:
-    job = Job.checked(cfg, run_dir, overrides)
-    with (
-        run_lock(job.store, cfg.mdl.lock_lease_s),
-        sigterm_guard(),
-    ):  # a second process with the same config waits, then skips or resumes;
-        # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl.engine.preemption)
-        done = job.stored_results()
-        if done is not None:
-            return done
-        with job.failure_recorded(), job.disk_errors_named():
-            return finish_run(*train_alone(prepare_run(job)))
+def run_experiment(
+    cfg: DictConfig,
+    run_dir: str | os.PathLike,
+    overrides: list[str] | None = None,
+    startup: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The run (or its stored results); with a profiler, where its time went since ``startup`` (mdl.run.phases)."""
+    with phases.profiled_phases(cfg.trainer.get("profiler"), Path(run_dir) / phases.PROFILE_DIR, startup):
+        with timed(phases.JOB_PHASE):
+            job = Job.checked(cfg, run_dir, overrides)
+        with (
+            run_lock(job.store, cfg.mdl.lock_lease_s),
+            sigterm_guard(),
+        ):  # a second process with the same config waits, then skips or resumes;
+            # SIGTERM (Slurm's preemption) checkpoints and raises Preempted (mdl.engine.preemption)
+            with timed(phases.JOB_PHASE):
+                done = job.stored_results()
+            if done is not None:
+                return done
+            with job.failure_recorded(), job.disk_errors_named():
+                return finish_run(*train_alone(prepare_run(job)))
 
 
 @dataclass
@@ -278,12 +289,14 @@ class PreparedRun:
     grouping: str  # mdl.run.identity.grouping: stacked, sequential, fits of k, fits by memory
 
 
+@timed_calls(phases.DATA_PHASE)
 def job_data(job: Job) -> ErasedDataModule:
     """The job's data module, made under its seed (as its run alone makes it; a pack makes it ahead of the run)."""
     L.seed_everything(job.cfg.seed, verbose=False)
     return make_datamodule(job.cfg, job.device)
 
 
+@timed_calls(phases.PREPARE_PHASE)
 def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     """Everything before training; ``dm``: a data module built for an identical data config (a pack's runs share one)."""
     cfg, run_dir, device = job.cfg, job.run_dir, job.device
@@ -307,7 +320,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     for key_set_by_device in ("accelerator", "devices", "precision"):
         trainer_kwargs.pop(key_set_by_device, None)  # checked above; mdl.engine.device and models.precision own them
     t = cfg.trainer
-    profiler = make_profiler(t.get("profiler"), run_dir / "profile")
+    profiler = make_profiler(t.get("profiler"), run_dir / phases.PROFILE_DIR)
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
     rules = LoopRules.of(cfg.get("protocol"))
@@ -363,17 +376,19 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     return PreparedRun(job, run, fitting, logger, profiler, preconditioning, eraser_path, fits)
 
 
+@timed_calls(phases.TRAINING_PHASE)
 def train_alone(prepared: PreparedRun) -> tuple[PreparedRun, dict[str, Any]]:
     """The run's members, in fits of mdl.members_per_fit (mdl.engine.driver): a pack of one."""
     return prepared, train_runs([prepared.run], prepared.fitting)[0]
 
 
+@timed_calls(phases.RESULTS_PHASE)
 def finish_run(run: PreparedRun, outcome: dict[str, Any]) -> dict[str, Any]:
     """results.json in the run folder and the store, the resume state dropped, the results logged."""
     job, cfg = run.job, run.job.cfg
     warn_capped_fits(outcome, run.fitting.max_epochs, cfg.trainer.patience, job.label)
     if run.profiler is not None:
-        show_profile(job.run_dir / "profile")
+        show_profile(job.run_dir / phases.PROFILE_DIR)
     results = {
         **({"preconditioning": run.preconditioning} if run.preconditioning is not None else {}),
         "config": OmegaConf.to_container(cfg, resolve=True),

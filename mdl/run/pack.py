@@ -47,6 +47,7 @@ from mdl.run.experiment import (
 )
 from mdl.run.identity import config_hash, members_per_fit
 from mdl.run.job_logs import job_log_files, own_lines, owned_by
+from mdl.run.phases import PROFILE_DIR, profiled_phases
 from mdl.run.storage import require_space, run_lock
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,9 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
 
 
 def _run_alone(job: Job) -> dict[str, Any]:
-    with own_lines(job.key), job.disk_errors_named():
+    """A run of a sweep that trains alone; with a profiler (such a run is never packed), where its time went."""
+    profile = job.run_dir / PROFILE_DIR
+    with own_lines(job.key), job.disk_errors_named(), profiled_phases(job.cfg.trainer.get("profiler"), profile):
         return finish_run(*train_alone(prepare_run(job)))
 
 
