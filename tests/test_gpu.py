@@ -295,7 +295,7 @@ def test_convnext_stacked_form_runs_on_cuda_in_bf16_and_compiled() -> None:
         torch.testing.assert_close(stack(x), torch.stack([m(x[i]) for i, m in enumerate(models)]), rtol=1e-3, atol=1e-3)
     module = StackedClassifier(
         stack, lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0), 1e-3, precision="bf16"
-    )
+    ).cuda()  # its loss sums too (a Lightning fit moves them in on_train_start; this step is called directly)
     stack.compile("inductor")
     before = [p.detach().clone() for p in stack.param_dict().values()]
     opt = module.configure_optimizers()
