@@ -111,6 +111,8 @@ def main() -> None:
             }
             continue
         one, warm_one, graphs_one = examples_per_second_and_graphs(args, 1, setting, device)
+        # said at once: a caller that cuts the run short (scripts/gpu_check.py's caps) still has one member's numbers
+        print(f"{setting:14s} one member {one:10.0f} ex/s  (warm-up {warm_one:.1f} s)", flush=True)
         many, warm_many, graphs_many = examples_per_second_and_graphs(args, args.members, setting, device)
         compiled = SETTINGS[setting][1]
         warm = (

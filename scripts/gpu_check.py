@@ -13,8 +13,9 @@ more of what an H200 took, all within --budget-s; a failure is recorded and the 
              (benchmarks/bench_stacked_speed.py; goal >= 2.5x); the stack's compile time cold, then in a second
              process with the first one's inductor cache (a sweep's second job of the same shape)
   swin       the same for Swin V2 width 32 (models/swin_stacked.py)
-  epochs     benchmarks/bench_epoch_times.py --device cuda: ConvNeXt's and Swin's rows at the paper presets'
-             setting (fp32_high) and bf16_compile, one member and a stack, for conf/cost/epoch_times.yaml `gpu`
+  epochs     benchmarks/bench_epoch_times.py --device cuda: ConvNeXt's and Swin's rows at App. C's sizes and the
+             paper presets' setting (fp32_high), one member and a stack, for conf/cost/epoch_times.yaml `gpu`
+             (bf16_compile's rows compile per point: a call of their own, `--steps epochs` after editing LEASE)
   pack       a packed sweep of 4 runs against the same 4 runs alone: every number equal, bit for bit
 Second call (--steps versions,pytest,mlp1024):
   pytest     `pytest -m gpu`, a per-test cap, counted per outcome (also when cut short)
@@ -84,7 +85,8 @@ LEASE = Sizes(
     convnext=["--width", "64", "--members", "10", "--settings", "bf16_compile", "--steps", "10"],
     swin=["--width", "32", "--members", "10", "--settings", "bf16_compile", "--steps", "10"],
     # ConvNeXt width 40 depth 2 and Swin width 32 depth 2 on CIFAR-10's shape (POINTS 9 and 12): the App. C sizes
-    epochs=["--points", "9,12", "--settings", "fp32_high,bf16_compile", "--budget-s", "45"],
+    # bf16_compile's rows compile a model per point, past the step's cap on an H200 (2026-11-28): their own call
+    epochs=["--points", "9,12", "--settings", "fp32_high", "--budget-s", "45"],
     pack=[
         "debug=fast",
         "width=1024",
@@ -92,9 +94,10 @@ LEASE = Sizes(
         "data=synthetic",
         "data.options.shape=[3,32,32]",
         "data.options.num_classes=10",
-        "data.options.n_train=8000",
-        "data.first_block=1024",
+        "data.options.n_train=2000",  # 8000 took 58 s to its sweep line on an H200 (2026-11-28), past the cap
+        "data.first_block=256",
         "data.diagnostics=false",
+        "report=none",  # the sweep's report after its last job: not what this step compares
     ],
 )
 _TOY_STEP = ["--members", "2", "--settings", "fp32", "--steps", "2", "--batch", "8", "--base-width", "8"]

@@ -284,3 +284,13 @@ def assert_members_equal_singles(stack, singles, atol: float = 1e-12) -> None:
     for m, single in enumerate(singles):
         for name, p in single.model.named_parameters():
             assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=atol), (m, name)
+
+
+@pytest.fixture
+def float64():
+    """Tensors made in float64 during the test (member-by-member comparisons to the last bits), float32 after."""
+    import torch
+
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)

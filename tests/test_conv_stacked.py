@@ -35,13 +35,6 @@ def members(count: int, width: int = 8, **options) -> list[torch.nn.Module]:
     return models
 
 
-@pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(torch.float32)
-
-
 def assert_each_member_is_its_own_model(models: list[torch.nn.Module], shape: tuple[int, ...], rtol: float) -> None:
     """The stack's outputs (own batches and one shared batch) and every parameter's gradient, member by member,
     against each model's own forward and backward."""

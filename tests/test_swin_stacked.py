@@ -45,13 +45,6 @@ def members(count: int, variant: str, **options) -> list[torch.nn.Module]:
     return made
 
 
-@pytest.fixture
-def float64():
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(torch.float32)
-
-
 def assert_each_member_is_its_own_model(models: list[torch.nn.Module], atol: float) -> None:
     """The stack's outputs (own batches and one shared batch) and every parameter's gradient, member by member,
     against each model's own forward and backward."""
