@@ -167,7 +167,7 @@ def test_protocol_groups_name_their_loops() -> None:
         assert LoopRules.of(compose("config").protocol) == LoopRules()
         original = compose("config", overrides=["protocol=original"])
         assert LoopRules.of(original.protocol) == LoopRules(
-            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True
+            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True, exact_stopping=True
         )
         from mdl.run.pack import pack_key
 
@@ -181,3 +181,25 @@ def test_backtracking_runs_train_one_member_per_fit() -> None:
 
     assert one_per_fit_if_backtracking(None, ORIGINAL) == 1 and one_per_fit_if_backtracking(4, ORIGINAL) == 1
     assert one_per_fit_if_backtracking(None, LoopRules()) is None and one_per_fit_if_backtracking(4, LoopRules()) == 4
+
+
+def test_the_original_stops_on_the_float64_loss_not_its_float32_rounding() -> None:
+    """An epoch that improves the mean validation loss by less than a float32 step: Lightning's EarlyStopping (and
+    protocol=sound) sees no improvement, the original's Python-float comparison (mdl/probe.py@5e66bb9:124) does.
+    On LEACE'd digits the first epochs improve by 0.2-1.8 such steps, so this decided whether a fit left the
+    untrained model (issue 45 item 3)."""
+    import numpy as np
+
+    from mdl.engine.protocol import MemberState
+
+    first = 2.302585092994046  # log 10: an untrained 10-class model's loss
+    tiny = float(np.spacing(np.float32(first))) / 4  # a quarter of a float32 step there
+    for exact, improves in ((False, False), (True, True)):
+        state = MemberState(member=0, n_train=10)
+        assert state.judge(first, -1, exact=exact)
+        assert state.judge(first - tiny, 0, exact=exact) is improves
+        assert state.best_epoch == (0 if improves else -1)
+    from conftest import compose_config
+
+    assert LoopRules.of(compose_config(["protocol=original"]).protocol).exact_stopping
+    assert not LoopRules.of(compose_config([]).protocol).exact_stopping

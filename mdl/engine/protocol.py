@@ -40,13 +40,18 @@ class LoopRules:
     loop, mdl/probe.py@5e66bb9:149). ``augment_per_batch``: one crop offset and one flip per batch (original:
     torchvision v2 RandomCrop/RandomHorizontalFlip on a batch tensor, experiments/cli.py@0cc7065, applied at
     mdl/probe.py@5e66bb9:152). A fit of several members cannot backtrack one member (one optimizer step count
-    for the stack), so runs with ``backtrack`` train one member per fit.
+    for the stack), so runs with ``backtrack`` train one member per fit. ``exact_stopping``: an epoch improves when
+    its mean validation loss, a float64, is below the best (original: Python floats compared, mdl/probe.py@5e66bb9:124,
+    the loss a float64 average of the batches' ``.item()``, :218-223), not its float32 rounding as Lightning's
+    EarlyStopping compares (``stopping_score``): on LEACE'd digits the first epochs improve by less than a float32
+    step, so the rounding decided whether a fit left the untrained model.
     """
 
     backtrack: bool = False
     evaluate_as_trained: bool = False
     reshuffle: bool = True
     augment_per_batch: bool = False
+    exact_stopping: bool = False
 
     @classmethod
     def of(cls, protocol: Any) -> "LoopRules":
@@ -57,6 +62,7 @@ class LoopRules:
             evaluate_as_trained=bool(protocol.get("evaluate_as_trained", False)),
             reshuffle=bool(protocol.get("reshuffle", True)),
             augment_per_batch=bool(protocol.get("augment_per_batch", False)),
+            exact_stopping=bool(protocol.get("exact_stopping", False)),
         )
 
 
@@ -89,7 +95,7 @@ class MemberState:
     steps_per_epoch: int = 0  # stacked fits count steps themselves; a single fit leaves it to Lightning
     epoch: int = 0  # epochs finished
     step: int = 0  # steps into the current epoch
-    best_score: float = math.inf  # float32-rounded, as EarlyStopping compares
+    best_score: float = math.inf  # float32-rounded, as EarlyStopping compares (float64 with exact_stopping)
     best_epoch: int = -1  # 0-based index of the best epoch; -1 = none yet, or the untrained model
     best_val_loss: float = math.nan  # its mean validation loss (nats, float64)
     initial_val_loss: float | None = None  # the untrained model's, when it is a candidate
@@ -99,10 +105,11 @@ class MemberState:
     val_accuracy_curve: list[float] = field(default_factory=list)
     finished_at: float | None = None
 
-    def judge(self, mean: float, epoch: int) -> bool:
+    def judge(self, mean: float, epoch: int, exact: bool = False) -> bool:
         """One validation of the weights after ``epoch`` (-1: untrained): whether they are the best
-        so far (then they are this member's candidate); otherwise one more epoch without improving."""
-        score = stopping_score(mean)
+        so far (then they are this member's candidate); otherwise one more epoch without improving. ``exact``:
+        compare the float64 mean itself (``LoopRules.exact_stopping``), else its float32 rounding."""
+        score = float(mean) if exact else stopping_score(mean)
         if score < self.best_score:
             self.best_score, self.best_val_loss, self.best_epoch, self.wait = score, mean, epoch, 0
             return True

@@ -87,7 +87,7 @@ class EpochProtocol(L.Callback):
             pl_module.val_loss_curve.pop()  # the curves hold trained epochs only
             pl_module.val_accuracy_curve.pop()
             self.state.initial_val_loss = mean
-            self.state.judge(mean, epoch=-1)
+            self.state.judge(mean, epoch=-1, exact=self.rules.exact_stopping)
             self._snapshot(pl_module, trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -104,7 +104,7 @@ class EpochProtocol(L.Callback):
                     hook(trainer, pl_module)
                 pl_module.train()
         self.state.epoch = len(pl_module.val_loss_curve)  # epochs trained, this one included (resumed with the module)
-        improved = self.state.judge(mean, epoch=self.state.epoch - 1)
+        improved = self.state.judge(mean, epoch=self.state.epoch - 1, exact=self.rules.exact_stopping)
         if improved:
             self._snapshot(pl_module, trainer)
         if self.state.should_stop(improved, self.patience, self.max_epochs):

@@ -67,15 +67,17 @@ class StackedProtocol(L.Callback):
         lr: float,
         members: FitMembers | None = None,
         untrained_candidate: bool = False,
+        exact_stopping: bool = False,
     ) -> None:
         """``val_batches(m)``, ``score_batches(m)``: member m's validation batches and the batches it is scored on;
-        ``members``: the rest each member needs (default: one data set, no hooks, the last member the final fit)."""
+        ``members``: the rest each member needs (default: one data set, no hooks, the last member the final fit);
+        ``exact_stopping``: ``LoopRules.exact_stopping``."""
         members = members or FitMembers()
         self.loader = loader
         self.on_epoch = members.on_epoch
         self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, members.data_of
         self.heldout_batches = members.heldout_batches
-        self.untrained_candidate = untrained_candidate
+        self.untrained_candidate, self.exact_stopping = untrained_candidate, exact_stopping
         self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
         self.lr = lr
         self.on_finish = members.on_finish
@@ -124,7 +126,7 @@ class StackedProtocol(L.Callback):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
             state.initial_val_loss = mean
-            state.judge(mean, epoch=-1)
+            state.judge(mean, epoch=-1, exact=self.exact_stopping)
             self._keep(m, weights, j, len(members))
 
     def _keep(self, m: int, weights: Any, j: int, rows: int) -> None:
@@ -182,7 +184,7 @@ class StackedProtocol(L.Callback):
                         {n: t[j : j + 1] for n, t in weights[1].items()},
                     ),
                 )
-            improved = state.judge(val_means[j], epoch=state.epoch - 1)
+            improved = state.judge(val_means[j], epoch=state.epoch - 1, exact=self.exact_stopping)
             if improved:
                 self._keep(m, weights, j, len(ended))
             if state.should_stop(improved, self.patience, self.max_epochs):

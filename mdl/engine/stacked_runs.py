@@ -122,6 +122,7 @@ def fit_stack(
         recipe.lr,
         hooks,
         fitting.untrained_candidate,
+        fitting.rules.exact_stopping,
     )
     callbacks = [
         protocol,

@@ -82,6 +82,9 @@ def options_present(config: dict[str, Any]) -> None:
         options.setdefault("variant", "timm")
         if options["variant"] == "timm":
             options.setdefault("heads", None)
+    protocol = config.get("protocol")
+    if isinstance(protocol, dict):  # both loops compared the float32 rounding before exact_stopping existed
+        protocol.setdefault("exact_stopping", False)
     for group, keys in UNSET_IS_NULL.items():
         node = config.get(group)
         for key in keys if isinstance(node, dict) else ():
