@@ -14,7 +14,7 @@ from mup import MuReadout
 
 import models.stacking
 from conftest import FAST, run_in_process
-from models import create_model, swin_stacked
+from models import create_model, swin_stacked, swin_tables
 from models.stacking import StackedModel
 from models.swin import StackableSwinTransformerV2
 from models.swin_original import StackableSwinTransformer
@@ -88,7 +88,7 @@ def test_the_stacks_tested_shift_and_pad_and_make_torchvisions_tables() -> None:
     model = members(1, "original")[0]
     block = model.features[1][1]
     assert (block.attn.window_size, block.attn.shift_size) == ([7, 7], [3, 3])
-    table, index = swin_stacked.torchvision_relative_positions([7, 7], torch.device("cpu"), torch.float32)
+    table, index = swin_tables.torchvision_relative_positions([7, 7], torch.device("cpu"), torch.float32)
     torch.testing.assert_close(table, block.attn.relative_coords_table, rtol=0, atol=0)
     torch.testing.assert_close(index, block.attn.relative_position_index, rtol=0, atol=0)
 
