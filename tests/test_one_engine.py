@@ -17,11 +17,12 @@ import warnings
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from mdl.engine.protocol import fits_of
 from mdl.run.environment import environment_differences
 from mdl.run.experiment import run_experiment
-from mdl.run.identity import config_hash
+from mdl.run.identity import config_hash, identity_hash
 from mdl.run.identity import grouping, members_per_fit
 from conftest import FAST, REPO, compose_config, run_launch
 from mdl.run.config_checks import check_before_imports
@@ -44,10 +45,13 @@ def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path,
     cfg = compose_config(overrides(engine), tmp_path)
     results = run_experiment(cfg, tmp_path / "run")
     assert results["fits"] == engine
+    container = OmegaConf.to_container(cfg, resolve=True)
     for record in STORED[
         "records"
     ]:  # the identity of the stored run (its hash as python -m mdl.runs --rehash gives it)
-        assert config_hash(cfg) == record["runs"][engine]["config_hash"]
+        on_gpu = record["environment"].get("gpu") is not None  # a CPU run's identity holds its thread count
+        expected = identity_hash(container, None if on_gpu else record["environment"]["threads"])
+        assert expected == record["runs"][engine]["config_hash"], record["made_by"]
     record = matching_record(STORED, results["environment"])
     if record is not None:
         for key in STORED["keys"]:
