@@ -38,7 +38,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from mdl.report.claims import claims_section
 from mdl.report.csvs import write_csvs
+from mdl.report.erasure import erasure_section
 from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
 from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
 from mdl.report.protocols import protocol_section
@@ -199,6 +201,8 @@ def write_report(
         early_fraction,
         late_fraction,
         [
+            *claims_section(sweep, cells),
+            *erasure_section(cells),
             *protocol_section(sweep, cells, cov.max_seeds, compare_to),
             *paper_md,
             *lr_section(sweep, cells, out),
@@ -518,7 +522,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="compare with this paper table whatever the runs' data set, by architecture x eraser "
         f"(shipped: {', '.join(available_tables())}; default: the tables of the runs' data set)",
     )
+    parser.add_argument(
+        "--claims",
+        action="store_true",
+        help="print only the paper's claims tested on the sweeps (mdl/report/claims.py); write nothing",
+    )
     args = parser.parse_args(argv)
+    rows = [k for k in args.rows.split(",") if k] if args.rows is not None else None
+    if args.claims:
+        return print_claims(args.sweep_dirs, args.ignore, args.merge_code_versions, rows)
     try:
         path = build_report(
             args.sweep_dirs,
@@ -529,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             n_images=args.images,
             merge_code_versions=args.merge_code_versions,
             compare_to=args.compare_to,
-            rows=[k for k in args.rows.split(",") if k] if args.rows is not None else None,
+            rows=rows,
         )
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -543,6 +555,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     print(f"report: {path}")
+    return 0
+
+
+def print_claims(dirs: Sequence[str], ignore: Sequence[str], merge_code_versions: bool, rows) -> int:
+    """``--claims``: the claims section of each design's runs on stdout, without figures or files."""
+    try:
+        sweeps = [s for s in load_sweeps(dirs, ignore, merge_code_versions=merge_code_versions, rows=rows) if s.runs]
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not sweeps:
+        print(
+            f"error: no readable results.json below {', '.join(map(str, dirs))}; did the jobs finish?", file=sys.stderr
+        )
+        return 2
+    for sweep in sweeps:
+        if sweep.design:
+            print(f"# design: {sweep.design}\n")
+        print("\n".join(claims_section(sweep, build_cells(sweep))))
     return 0
 
 

@@ -9,6 +9,7 @@ paper's numbers, in the sweep directory without a second command. Registered by
     compare_to   a shipped paper table (mdl/paper_values/<name>.csv) compared whatever the data set;
                  null: only the tables of the runs' own data set
     images       Figure 1 rows (0: no Figure 1, no data loading)
+    print_claims also print the report's claims section (mdl.report.claims) on the console
 
 An unknown ``compare_to`` stops the sweep before any job starts (``on_multirun_start``), like
 ``mdl.sweeps.checks``. A report that fails after the jobs ran is logged as an error and leaves
@@ -28,10 +29,13 @@ log = logging.getLogger(__name__)
 
 
 class ReportAfterMultirun(Callback):
-    def __init__(self, enabled: bool = True, compare_to: str | None = None, images: int = 4) -> None:
+    def __init__(
+        self, enabled: bool = True, compare_to: str | None = None, images: int = 4, print_claims: bool = False
+    ) -> None:
         self.enabled = bool(enabled)
         self.compare_to = compare_to or None
         self.images = int(images)
+        self.print_claims = bool(print_claims)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from mdl.report.paper import available_tables
@@ -45,7 +49,7 @@ class ReportAfterMultirun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if not self.enabled:
             return
-        from mdl.report.build import build_report
+        from mdl.report.build import build_report, print_claims
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -54,3 +58,5 @@ class ReportAfterMultirun(Callback):
             log.error("report not written (%s: %s); run: python -m mdl.report %s", type(err).__name__, err, sweep_dir)
             return
         log.info("report: %s", path)
+        if self.print_claims:
+            print_claims([str(sweep_dir)], [], False, None)

@@ -1,0 +1,257 @@
+"""The paper's conclusions, each tested on a sweep: its cells, the difference with an interval, a verdict.
+
+Why: tables per protocol and per architecture leave the reader to work out whether a sweep supports what the
+paper concludes, and on digits the answer depends on the training loop. The claims are data
+(``mdl/paper_values/claims.yaml``: the paper's sentence, its section, which eraser it says costs more bits, where);
+this module measures each in every architecture x row cell the sweep has both erasers of:
+
+- the difference of mean paper MDL (``higher`` minus ``lower``) with a Welch interval over seeds (unpaired: seeds
+  of two erasers share no draw that pairing could use; a cell needs 2 seeds on each side);
+- a cell *agrees* when its interval lies above 0, *disagrees* when below, is *undecided* otherwise;
+- a claim is *supported* when every cell agrees (``kind: every``) or more than half do (``most``); *contradicted*
+  when a cell disagrees (``every``) or more than half do (``most``); else *not enough seeds*. A ``flat`` claim
+  compares, per architecture, the rows with the largest and the smallest difference: contradicted when that gap's
+  interval lies above 0, supported otherwise (2 rows or more). A claim whose cells the sweep lacks is *not tested*.
+
+A sweep over ``protocol`` gets each claim per protocol (``mdl.report.protocols.split_by_protocol``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Sequence
+
+import numpy as np
+import yaml
+from scipy.stats import t as student_t
+
+from mdl.report.protocols import split_by_protocol, untrained_text
+from mdl.report.runs import PROTOCOL_KEY, Sweep
+from mdl.report.stats import Cell
+from mdl.report.tables import markdown_table
+
+METRIC = "paper_mdl"
+KINDS = ("every", "most", "flat")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One conclusion of the paper as a comparison of two erasers' paper MDL (mdl/paper_values/claims.yaml)."""
+
+    id: str
+    says: str
+    section: str
+    kind: str
+    higher: tuple[str, ...]
+    lower: tuple[str, ...]
+    architectures: tuple[str, ...] | None = None
+
+    def speaks_of(self, arch: str) -> bool:
+        return self.architectures is None or arch.split("-")[0] in self.architectures
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``higher`` minus ``lower`` mean paper MDL in one cell, with its interval (NaN with fewer than 2 seeds)."""
+
+    arch: str
+    row: tuple[Any, ...]
+    higher: Cell
+    lower: Cell
+    value: float
+    se: float
+    df: float
+    low: float
+    high: float
+
+    @property
+    def direction(self) -> str:
+        if math.isnan(self.low):
+            return "one seed"
+        return "agrees" if self.low > 0 else "disagrees" if self.high < 0 else "undecided"
+
+
+@cache
+def load_claims() -> tuple[tuple[Claim, ...], float]:
+    """The shipped claims and the interval's confidence level; a malformed entry names itself."""
+    text = resources.files("mdl").joinpath("paper_values/claims.yaml").read_text()
+    data = yaml.safe_load(text)
+    claims = []
+    for entry in data["claims"]:
+        if entry.get("kind") not in KINDS:
+            raise ValueError(f"claims.yaml: claim {entry.get('id')!r} has kind {entry.get('kind')!r}; one of {KINDS}")
+        as_tuple = lambda v: tuple(v) if isinstance(v, list) else (v,)  # noqa: E731 - a one-line normaliser
+        archs = entry.get("architectures")
+        claims.append(
+            Claim(
+                entry["id"],
+                " ".join(entry["says"].split()),
+                entry["section"],
+                entry["kind"],
+                as_tuple(entry["higher"]),
+                as_tuple(entry["lower"]),
+                tuple(archs) if archs else None,
+            )
+        )
+    return tuple(claims), float(data["confidence"])
+
+
+def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """mean(a) - mean(b), its standard error and Welch-Satterthwaite degrees of freedom (NaN below 2 each)."""
+    if a.size < 2 or b.size < 2:
+        return float(a.mean() - b.mean()) if a.size and b.size else math.nan, math.nan, math.nan
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)) if va + vb > 0 else math.inf
+    return float(a.mean() - b.mean()), se, df
+
+
+def interval(value: float, se: float, df: float, confidence: float) -> tuple[float, float]:
+    """The two-sided ``confidence`` interval of a t-distributed estimate (a zero se gives the point itself)."""
+    if math.isnan(se) or math.isnan(df):
+        return math.nan, math.nan
+    half = 0.0 if se == 0 else float(student_t.ppf(0.5 + confidence / 2, df)) * se
+    return value - half, value + half
+
+
+def _base(eraser_label: str) -> str:
+    """'alf_qleace (max_rank=15)' -> 'alf_qleace': a claim names erasers, a sweep may split them by option."""
+    return eraser_label.split(" ")[0]
+
+
+def differences(claim: Claim, cells: Sequence[Cell], confidence: float) -> list[Difference]:
+    """Every (higher, lower) pair of cells in one architecture x row that the claim speaks of."""
+    by_row: dict[tuple[str, tuple], list[Cell]] = {}
+    for c in cells:
+        if claim.speaks_of(c.arch):
+            by_row.setdefault((c.arch, c.row), []).append(c)
+    out = []
+    for (arch, row), mine in by_row.items():
+        for hi in (c for c in mine if _base(c.eraser) in claim.higher):
+            for lo in (c for c in mine if _base(c.eraser) in claim.lower and c is not hi):
+                value, se, df = welch(hi.values(METRIC), lo.values(METRIC))
+                if not math.isnan(value):
+                    out.append(Difference(arch, row, hi, lo, value, se, df, *interval(value, se, df, confidence)))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    word: str  # supported | contradicted | not enough seeds | not tested
+    measured: str  # the difference (or range of differences) that decided it, with its interval
+
+
+def judge(claim: Claim, diffs: Sequence[Difference], confidence: float) -> Verdict:
+    """The claim's verdict from its cells' differences (the rules in this module's docstring)."""
+    if not diffs:
+        return Verdict("not tested", "the sweep has no cell with both erasers")
+    if claim.kind == "flat":
+        return _judge_flat(diffs, confidence)
+    ways = [d.direction for d in diffs]
+    agree, disagree = ways.count("agrees"), ways.count("disagrees")
+    if claim.kind == "every":
+        word = "contradicted" if disagree else "supported" if agree == len(ways) else "not enough seeds"
+    else:
+        word = (
+            "supported" if agree > len(ways) / 2 else "contradicted" if disagree > len(ways) / 2 else "not enough seeds"
+        )
+    if len(diffs) == 1:
+        return Verdict(word, with_interval(diffs[0]))
+    values = sorted(d.value for d in diffs)
+    counts = f"{agree} agree, {disagree} disagree, {len(ways) - agree - disagree} undecided"
+    return Verdict(word, f"{values[0]:+.2f} to {values[-1]:+.2f} over {len(diffs)} cells ({counts})")
+
+
+def _judge_flat(diffs: Sequence[Difference], confidence: float) -> Verdict:
+    """Per architecture, the gap between its largest and smallest row difference; the widest gap decides."""
+    gaps = []
+    for arch in sorted({d.arch for d in diffs}):
+        rows = sorted((d for d in diffs if d.arch == arch), key=lambda d: d.value)
+        if len(rows) < 2:
+            continue
+        top, bottom = rows[-1], rows[0]
+        se = math.sqrt(top.se**2 + bottom.se**2)
+        df = se**4 / (top.se**4 / top.df + bottom.se**4 / bottom.df) if se > 0 else math.inf
+        gap = top.value - bottom.value
+        gaps.append((arch, gap, *interval(gap, se, df, confidence)))
+    if not gaps:
+        return Verdict("not tested", "no architecture has two rows")
+    if any(math.isnan(lo) for _, _, lo, _ in gaps):
+        return Verdict("not enough seeds", "a row has fewer than 2 seeds")
+    word = "contradicted" if any(lo > 0 for _, _, lo, _ in gaps) else "supported"
+    return Verdict(word, "; ".join(f"{a}: rows differ by {g:+.2f} [{lo:.2f}, {hi:.2f}]" for a, g, lo, hi in gaps))
+
+
+def with_interval(d: Difference) -> str:
+    """'+7.59 [7.21, 7.97]' (or '+7.59 (one seed)')."""
+    if math.isnan(d.low):
+        return f"{d.value:+.2f} (one seed)"
+    return f"{d.value:+.2f} [{d.low:.2f}, {d.high:.2f}]"
+
+
+def claims_section(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
+    """Markdown: a line per claim (per protocol when the sweep ran both), then a line per tested cell."""
+    claims, confidence = load_claims()
+    parts = split_by_protocol(sweep, cells) or [(_protocol_of(sweep), sweep, list(cells))]
+    head, detail, tested = [], [], {}
+    for claim in claims:
+        for protocol, sub, mine in parts:
+            diffs = differences(claim, mine, confidence)
+            verdict = judge(claim, diffs, confidence)
+            if verdict.word != "not tested":
+                tested[claim.id] = claim
+                head.append([f"`{claim.id}`", protocol, _cells(diffs), verdict.measured, f"**{verdict.word}**"])
+                detail += [_detail_row(claim, protocol, sub, d) for d in diffs]
+    lines = [
+        "## The paper's claims",
+        "",
+        f"Each conclusion of the paper (mdl/paper_values/claims.yaml) tested on this sweep's paper MDL: the difference "
+        f"of the means (the eraser the paper says costs more bits minus the other), with its {confidence:.0%} Welch "
+        f"interval over seeds, and a verdict (rules: mdl/report/claims.py).",
+        "",
+    ]
+    if head:
+        lines += [markdown_table(["claim", "protocol", "cells", "difference (bits/example)", "verdict"], head), ""]
+        lines += ["\n".join(f'- `{c.id}` ({c.section}): "{c.says}"' for c in tested.values()), ""]
+        header = [
+            "claim",
+            "protocol",
+            "cell",
+            "higher − lower",
+            "difference",
+            "seeds",
+            "blocks at the untrained model (higher; lower)",
+        ]
+        lines += [markdown_table(header, detail), ""]
+    untested = [c.id for c in claims if c.id not in tested]
+    if untested:
+        lines += [f"Not tested by this sweep (it lacks their architectures or erasers): {', '.join(untested)}.", ""]
+    return lines
+
+
+def _cells(diffs: Sequence[Difference]) -> str:
+    """'mlp 2, lenet 2': how many cells of each architecture test a claim (the table below lists them)."""
+    archs = [d.arch for d in diffs]
+    return ", ".join(f"{a} {archs.count(a)}" for a in dict.fromkeys(archs))
+
+
+def _detail_row(claim: Claim, protocol: str, sweep: Sweep, d: Difference) -> list[str]:
+    where = ", ".join(filter(None, [d.arch, sweep.describe(d.row)]))
+    return [
+        f"`{claim.id}`",
+        protocol,
+        where,
+        f"{d.higher.eraser} − {d.lower.eraser}",
+        f"{with_interval(d)} ({d.direction})",
+        f"{d.higher.n}, {d.lower.n}",
+        f"{untrained_text(d.higher)}; {untrained_text(d.lower)}",
+    ]
+
+
+def _protocol_of(sweep: Sweep) -> str:
+    """The one protocol a sweep ran (its runs' ``protocol.name``), '-' for runs from before the key."""
+    names = {r.flat.get(PROTOCOL_KEY) for r in sweep.runs}
+    return ", ".join(sorted(str(n).strip('"') for n in names if n is not None)) or "-"
