@@ -65,8 +65,11 @@ def test_a_flat_claim_is_contradicted_only_by_rows_that_differ_beyond_their_inte
     apart = [diff(7.0, 0.2, row=(64,)), diff(9.0, 0.2, row=(256,))]
     assert judge(flat, close, 0.95).word == "supported"
     verdict = judge(flat, apart, 0.95)
-    assert verdict.word == "contradicted" and verdict.measured.startswith("mlp: rows differ by +2.00")
+    assert verdict.word == "contradicted" and verdict.measured.startswith("mlp: cells differ by up to +2.00")
     assert judge(flat, close[:1], 0.95).word == "not tested"  # one row: nothing to compare
+    between = [diff(7.0, 0.2, row=(64,)), diff(7.1, 0.2, row=(256,)), diff(9.0, 0.2, arch="lenet", row=(64,))]
+    verdict = judge(flat, between, 0.95)  # flat within MLP, but LeNet's effect is larger: not "roughly equal"
+    assert verdict.word == "contradicted" and "all architectures: cells differ by up to +2.00" in verdict.measured
 
 
 def test_every_shipped_claim_is_well_formed() -> None:

@@ -10,8 +10,8 @@ this module measures each in every architecture x row cell the sweep has both er
 - a cell *agrees* when its interval lies above 0, *disagrees* when below, is *undecided* otherwise;
 - a claim is *supported* when every cell agrees (``kind: every``) or more than half do (``most``); *contradicted*
   when a cell disagrees (``every``) or more than half do (``most``); else *not enough seeds*. A ``flat`` claim
-  compares, per architecture, the rows with the largest and the smallest difference: contradicted when that gap's
-  interval lies above 0, supported otherwise (2 rows or more). A claim whose cells the sweep lacks is *not tested*.
+  compares the cells with the largest and the smallest difference, within each architecture and over all of them:
+  contradicted when such a gap's interval lies above 0, supported otherwise (2 cells or more). A claim whose cells the sweep lacks is *not tested*.
 
 A sweep over ``protocol`` gets each claim per protocol (``mdl.report.protocols.split_by_protocol``).
 """
@@ -166,23 +166,28 @@ def judge(claim: Claim, diffs: Sequence[Difference], confidence: float) -> Verdi
 
 
 def _judge_flat(diffs: Sequence[Difference], confidence: float) -> Verdict:
-    """Per architecture, the gap between its largest and smallest row difference; the widest gap decides."""
+    """The gap between the largest and the smallest difference within each architecture (widths, depths) and,
+    with two architectures or more, over all cells ("roughly equal between architectures"); any gap decides."""
+    groups = {arch: [d for d in diffs if d.arch == arch] for arch in dict.fromkeys(d.arch for d in diffs)}
+    if len(groups) > 1:
+        groups["all architectures"] = list(diffs)
     gaps = []
-    for arch in sorted({d.arch for d in diffs}):
-        rows = sorted((d for d in diffs if d.arch == arch), key=lambda d: d.value)
-        if len(rows) < 2:
+    for name, members in groups.items():
+        if len(members) < 2:
             continue
-        top, bottom = rows[-1], rows[0]
+        bottom, top = min(members, key=lambda d: d.value), max(members, key=lambda d: d.value)
         se = math.sqrt(top.se**2 + bottom.se**2)
         df = se**4 / (top.se**4 / top.df + bottom.se**4 / bottom.df) if se > 0 else math.inf
         gap = top.value - bottom.value
-        gaps.append((arch, gap, *interval(gap, se, df, confidence)))
+        gaps.append((name, gap, *interval(gap, se, df, confidence)))
     if not gaps:
-        return Verdict("not tested", "no architecture has two rows")
+        return Verdict("not tested", "one cell: nothing to compare")
     if any(math.isnan(lo) for _, _, lo, _ in gaps):
         return Verdict("not enough seeds", "a row has fewer than 2 seeds")
     word = "contradicted" if any(lo > 0 for _, _, lo, _ in gaps) else "supported"
-    return Verdict(word, "; ".join(f"{a}: rows differ by {g:+.2f} [{lo:.2f}, {hi:.2f}]" for a, g, lo, hi in gaps))
+    return Verdict(
+        word, "; ".join(f"{a}: cells differ by up to {g:+.2f} [{lo:.2f}, {hi:.2f}]" for a, g, lo, hi in gaps)
+    )
 
 
 def with_interval(d: Difference) -> str:
