@@ -40,7 +40,7 @@ CONTROL_MDL_STD = math.sqrt(7 / 12)  # deviations -2/3, -1/6, 5/6: squares sum t
 def paper_mdl(arch: str, eraser: str, width: int, depth: int, seed: int) -> float:
     if (arch, eraser, width, depth) == ("mlp", "none", 128, 2):
         return CONTROL_MDL[seed]
-    base = {"none": 7.0, "leace": 8.0, "qleace": 11.0}[eraser] - (1.0 if arch == "lenet" else 0.0)
+    base = {"none": 7.0, "leace": 8.0, "alf_qleace": 9.0, "gradient": 10.0, "qleace": 11.0}[eraser] - (1.0 if arch == "lenet" else 0.0)
     return base + 0.01 * width / 64 + 0.1 * depth + 0.2 * seed
 
 
@@ -50,7 +50,7 @@ def curve(arch: str, eraser: str, width: int, depth: int, seed: int) -> list[flo
         return list(CROSSING_CURVE + noise)
     if (arch, width, depth) == ("mlp", 128, 2) and eraser == "qleace":
         return list(MIRROR_CURVE + noise)
-    shift = {"none": 0.0, "leace": 0.3, "qleace": 0.6}[eraser]
+    shift = {"none": 0.0, "leace": 0.3, "alf_qleace": 0.4, "gradient": 0.5, "qleace": 0.6}[eraser]
     return list(CONTROL_CURVE + shift + noise)
 
 
@@ -659,7 +659,8 @@ def test_chance_levels_of_a_uniform_predictor():
     """paper MDL's chance is log2 K times the share of examples the blocks after the first code; loss ln K."""
     from types import SimpleNamespace
 
-    from mdl.report.figures import chance_level, display_name
+    from mdl.report.figures import display_name
+    from mdl.report.stats import chance_level
 
     run = SimpleNamespace(results={"num_classes": 4, "boundaries": [10, 30, 100]})
     cells = [SimpleNamespace(runs=[run])]

@@ -73,9 +73,10 @@ def test_a_flat_claim_is_contradicted_only_by_rows_that_differ_beyond_their_inte
 
 
 def test_every_shipped_claim_is_well_formed() -> None:
-    claims, confidence = load_claims()
-    assert 0 < confidence < 1 and len({c.id for c in claims}) == len(claims)
-    for c in claims:
+    shipped = load_claims()
+    assert 0 < shipped.confidence < 1 and 0 < shipped.at_chance_bits < 0.5
+    assert len({c.id for c in shipped.claims}) == len(shipped.claims)
+    for c in shipped.claims:
         assert c.says and c.section.startswith("Sec. ") and not set(c.higher) & set(c.lower)
         assert set(c.higher) | set(c.lower) <= {"none", "leace", "qleace", "alf_qleace", "gradient"}
 
@@ -163,3 +164,25 @@ def test_the_claims_preset_ends_with_the_claims_on_the_console(tmp_path: Path) -
     assert "| `leace_slows` | original | mlp 1 |" in printed and "| `leace_slows` | sound | mlp 1 |" in printed
     assert "paper MDL" not in printed  # after the last job
     assert "## The paper's claims" in sweep_report(tmp_path).read_text()
+
+
+def test_two_erasers_both_at_chance_do_not_support_an_ordering(tmp_path: Path) -> None:
+    """Digits' QLEACE and gradient cells: every fit kept at the untrained model, both score a uniform predictor's
+    paper MDL, so neither costs more bits; more seeds would not change it."""
+    from mdl.report.claims import claims_section, differences
+
+    chance = math.log2(3) * (20 + 30) / 30  # 3 classes, blocks at 10, 20, 30 (mdl.codelength.paper_mdl)
+    for job, (eraser, mdl) in enumerate([("qleace", chance), ("gradient", chance - 0.01), ("none", 1.0)] * 2):
+        path = protocol_run(tmp_path, job, "sound", eraser, job // 3, mdl, [0, 0])
+        results = json.loads(path.read_text())
+        write_checked_json(path, results | {"boundaries": [10, 20, 30]})
+    sweep = load_sweep([tmp_path])
+    shipped = load_claims()
+    claim = next(c for c in shipped.claims if c.id == "gradient_below_qleace_feedforward")
+    (d,) = differences(claim, build_cells(sweep), shipped.confidence, shipped.at_chance_bits)
+    assert d.direction == "both at chance" and judge(claim, [d], 0.95).word == "contradicted"
+    gradient_slows = next(c for c in shipped.claims if c.id == "gradient_slows")
+    (d,) = differences(gradient_slows, build_cells(sweep), shipped.confidence, shipped.at_chance_bits)
+    assert d.direction == "agrees"  # one side at chance, the control far below it
+    text = "\n".join(claims_section(sweep, build_cells(sweep)))
+    assert "+0.01 (one seed)" not in text and "(both at chance)" in text

@@ -7,7 +7,10 @@ this module measures each in every architecture x row cell the sweep has both er
 
 - the difference of mean paper MDL (``higher`` minus ``lower``) with a Welch interval over seeds (unpaired: seeds
   of two erasers share no draw that pairing could use; a cell needs 2 seeds on each side);
-- a cell *agrees* when its interval lies above 0, *disagrees* when below, is *undecided* otherwise;
+- a cell *agrees* when its interval lies above 0, *disagrees* when below, is *undecided* otherwise; when both
+  erasers' means sit at a uniform predictor's paper MDL (within ``at_chance_bits``) the cell is *both at chance*
+  and counts as disagreeing: nothing was learnt on either side, so neither eraser costs more bits (digits' QLEACE
+  and gradient cells), and more seeds would not change that;
 - a claim is *supported* when every cell agrees (``kind: every``) or more than half do (``most``); *contradicted*
   when a cell disagrees (``every``) or more than half do (``most``); else *not enough seeds*. A ``flat`` claim
   compares the cells with the largest and the smallest difference, within each architecture and over all of them:
@@ -30,7 +33,7 @@ from scipy.stats import t as student_t
 
 from mdl.report.protocols import split_by_protocol, untrained_text
 from mdl.report.runs import PROTOCOL_KEY, Sweep
-from mdl.report.stats import Cell
+from mdl.report.stats import Cell, chance_level
 from mdl.report.tables import markdown_table
 
 METRIC = "paper_mdl"
@@ -66,17 +69,29 @@ class Difference:
     df: float
     low: float
     high: float
+    both_at_chance: bool = False
 
     @property
     def direction(self) -> str:
+        if self.both_at_chance:
+            return "both at chance"
         if math.isnan(self.low):
             return "one seed"
         return "agrees" if self.low > 0 else "disagrees" if self.high < 0 else "undecided"
 
 
+@dataclass(frozen=True)
+class ClaimSet:
+    """The shipped claims and how they are judged (mdl/paper_values/claims.yaml)."""
+
+    claims: tuple[Claim, ...]
+    confidence: float  # of every interval
+    at_chance_bits: float  # a mean within this of a uniform predictor's paper MDL is at chance
+
+
 @cache
-def load_claims() -> tuple[tuple[Claim, ...], float]:
-    """The shipped claims and the interval's confidence level; a malformed entry names itself."""
+def load_claims() -> ClaimSet:
+    """The shipped claims with their judging settings; a malformed entry names itself."""
     text = resources.files("mdl").joinpath("paper_values/claims.yaml").read_text()
     data = yaml.safe_load(text)
     claims = []
@@ -96,7 +111,7 @@ def load_claims() -> tuple[tuple[Claim, ...], float]:
                 tuple(archs) if archs else None,
             )
         )
-    return tuple(claims), float(data["confidence"])
+    return ClaimSet(tuple(claims), float(data["confidence"]), float(data["at_chance_bits"]))
 
 
 def welch(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
@@ -122,7 +137,7 @@ def _base(eraser_label: str) -> str:
     return eraser_label.split(" ")[0]
 
 
-def differences(claim: Claim, cells: Sequence[Cell], confidence: float) -> list[Difference]:
+def differences(claim: Claim, cells: Sequence[Cell], confidence: float, at_chance_bits: float) -> list[Difference]:
     """Every (higher, lower) pair of cells in one architecture x row that the claim speaks of."""
     by_row: dict[tuple[str, tuple], list[Cell]] = {}
     for c in cells:
@@ -132,9 +147,13 @@ def differences(claim: Claim, cells: Sequence[Cell], confidence: float) -> list[
     for (arch, row), mine in by_row.items():
         for hi in (c for c in mine if _base(c.eraser) in claim.higher):
             for lo in (c for c in mine if _base(c.eraser) in claim.lower and c is not hi):
-                value, se, df = welch(hi.values(METRIC), lo.values(METRIC))
-                if not math.isnan(value):
-                    out.append(Difference(arch, row, hi, lo, value, se, df, *interval(value, se, df, confidence)))
+                a, b = hi.values(METRIC), lo.values(METRIC)
+                value, se, df = welch(a, b)
+                if math.isnan(value):
+                    continue
+                chance = chance_level([hi, lo], METRIC)
+                idle = chance is not None and min(a.mean(), b.mean()) >= chance - at_chance_bits
+                out.append(Difference(arch, row, hi, lo, value, se, df, *interval(value, se, df, confidence), idle))
     return out
 
 
@@ -151,7 +170,8 @@ def judge(claim: Claim, diffs: Sequence[Difference], confidence: float) -> Verdi
     if claim.kind == "flat":
         return _judge_flat(diffs, confidence)
     ways = [d.direction for d in diffs]
-    agree, disagree = ways.count("agrees"), ways.count("disagrees")
+    agree, idle = ways.count("agrees"), ways.count("both at chance")
+    disagree = ways.count("disagrees") + idle
     if claim.kind == "every":
         word = "contradicted" if disagree else "supported" if agree == len(ways) else "not enough seeds"
     else:
@@ -159,9 +179,10 @@ def judge(claim: Claim, diffs: Sequence[Difference], confidence: float) -> Verdi
             "supported" if agree > len(ways) / 2 else "contradicted" if disagree > len(ways) / 2 else "not enough seeds"
         )
     if len(diffs) == 1:
-        return Verdict(word, with_interval(diffs[0]))
+        return Verdict(word, with_interval(diffs[0]) + (", both at chance" if idle else ""))
     values = sorted(d.value for d in diffs)
-    counts = f"{agree} agree, {disagree} disagree, {len(ways) - agree - disagree} undecided"
+    at_chance = f" ({idle} both at chance)" if idle else ""
+    counts = f"{agree} agree, {disagree} disagree{at_chance}, {len(ways) - agree - disagree} undecided"
     return Verdict(word, f"{values[0]:+.2f} to {values[-1]:+.2f} over {len(diffs)} cells ({counts})")
 
 
@@ -199,12 +220,13 @@ def with_interval(d: Difference) -> str:
 
 def claims_section(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
     """Markdown: a line per claim (per protocol when the sweep ran both), then a line per tested cell."""
-    claims, confidence = load_claims()
+    judging = load_claims()
+    claims, confidence = judging.claims, judging.confidence
     parts = split_by_protocol(sweep, cells) or [(_protocol_of(sweep), sweep, list(cells))]
     head, detail, tested = [], [], {}
     for claim in claims:
         for protocol, sub, mine in parts:
-            diffs = differences(claim, mine, confidence)
+            diffs = differences(claim, mine, confidence, judging.at_chance_bits)
             verdict = judge(claim, diffs, confidence)
             if verdict.word != "not tested":
                 tested[claim.id] = claim

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from mdl.report.runs import Sweep, sortable  # noqa: E402
-from mdl.report.stats import Cell, Increase, curve_stats, erasers_of, mdl_increase  # noqa: E402
+from mdl.report.stats import Cell, Increase, chance_level, curve_stats, erasers_of, mdl_increase  # noqa: E402
 
 SCALING_METRICS = (
     ("paper_mdl", "paper MDL (bits/sample)"),
@@ -89,21 +89,6 @@ def figure_legend(fig, keys: list[Line2D] | tuple[Line2D, ...] = ()) -> None:
     columns = max(1, min(len(entries), int(width // LEGEND_ENTRY_WIDTH)))
     fig.set_size_inches(width, fig.get_figheight() + math.ceil(len(entries) / columns) * LEGEND_ROW_HEIGHT)
     fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=columns, frameon=False)
-
-
-def chance_level(cells: list[Cell], metric: str) -> float | None:
-    """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
-    paper MDL log2 K * sum(t_2..t_S) / N (mdl.run.experiment.summary), online code log2 K, loss ln K nats."""
-    runs = [r.results for c in cells for r in c.runs]
-    keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
-    if len(keys) != 1:
-        return None
-    ((k, boundaries),) = keys
-    if not k:
-        return None
-    if metric == "paper_mdl":
-        return math.log2(k) * sum(boundaries[1:]) / boundaries[-1] if len(boundaries) > 1 else None
-    return {"online_bits_per_example": math.log2(k), "val_loss": math.log(k)}.get(metric)
 
 
 def chance_line(ax, value: float | None) -> None:

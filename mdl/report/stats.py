@@ -49,6 +49,21 @@ class Cell:
         return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size)
 
 
+def chance_level(cells: list[Cell], metric: str) -> float | None:
+    """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
+    paper MDL log2 K * sum(t_2..t_S) / N (mdl.run.experiment.summary), online code log2 K, loss ln K nats."""
+    runs = [r.results for c in cells for r in c.runs]
+    keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
+    if len(keys) != 1:
+        return None
+    ((k, boundaries),) = keys
+    if not k:
+        return None
+    if metric == "paper_mdl":
+        return math.log2(k) * sum(boundaries[1:]) / boundaries[-1] if len(boundaries) > 1 else None
+    return {"online_bits_per_example": math.log2(k), "val_loss": math.log(k)}.get(metric)
+
+
 @dataclass
 class Coverage:
     max_seeds: int
