@@ -40,7 +40,9 @@ CONTROL_MDL_STD = math.sqrt(7 / 12)  # deviations -2/3, -1/6, 5/6: squares sum t
 def paper_mdl(arch: str, eraser: str, width: int, depth: int, seed: int) -> float:
     if (arch, eraser, width, depth) == ("mlp", "none", 128, 2):
         return CONTROL_MDL[seed]
-    base = {"none": 7.0, "leace": 8.0, "alf_qleace": 9.0, "gradient": 10.0, "qleace": 11.0}[eraser] - (1.0 if arch == "lenet" else 0.0)
+    base = {"none": 7.0, "leace": 8.0, "alf_qleace": 9.0, "gradient": 10.0, "qleace": 11.0}[eraser] - (
+        1.0 if arch == "lenet" else 0.0
+    )
     return base + 0.01 * width / 64 + 0.1 * depth + 0.2 * seed
 
 
