@@ -19,7 +19,7 @@ eraser launch.py fits), with ``val_frac`` giving the project's 300 validation ex
 untrained model when its pre-training validation loss stays the best (the loop's own comparison, ``val_loss <
 best_loss``, never true after it); ours when results.json says ``best_after_epochs == 0``.
 
-    python scripts/beside_original.py --original-dir /work/original_mdl --settings paper --erasers none,leace
+    python scripts/beside_original.py --original-dir DIR --settings paper --erasers leace,none --threads 1
 """
 
 from __future__ import annotations
