@@ -221,8 +221,10 @@ class ErasedDataModule(L.LightningDataModule):
             source_of=source_of,
         )
 
-    def val_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.val_set.x, self.val_set.y, self.options.eval_batch_size)
+    def val_dataloader(self, batch_size: int | None = None) -> DeviceBatches:
+        """Validation batches of ``batch_size`` (None: data.eval_batch_size; protocol.batch_mean_validation: the
+        training batch size, as the original validated)."""
+        return DeviceBatches(self.val_set.x, self.val_set.y, batch_size or self.options.eval_batch_size)
 
     def test_dataloader(self) -> DeviceBatches:
         return DeviceBatches(self.test_set.x, self.test_set.y, self.options.eval_batch_size)

@@ -72,6 +72,8 @@ class Classifier(L.LightningModule):
         self.step_hooks = StepHooks()  # the trainer's, from on_train_start (grouped steps)
         # protocol=original: validate and score the weights as training leaves them, in train mode (mdl.engine.protocol)
         self.evaluate_as_trained = False
+        # protocol.batch_mean_validation: each validation batch's float32 mean in bits, as the original adds them up
+        self.batch_mean_validation = False
 
     def forward(self, x: Tensor) -> Tensor:
         """Float32 logits, the forward pass under the run's precision (models.precision)."""
@@ -208,7 +210,13 @@ class Classifier(L.LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        self._accumulate("val", F.cross_entropy(logits, y, reduction="sum"), y.shape[0])
+        if (
+            self.batch_mean_validation
+        ):  # the original's: (cross_entropy(...) / log 2).item() * len (mdl/probe.py@5e66bb9)
+            loss_sum = (F.cross_entropy(logits, y) / math.log(2)).double() * y.shape[0]
+        else:
+            loss_sum = F.cross_entropy(logits, y, reduction="sum")
+        self._accumulate("val", loss_sum, y.shape[0])
         self._accumulate("val_correct", (logits.argmax(-1) == y).sum(), y.shape[0])  # read with the loss
 
     def on_validation_epoch_end(self) -> None:
@@ -234,7 +242,8 @@ class Classifier(L.LightningModule):
 
     def _record_validation(self) -> float:
         self._read_sums()
-        mean = self._require_finite(self._epoch_mean("val"), "validation")
+        mean = self._epoch_mean("val") * (math.log(2) if self.batch_mean_validation else 1.0)  # nats either way
+        mean = self._require_finite(mean, "validation")
         self.val_loss_curve.append(mean)
         self.val_accuracy_curve.append(self._epoch_mean("val_correct"))
         return mean

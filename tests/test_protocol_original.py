@@ -8,6 +8,7 @@ protocol=original must leave the same weights, optimizer state and schedule-free
 
 from __future__ import annotations
 
+import math
 from copy import deepcopy
 from functools import partial
 
@@ -167,7 +168,12 @@ def test_protocol_groups_name_their_loops() -> None:
         assert LoopRules.of(compose("config").protocol) == LoopRules()
         original = compose("config", overrides=["protocol=original"])
         assert LoopRules.of(original.protocol) == LoopRules(
-            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True, exact_stopping=True
+            backtrack=True,
+            evaluate_as_trained=True,
+            reshuffle=False,
+            augment_per_batch=True,
+            exact_stopping=True,
+            batch_mean_validation=True,
         )
         from mdl.run.pack import pack_key
 
@@ -203,3 +209,58 @@ def test_the_original_stops_on_the_float64_loss_not_its_float32_rounding() -> No
 
     assert LoopRules.of(compose_config(["protocol=original"]).protocol).exact_stopping
     assert not LoopRules.of(compose_config([]).protocol).exact_stopping
+
+
+def original_evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> float:
+    """mdl/probe.py@5e66bb9 ``Probe.evaluate`` (:202-208) with ``loss_fn`` (:210-216), transcribed: the mean loss in
+    bits, each batch's float32 mean times its size, added as Python floats."""
+    total_loss = sum(
+        (F.cross_entropy(model(x_batch), y_batch.long()) / math.log(2)).item() * len(x_batch)
+        for x_batch, y_batch in zip(x.split(batch_size), y.split(batch_size))
+    )
+    return total_loss / len(x)
+
+
+def near_uniform_pair(seed: int) -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
+    """An untrained 10-class model (zero readout: log 10 for every example) and one a first warm-up epoch away
+    (weights of 1e-7), on 300 validation examples: their losses differ by about a float32 step."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(300, 8, generator=g), torch.randint(0, 10, (300,), generator=g)
+    untrained, trained = nn.Linear(8, 10), nn.Linear(8, 10)
+    for model in (untrained, trained):
+        nn.init.zeros_(model.weight)
+        nn.init.zeros_(model.bias)
+    with torch.no_grad():
+        trained.weight.copy_(1e-7 * torch.randn(10, 8, generator=g))
+    return untrained, trained, x, y
+
+
+@torch.no_grad()
+def test_the_original_adds_up_validation_per_batch_in_bits() -> None:
+    """protocol.batch_mean_validation: the mean validation loss is the original's (its bits times log 2, to the bit),
+    and so is the verdict on an epoch a float32 step from the untrained model; the one float32 sum per
+    data.eval_batch_size batch (protocol=sound) decides some of those the other way (issue 45)."""
+    from mdl.engine.protocol import MemberState
+
+    flipped = 0
+    for seed in range(20):
+        untrained, trained, x, y = near_uniform_pair(seed)
+        verdicts = {}
+        for original in (False, True):
+            state = MemberState(member=0, n_train=10)
+            for epoch, model in ((-1, untrained), (0, trained)):
+                module = Classifier(model, make_optimizer, LR, mup=False)
+                module.batch_mean_validation = original
+                batches = list(zip(x.split(128), y.split(128))) if original else [(x, y)]
+                mean = module.validate(batches)
+                if original:
+                    assert mean == original_evaluate(model, x, y, 128) * math.log(2)
+                verdicts[original] = state.judge(mean, epoch, exact=True)
+        theirs = original_evaluate(trained, x, y, 128) < original_evaluate(untrained, x, y, 128)
+        assert verdicts[True] == theirs
+        flipped += verdicts[False] != theirs
+    assert flipped > 0
+    from conftest import compose_config
+
+    assert LoopRules.of(compose_config(["protocol=original"]).protocol).batch_mean_validation
+    assert not LoopRules.of(compose_config([]).protocol).batch_mean_validation

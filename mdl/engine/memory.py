@@ -63,10 +63,13 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
 
 def one_per_fit_if_backtracking(members_per_fit: int | str | None, rules: LoopRules) -> int | str | None:
     """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
-    cannot take back alone), else as asked."""
-    if rules.backtrack and members_per_fit != 1:
+    cannot take back alone) or validates per batch as the original (``batch_mean_validation``: a fit of one member
+    validates that way; a stack adds its losses up its own way), else as asked."""
+    if rules.one_member_per_fit and members_per_fit != 1:
         log.info(
-            "protocol with backtracking: one member per fit (mdl.members_per_fit=%s not used)", members_per_fit or "all"
+            "protocol with backtracking or the original's validation sums: one member per fit "
+            "(mdl.members_per_fit=%s not used)",
+            members_per_fit or "all",
         )
         return 1
     return members_per_fit

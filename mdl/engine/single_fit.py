@@ -7,6 +7,7 @@ end (``EpochProtocol``); the kept weights then score the member's block in float
 
 from __future__ import annotations
 
+import functools
 import copy
 import time
 import warnings
@@ -228,8 +229,11 @@ def fit_prefix(
     module = make_module()
     module.automatic_optimization = steps == 1
     module.evaluate_as_trained = rules.evaluate_as_trained
+    module.batch_mean_validation = rules.batch_mean_validation
     best = EpochProtocol(
-        dm.val_dataloader,
+        functools.partial(dm.val_dataloader, dm.options.batch_size)
+        if rules.batch_mean_validation
+        else dm.val_dataloader,
         patience,
         device,
         untrained_candidate,

@@ -324,7 +324,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
     if profiler is not None:
         trainer_kwargs["profiler"] = profiler
     rules = LoopRules.of(cfg.get("protocol"))
-    fits = "sequential" if rules.backtrack else grouping(cfg.mdl)  # one member per fit
+    fits = "sequential" if rules.one_member_per_fit else grouping(cfg.mdl)  # one member per fit
     log.info(
         "run %s (fits: %s) on %s (precision %s, compile %s, channels_last %s): %d training examples in blocks %s",
         job.key,

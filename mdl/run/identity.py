@@ -98,11 +98,12 @@ def members_per_fit(mdl: Any) -> int | str | None:
 
 def members_per_fit_as_trained(config: dict[str, Any]) -> int | str | None:
     """``mdl.members_per_fit`` as the run's fits are made, so that two values that train alike are one identity:
-    1 under a protocol that backtracks (every fit one member: mdl.engine.memory.one_per_fit_if_backtracking), and
+    1 under a protocol that backtracks or validates per batch as the original (every fit one member:
+    mdl.engine.memory.one_per_fit_if_backtracking), and
     ``all`` for a k of at least the run's mdl.num_blocks members (mdl.engine.protocol.fits_of: one fit)."""
     mdl, protocol = config["mdl"], config.get("protocol")
     value = mdl.get("members_per_fit")
-    if isinstance(protocol, dict) and protocol.get("backtrack"):
+    if isinstance(protocol, dict) and (protocol.get("backtrack") or protocol.get("batch_mean_validation")):
         return 1
     blocks = mdl.get("num_blocks")
     if isinstance(value, int) and not isinstance(value, bool) and isinstance(blocks, int) and value >= blocks:

@@ -64,7 +64,11 @@ def pack_key(cfg: DictConfig) -> str | None:
     that backtracks trains one member per fit (``mdl.engine.protocol.LoopRules``): alone. One stack needs its runs'
     input shapes, classes and block schedules equal: the data config sets them (an eraser keeps the shape), but for
     ``data.balance=suby``, whose training split's size follows the data seed: then runs of one data seed only."""
-    if members_per_fit(cfg.mdl) == 1 or cfg.trainer.get("profiler") or LoopRules.of(cfg.get("protocol")).backtrack:
+    if (
+        members_per_fit(cfg.mdl) == 1
+        or cfg.trainer.get("profiler")
+        or LoopRules.of(cfg.get("protocol")).one_member_per_fit
+    ):
         return None
     if cfg.optimizer.get("precondition") is not None:
         return data_key(cfg)

@@ -85,6 +85,7 @@ def options_present(config: dict[str, Any]) -> None:
     protocol = config.get("protocol")
     if isinstance(protocol, dict):  # both loops compared the float32 rounding before exact_stopping existed
         protocol.setdefault("exact_stopping", False)
+        protocol.setdefault("batch_mean_validation", False)  # nor added up validation per batch in bits before it
     for group, keys in UNSET_IS_NULL.items():
         node = config.get(group)
         for key in keys if isinstance(node, dict) else ():
