@@ -210,9 +210,7 @@ class Classifier(L.LightningModule):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self(x)
-        if (
-            self.batch_mean_validation
-        ):  # the original's: (cross_entropy(...) / log 2).item() * len (mdl/probe.py@5e66bb9)
+        if self.batch_mean_validation:  # the original's (cross_entropy / log 2).item() * len (mdl/probe.py@5e66bb9)
             loss_sum = (F.cross_entropy(logits, y) / math.log(2)).double() * y.shape[0]
         else:
             loss_sum = F.cross_entropy(logits, y, reduction="sum")
