@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from mdl.report.runs import display_names, eraser_sort_key, flatten, is_ignored_key, sortable
+from mdl.report.sweep import display_names, eraser_sort_key, flatten, is_ignored_key, sortable
 from mdl.run.stored_runs import (
     COLUMN_KEYS,
     COLUMNS,

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from conftest import CONF, FAST, compose_config
 from mdl.run.identity import config_hash
 from mdl.run.identity import BOOKKEEPING_KEYS, is_bookkeeping, without_bookkeeping
-from mdl.report.runs import is_ignored_key
+from mdl.report.sweep import is_ignored_key
 
 GROUP_CHOICES = {"hydra/launcher", "logger", "experiment", "+experiment", "report", "+report"}  # same for a whole sweep
 

@@ -22,7 +22,7 @@ import torch
 
 from mdl.results import write_checked_json
 from mdl.report.build import build_report, main
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 from mdl.report.stats import backfire_flags, build_cells, coverage, detect_backfire
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,7 +303,7 @@ def test_figure1_shows_erased_images(tmp_path: Path):
     """Columns: originals, LEACE (really applied: it changes the images), random control of
     LEACE's rank (no ALF-QLEACE here); the control's identity column is not repeated."""
     from mdl.report.figure1 import figure1
-    from mdl.report.runs import load_sweep as load
+    from mdl.report.sweep import load_sweep as load
 
     sweep = load([write_sweep(tmp_path)])
     captured = {}

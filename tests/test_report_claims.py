@@ -18,7 +18,7 @@ from test_report_protocols import protocol_run
 from mdl.report.build import main as report_main
 from mdl.results import write_checked_json
 from mdl.report.claims import Claim, Difference, interval, judge, load_claims, welch
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 from mdl.report.stats import Cell, build_cells
 
 T_975_DF2 = 4.302652729911275  # Student's t, two-sided 95%, 2 degrees of freedom (tables)

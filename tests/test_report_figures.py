@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from test_report import write_lr_search, write_sweep
 
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 from mdl.report.stats import build_cells, coverage
 from mdl.report.style import COLUMN_WIDTH, TWO_COLUMN_WIDTH
 

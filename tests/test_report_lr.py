@@ -10,7 +10,7 @@ from pathlib import Path
 from test_report import write_run
 
 from mdl.report.lr import best_learning_rates, best_lr_by_width, lr_section
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 from mdl.report.stats import build_cells
 from mdl.results import write_checked_json
 

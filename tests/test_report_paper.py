@@ -19,7 +19,7 @@ from test_report import read_csv, write_run, write_sweep
 from mdl.results import write_checked_json
 from mdl.report.build import build_report, main
 from mdl.report.paper import FLAG_SIGMAS, available_tables, compare, load_paper_table
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 from mdl.report.stats import build_cells, mdl_increase
 
 # The Appendix C table as the paper's text prints it (copied from the paper, not from the CSV):

@@ -18,7 +18,7 @@ from test_report import read_csv, write_run
 from mdl.results import write_checked_json
 from mdl.report.build import build_report
 from mdl.report.protocols import untrained_blocks
-from mdl.report.runs import load_sweep
+from mdl.report.sweep import load_sweep
 
 RULES = {
     "original": {

@@ -1,7 +1,7 @@
 """``python -m mdl.report SWEEP_DIR... [--out DIR]``: the paper's table and figures from a sweep.
 
 Reads every ``results.json`` below the given directories, groups runs into conditions (the
-resolved config minus seeds and paths, see ``mdl.report.runs``) and writes into ``--out``
+resolved config minus seeds and paths, see ``mdl.report.sweep``) and writes into ``--out``
 (default ``<first SWEEP_DIR>/report``) a Markdown report with its PNG figures beside it plus CSVs:
 
     report.md          the Appendix-C table, the comparison with the paper's published values,
@@ -45,7 +45,7 @@ from mdl.report.figure1 import ImageLoader, default_image_loader, figure1
 from mdl.report.figures import FigureFile, figure3, loss_figures, probe_figures, scaling_figures, slug
 from mdl.report.protocols import protocol_section
 from mdl.report.paper import available_tables, load_paper_table, paper_section, write_comparison_csv
-from mdl.report.runs import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
+from mdl.report.sweep import CONTROL, UNKNOWN_VERSION, Sweep, load_sweeps
 from mdl.report.lr import lr_figures, lr_section, lr_transfer_figures
 from mdl.run.sweep_jobs import MissingJob, missing_jobs
 from mdl.report.tables import PARTIAL_MARK, markdown_table, pivot
@@ -83,13 +83,13 @@ def build_report(
 
     ``compare_to`` names a shipped paper table (``mdl.report.paper.available_tables()``) to compare
     with whatever the runs' data set; None compares with the tables of the runs' own data set.
-    ``rows`` names the row keys (default: the keys the sweeps varied, ``mdl.report.runs.choose_row_keys``).
+    ``rows`` names the row keys (default: the keys the sweeps varied, ``mdl.report.sweep.choose_row_keys``).
 
     Runs of different code versions land in different cells unless ``merge_code_versions``; when
     the runs come from more than one version, ``echo`` (print; None: silent) gets one line saying
     how many and whether cells were split or merged, and report.md says the same.
 
-    Runs of several designs (``mdl.report.runs.design_groups``) get a report each, in a folder of ``out``
+    Runs of several designs (``mdl.report.sweep.design_groups``) get a report each, in a folder of ``out``
     named after the design, and ``out``/report.md puts their tables one after the other and links them.
     """
     if not dirs:

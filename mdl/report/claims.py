@@ -32,7 +32,7 @@ import yaml
 from scipy.stats import t as student_t
 
 from mdl.report.protocols import split_by_protocol, untrained_text
-from mdl.report.runs import PROTOCOL_KEY, Sweep
+from mdl.report.sweep import PROTOCOL_KEY, Sweep
 from mdl.report.stats import Cell, chance_level
 from mdl.report.tables import markdown_table
 

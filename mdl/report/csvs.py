@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mdl.report.protocols import untrained_count
-from mdl.report.runs import Sweep
+from mdl.report.sweep import Sweep
 from mdl.report.stats import METRICS, BackfireFlag, Cell, Coverage, curve_stats, mdl_increase
 from mdl.report.tables import _num, _triple, write_csv, write_latex_table
 

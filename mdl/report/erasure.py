@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mdl.report.runs import Run
+from mdl.report.sweep import Run
 from mdl.report.stats import Cell, erasers_of
 from mdl.report.tables import markdown_table
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from mdl.report.figures import FigureFile, _save, plt, slug
 from mdl.report.style import COLUMN_WIDTH, FONT_SIZE, TWO_COLUMN_WIDTH, display_name, eraser_colors
-from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key, load_sweep
+from mdl.report.sweep import CONTROL, Run, Sweep, eraser_sort_key, load_sweep
 
 RANDOM_FIT_IMAGES = 8192
 MIN_IMAGE_SIZE = 1.0  # inches: an image narrower than this reads as a thumbnail; more columns go two columns wide

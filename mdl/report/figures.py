@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from mdl.report.runs import Sweep, sortable  # noqa: E402
+from mdl.report.sweep import Sweep, sortable  # noqa: E402
 from mdl.report.stats import Cell, Increase, chance_level, curve_stats, erasers_of, mdl_increase  # noqa: E402
 
 SCALING_METRICS = (

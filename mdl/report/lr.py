@@ -17,7 +17,7 @@ from typing import Any
 
 from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, figure_legend, marker_key, plt, slug
 from mdl.report.style import display_name, panel_title
-from mdl.report.runs import Sweep, eraser_sort_key, sortable
+from mdl.report.sweep import Sweep, eraser_sort_key, sortable
 from mdl.results import capped_fits, max_epochs_of
 from mdl.report.stats import Cell
 

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-from mdl.report.runs import Sweep, eraser_sort_key, sortable
+from mdl.report.sweep import Sweep, eraser_sort_key, sortable
 from mdl.report.stats import Cell
 from mdl.report.tables import _num, markdown_table, write_csv
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from mdl.report.paper import FLAG_SIGMAS, compare, signed, tables_to_compare
-from mdl.report.runs import CODE_VERSION_KEY, PROTOCOL_KEY, Run, Sweep, sortable
+from mdl.report.sweep import CODE_VERSION_KEY, PROTOCOL_KEY, Run, Sweep, sortable
 from mdl.report.stats import Cell, erasers_of, rows_of
 from mdl.report.tables import fmt, markdown_table, pivot
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mdl.report.runs import CONTROL, Run, Sweep, eraser_sort_key
+from mdl.report.sweep import CONTROL, Run, Sweep, eraser_sort_key
 
 METRICS = {
     # results.json key: (column label, unit)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from mdl.report.runs import Sweep
+from mdl.report.sweep import Sweep
 from mdl.report.stats import METRICS, Cell, erasers_of, rows_of
 
 PARTIAL_MARK = "†"

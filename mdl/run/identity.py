@@ -2,7 +2,7 @@
 
 They are left out of a run's identity (its config hash, ``config_hash`` below, which decides
 skip-if-done and resume) and, for ``data.options``, out of the erasure cache keys (mdl.run.components
-``make_datamodule``), the report does not split cells on them (mdl.report.runs), and W&B
+``make_datamodule``), the report does not split cells on them (mdl.report.sweep), and W&B
 run names leave them out (mdl.run.loggers). Hydra's job folder names leave the same ones out
 (``hydra.job.config.override_dirname.exclude_keys`` in conf/config.yaml; tests/test_identity.py checks
 the two agree). Light: no torch, so the report and the sweep tools import it cheaply.
