@@ -44,7 +44,10 @@ class LoopRules:
     its mean validation loss, a float64, is below the best (original: Python floats compared, mdl/probe.py@5e66bb9:124,
     the loss a float64 average of the batches' ``.item()``, :218-223), not its float32 rounding as Lightning's
     EarlyStopping compares (``stopping_score``): on LEACE'd digits the first epochs improve by less than a float32
-    step, so the rounding decided whether a fit left the untrained model.
+    step, so the rounding decided whether a fit left the untrained model. ``redraw_per_block``: every block's fit
+    trains, validates and is scored on a fresh permutation of the pool (original: mdl/sweep.py@3034bc0:109-119;
+    ``datamodules.redraw``), not on the prefixes of one order; one member per fit (a stack trains its members on one
+    layout).
     """
 
     backtrack: bool = False
@@ -52,6 +55,7 @@ class LoopRules:
     reshuffle: bool = True
     augment_per_batch: bool = False
     exact_stopping: bool = False
+    redraw_per_block: bool = False
 
     @classmethod
     def of(cls, protocol: Any) -> "LoopRules":
@@ -63,6 +67,7 @@ class LoopRules:
             reshuffle=bool(protocol.get("reshuffle", True)),
             augment_per_batch=bool(protocol.get("augment_per_batch", False)),
             exact_stopping=bool(protocol.get("exact_stopping", False)),
+            redraw_per_block=bool(protocol.get("redraw_per_block", False)),
         )
 
 
