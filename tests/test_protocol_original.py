@@ -167,7 +167,12 @@ def test_protocol_groups_name_their_loops() -> None:
         assert LoopRules.of(compose("config").protocol) == LoopRules()
         original = compose("config", overrides=["protocol=original"])
         assert LoopRules.of(original.protocol) == LoopRules(
-            backtrack=True, evaluate_as_trained=True, reshuffle=False, augment_per_batch=True, exact_stopping=True
+            backtrack=True,
+            evaluate_as_trained=True,
+            reshuffle=False,
+            augment_per_batch=True,
+            exact_stopping=True,
+            redraw_per_block=True,
         )
         from mdl.run.pack import pack_key
 
