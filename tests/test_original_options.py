@@ -175,3 +175,13 @@ def test_an_unknown_fit_dtype_is_refused() -> None:
     x, y = pixel_classes(n_per_class=20, d=3, k=2)
     with pytest.raises(ValueError, match="fit_dtype='float16'"):
         fit_eraser("qleace", x.flatten(1), y, num_classes=2, fit_dtype="float16", device="cpu")
+
+
+def test_rehash_gives_stored_runs_the_sound_values() -> None:
+    """Runs stored before the options existed trained one order of the pool and fitted QLEACE in float64."""
+    from mdl.run.rehash import current_form
+
+    stored = {"protocol": {"name": "original", "backtrack": True}, "eraser": {"name": "qleace", "options": {}}}
+    upgraded = current_form(stored)
+    assert upgraded["protocol"]["redraw_per_block"] is False and upgraded["protocol"]["eraser_fit_dtype"] == "float64"
+    assert upgraded["eraser"]["options"]["fit_dtype"] == "float64"
