@@ -21,7 +21,8 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import lightning as L
 import torch
@@ -34,6 +35,7 @@ from datamodules.fit_progress import PartialFit
 from datamodules.interrupts import interruptible, saved_if_abandoned
 from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
 from datamodules.options import DataOptions, EraserOptions
+from datamodules.redraw import pool_rows, redrawn_orders
 from datamodules.sources import ImageSet
 from datamodules.splits import Splits, load_splits, transformed_before
 from datamodules.stacked_batches import StackedBatches, TrainSource
@@ -151,6 +153,31 @@ class ErasedDataModule(L.LightningDataModule):
         """Bytes its splits hold on its device (a pack holds several data modules at once: mdl.run.pack); the
         eraser and batch buffers, small beside them, are not counted."""
         return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
+
+    @contextmanager
+    def redrawn(self, block: int) -> Iterator[None]:
+        """Inside it, the training and validation splits are block ``block``'s (0-based) fresh draw of the pool
+        (the training split, then the validation split) as the original drew them (``protocol.redraw_per_block``;
+        datamodules.redraw): the training split is that draw's first N rows, its prefix, next block and last (scored)
+        block, the validation split the rest. Both splits must hold the rows erased alike, with true labels."""
+        assert self.train_set is not None, "call setup() first"
+        o = self.options
+        if o.augment_order != "erase_then_augment" or o.eval_labels is not True:
+            raise ValueError(
+                f"protocol.redraw_per_block=true moves rows between the training and validation splits, so both must "
+                f"be erased alike with their true labels (data.augment_order={o.augment_order}, data.eval_labels="
+                f"{o.eval_labels}); use data.augment_order=erase_then_augment data.eval_labels=true, or "
+                f"protocol.redraw_per_block=false"
+            )
+        train, val = self.train_set, self.val_set
+        order = redrawn_orders(len(train) + len(val), block + 1, o.data_seed)[block]
+        n = len(train)
+        self.train_set = ImageSet(pool_rows(train.x, val.x, order[:n]), pool_rows(train.y, val.y, order[:n]))
+        self.val_set = ImageSet(pool_rows(train.x, val.x, order[n:]), pool_rows(train.y, val.y, order[n:]))
+        try:
+            yield
+        finally:
+            self.train_set, self.val_set = train, val
 
     # --- batches ----------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 from erasure.leace import leace_map
 from erasure.linalg import per_class
-from erasure.moments import class_moments
+from erasure.moments import class_moments, dtype_named
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 from erasure.qleace import compute_device
 
@@ -99,7 +99,9 @@ def alf_directions(
     k, d, _ = covariances.shape
     deltas = covariances - covariances.mean(0)  # unweighted mean: class sizes do not matter
     scale = float(torch.diagonal(covariances.mean(0)).sum())  # >= the spectral norm
-    negligible = d * torch.finfo(torch.float64).eps * max(scale, 1e-300)
+    eps = torch.finfo(covariances.dtype).eps
+    negligible = d * eps * max(scale, 1e-300)
+    tol = max(tol, 64 * eps)  # a float32 fit's Lanczos cannot reach 1e-10 (float64's default is unchanged)
     directions: list[Tensor] = []
     deviations: list[float] = []
     while True:
@@ -161,10 +163,13 @@ class AlfQLeaceEraser(Eraser):
         shrinkage: Shrinkage = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
+        fit_dtype: str = "float64",
     ) -> "AlfQLeaceEraser":
         """Fit LEACE, then the rank-1 directions on the LEACE'd class covariances, on x (n, d) and labels y (n,).
         Options are checked before any moment is computed, so a wrong one fails at once; ``device`` is only where
-        the float64 work runs (the eraser's tensors come back on the CPU)."""
+        the float64 work runs (the eraser's tensors come back on the CPU). ``fit_dtype`` float32: moments, LEACE
+        and directions in float32, applied in float32, as the original's concept-erasure AlfQLeaceFitter built with
+        dtype=torch.float32 (experiments/cli.py@0cc7065:321, :330, :346, :386)."""
         if not 0.0 <= target_fraction < 1.0:
             raise ValueError(f"target_fraction must lie in [0, 1), got {target_fraction}")
         if max_rank is not None and (isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 0):
@@ -175,10 +180,11 @@ class AlfQLeaceEraser(Eraser):
         if deviation_norm not in ("fro", "spectral"):
             raise ValueError(f"deviation_norm must be 'fro' or 'spectral', got {deviation_norm!r}")
         check_shrinkage(shrinkage)
+        dtype = dtype_named(fit_dtype)
         dev = compute_device(device)
-        moments = shrink_moments(class_moments(x.to(dev), y.to(dev), num_classes, True, batch_size), shrinkage)
+        moments = shrink_moments(class_moments(x.to(dev), y.to(dev), num_classes, True, batch_size, dtype), shrinkage)
         leace = leace_map(moments)
-        keep = torch.eye(x.shape[1], dtype=torch.float64, device=dev) - leace.proj
+        keep = torch.eye(x.shape[1], dtype=dtype, device=dev) - leace.proj
         present = moments.counts > 0
         covs = per_class(lambda c: keep @ c @ keep.T, moments.covariances()[present])
         found = alf_directions(covs, target_fraction, min(rank_cap, x.shape[1]), deviation_norm)
@@ -208,6 +214,6 @@ class AlfQLeaceEraser(Eraser):
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
         mean, proj, dirs = (t.to(x.device) for t in (self.mean, self.leace_proj, self.directions))
-        centred = x.to(torch.float64) - mean
+        centred = x.to(mean.dtype) - mean  # in the fit's dtype (float64 unless fitted in float32)
         centred = centred - centred @ proj.T
         return mean + centred - (centred @ dirs) @ dirs.T

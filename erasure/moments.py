@@ -56,6 +56,17 @@ class ClassMoments:
         return (self.means - self.mean).T * self.weights
 
 
+FIT_DTYPES = {"float64": torch.float64, "float32": torch.float32}  # an eraser's ``fit_dtype`` option
+
+
+def dtype_named(name: str) -> torch.dtype:
+    """The dtype an eraser's ``fit_dtype`` option names: float64 (ours), or float32 (the original's QLEACE and
+    ALF-QLEACE fits)."""
+    if name not in FIT_DTYPES:
+        raise ValueError(f"fit_dtype={name!r}: use one of {', '.join(FIT_DTYPES)}")
+    return FIT_DTYPES[name]
+
+
 class MomentAccumulator:
     """Per-class counts, sums and scatter matrices in float64, one batch per ``add``: ``class_moments`` in steps that a
     fit can stop between and resume from. ``state_dict`` holds the running sums and the rows taken; an accumulator
@@ -67,8 +78,16 @@ class MomentAccumulator:
 
     FIELDS = ("counts", "sums", "shift", "shifted_sums", "scatters", "have_shift", "rows")
 
-    def __init__(self, num_classes: int, dim: int, second_order: bool = True, device: torch.device | None = None):
-        f64 = {"dtype": torch.float64, "device": device}
+    def __init__(
+        self,
+        num_classes: int,
+        dim: int,
+        second_order: bool = True,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float64,
+    ):
+        """``dtype``: what the sums are accumulated in (float64; float32 as the original's float32 fitters)."""
+        f64 = {"dtype": dtype, "device": device}
         self.counts = torch.zeros(num_classes, **f64)
         self.sums = torch.zeros(num_classes, dim, **f64)
         self.shift = torch.zeros(num_classes, dim, **f64)
@@ -79,7 +98,7 @@ class MomentAccumulator:
 
     def add(self, xb: Tensor, yb: Tensor) -> None:
         """Take the next batch of flattened rows ``xb`` (b, d) and their labels ``yb`` (b,)."""
-        xb = xb.to(torch.float64)
+        xb = xb.to(self.counts.dtype)
         yb = yb.to(self.counts.device)
         for c in torch.unique(yb).tolist():
             xc = xb[yb == c]
@@ -132,12 +151,17 @@ class MomentAccumulator:
 
 
 def class_moments(
-    x: Tensor, y: Tensor, num_classes: int, second_order: bool = True, batch_size: int = 8192
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    second_order: bool = True,
+    batch_size: int = 8192,
+    dtype: torch.dtype = torch.float64,
 ) -> ClassMoments:
-    """Accumulate counts, sums and centred scatter matrices per class in float64, ``batch_size`` rows at a time
-    (``MomentAccumulator``)."""
+    """Accumulate counts, sums and centred scatter matrices per class in ``dtype`` (float64 unless asked),
+    ``batch_size`` rows at a time (``MomentAccumulator``)."""
     x = x.reshape(x.shape[0], -1)
-    accumulator = MomentAccumulator(num_classes, x.shape[1], second_order, x.device)
+    accumulator = MomentAccumulator(num_classes, x.shape[1], second_order, x.device, dtype)
     for start in range(0, x.shape[0], batch_size):
         accumulator.add(x[start : start + batch_size], y[start : start + batch_size])
     return accumulator.finish()

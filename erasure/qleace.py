@@ -41,7 +41,7 @@ from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
 from erasure.linalg import per_class, psd_eigh, require_variance, smallest_kept, warn_once
-from erasure.moments import ClassMoments
+from erasure.moments import ClassMoments, dtype_named
 from erasure.preprocess import Shrinkage, check_shrinkage, shrink_moments
 from erasure.resumable import FitProgress, State, accumulate_class_moments, part, with_prefix
 
@@ -222,6 +222,7 @@ def _moments_and_span(
     batch_size: int,
     progress: FitProgress | None,
     restored: State,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[ClassMoments, Tensor, dict[str, Tensor], State]:
     """The (shrunk) class moments, their covariances and the mean covariance's ``_mean_covariance_eigh``: each taken
     from ``restored`` when a stopped fit kept it, else computed (the moments' pass resumed where it stopped) and
@@ -229,7 +230,7 @@ def _moments_and_span(
     offer = progress.offer if progress is not None else lambda state, stable: None
     kept = {k: v.to(x.device) for k, v in part("moments_done", restored).items()}  # a finished pass, unshrunk
     if not kept:
-        raw = accumulate_class_moments(x, y, num_classes, batch_size, progress, restored).finish()
+        raw = accumulate_class_moments(x, y, num_classes, batch_size, progress, restored, dtype).finish()
         kept = {"counts": raw.counts, "means": raw.means, "scatters": raw.scatters}
         offer(lambda: with_prefix("moments_done", kept), stable=True)
     moments = shrink_moments(ClassMoments(kept["counts"], kept["means"], kept["scatters"]), shrinkage)
@@ -290,21 +291,28 @@ class QLeaceEraser(Eraser):
         shrinkage: Shrinkage = 0.0,
         device: str = "auto",
         batch_size: int = 8192,
+        fit_dtype: str = "float64",
         progress: FitProgress | None = None,
     ) -> "QLeaceEraser":
         """Fit the barycenter and every class's transport map on x (n, d) and labels y (n,). ``device`` is only
         where the float64 moments and iterations run: the eraser's tensors come back on the CPU, and its user puts
         them where the data is. ``tol`` trades iterations for optimality only (erasure is exact at any tol).
         ``progress`` (not an option: how the fit runs, erasure.resumable): the fit resumes from the state it restores
-        and offers its state after every batch of the moments, the span and every iteration of the barycenter."""
+        and offers its state after every batch of the moments, the span and every iteration of the barycenter.
+        ``fit_dtype``: float64 (ours), or float32: moments, barycenter and maps in float32, and the eraser applies
+        them in float32, as the original's concept-erasure QuadraticFitter built with dtype=torch.float32
+        (experiments/cli.py@0cc7065:323, :330, :346, :386)."""
         if not (tol > 0 and max_iter >= 1):
             raise ValueError(f"QLEACE needs tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
         check_shrinkage(shrinkage)
+        dtype = dtype_named(fit_dtype)
         dev = compute_device(device)
         restored = (progress.restore() if progress is not None else None) or {}
         offer = progress.offer if progress is not None else lambda state, stable: None
         x, y = x.to(dev), y.to(dev)
-        moments, covs, span, done = _moments_and_span(x, y, num_classes, shrinkage, batch_size, progress, restored)
+        moments, covs, span, done = _moments_and_span(
+            x, y, num_classes, shrinkage, batch_size, progress, restored, dtype
+        )
         weights = moments.weights
         basis = _span_basis(covs, weights, span)
         reduced = covs if basis is None else basis.T @ covs @ basis
@@ -351,7 +359,8 @@ class QLeaceEraser(Eraser):
         assert y is not None
         order = torch.argsort(y, stable=True)
         counts = (y[:, None] == torch.arange(self.num_classes, device=y.device)).sum(0)  # any integer dtype
-        grouped = x[order].to(torch.float64)  # erased in place, class by class: memory of two copies of x
+        grouped = x[order].to(self.maps.dtype)  # erased in place, class by class: memory of two copies of x; in the
+        # fit's dtype (float64 unless fitted in float32, as the original)
         means, maps = self.class_means.to(x.device), self.maps.to(x.device)
         for c, rows in enumerate(grouped.split(counts.tolist())):
             if rows.shape[0]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+import torch
 from torch import Tensor
 
 from erasure.moments import MomentAccumulator
@@ -41,12 +42,18 @@ def part(prefix: str, state: State) -> State:
 
 
 def accumulate_class_moments(
-    x: Tensor, y: Tensor, num_classes: int, batch_size: int, progress: FitProgress | None, restored: State | None
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    batch_size: int,
+    progress: FitProgress | None,
+    restored: State | None,
+    dtype: torch.dtype = torch.float64,
 ) -> MomentAccumulator:
-    """``class_moments``' pass in float64 over ``x`` (n, d), resumed from the ``moments.`` part of ``restored`` (the
+    """``class_moments``' pass in ``dtype`` (float64 unless asked) over ``x`` (n, d), resumed from the ``moments.`` part of ``restored`` (the
     rows it had taken are skipped), offering the running sums to ``progress`` after every batch. Not finished: the
     caller ``finish``\\ es it (the same bits as ``class_moments``)."""
-    accumulator = MomentAccumulator(num_classes, x.shape[1], True, x.device)
+    accumulator = MomentAccumulator(num_classes, x.shape[1], True, x.device, dtype)
     saved = part("moments", restored or {})
     if saved:
         accumulator.load_state_dict({k: v.to(x.device) for k, v in saved.items()})

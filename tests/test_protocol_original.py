@@ -174,6 +174,7 @@ def test_protocol_groups_name_their_loops() -> None:
             augment_per_batch=True,
             exact_stopping=True,
             batch_mean_validation=True,
+            redraw_per_block=True,
         )
         from mdl.run.pack import pack_key
 

@@ -42,14 +42,16 @@ class LoopRules:
     mdl/probe.py@5e66bb9:152). A fit of several members cannot backtrack one member (one optimizer step count
     for the stack), so runs with ``backtrack`` train one member per fit. ``exact_stopping``: an epoch improves when
     its mean validation loss, a float64, is below the best (original: Python floats compared, mdl/probe.py@5e66bb9:124,
-    the loss a float64 average of the batches' ``.item()``, :218-223), not its float32 rounding as Lightning's
+    the loss a float64 average of the batches' ``.item()``, :202-208), not its float32 rounding as Lightning's
     EarlyStopping compares (``stopping_score``): on LEACE'd digits the first epochs improve by less than a float32
     step, so the rounding decided whether a fit left the untrained model. ``batch_mean_validation``: the mean
     validation loss added up as the original did (mdl/probe.py@5e66bb9:202-208, 210-216): each batch of the training
     batch size gives its float32 mean cross-entropy in bits, times its size, summed in float64 and divided by the
     count (then stored in nats), not one float32 sum over batches of ``data.eval_batch_size``. Its float32 roundings
     differ by up to a few 1e-7 nats, as much as a first epoch changes the loss on LEACE'd digits, so it too decided
-    whether a fit left the untrained model (issue 45).
+    whether a fit left the untrained model (issue 45). ``redraw_per_block``: every block's fit trains, validates and
+    is scored on a fresh permutation of the pool (original: mdl/sweep.py@3034bc0:109-119; ``datamodules.redraw``),
+    not on the prefixes of one order.
     """
 
     backtrack: bool = False
@@ -58,12 +60,14 @@ class LoopRules:
     augment_per_batch: bool = False
     exact_stopping: bool = False
     batch_mean_validation: bool = False
+    redraw_per_block: bool = False
 
     @property
     def one_member_per_fit(self) -> bool:
         """Whether every fit trains one member: a stack shares one optimizer step count, which one member cannot
-        take back alone (``backtrack``), and adds its validation losses up its own way (``batch_mean_validation``)."""
-        return self.backtrack or self.batch_mean_validation
+        take back alone (``backtrack``), adds its validation losses up its own way (``batch_mean_validation``) and
+        trains every member on one layout (``redraw_per_block``)."""
+        return self.backtrack or self.batch_mean_validation or self.redraw_per_block
 
     @classmethod
     def of(cls, protocol: Any) -> "LoopRules":
@@ -76,6 +80,7 @@ class LoopRules:
             augment_per_batch=bool(protocol.get("augment_per_batch", False)),
             exact_stopping=bool(protocol.get("exact_stopping", False)),
             batch_mean_validation=bool(protocol.get("batch_mean_validation", False)),
+            redraw_per_block=bool(protocol.get("redraw_per_block", False)),
         )
 
 

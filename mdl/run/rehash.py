@@ -86,6 +86,11 @@ def options_present(config: dict[str, Any]) -> None:
     if isinstance(protocol, dict):  # both loops compared the float32 rounding before exact_stopping existed
         protocol.setdefault("exact_stopping", False)
         protocol.setdefault("batch_mean_validation", False)  # nor added up validation per batch in bits before it
+        protocol.setdefault("redraw_per_block", False)  # one order of the pool for every block before it existed
+        protocol.setdefault("eraser_fit_dtype", "float64")
+    options = eraser.get("options")
+    if isinstance(options, dict) and eraser.get("name") in ("qleace", "alf_qleace"):
+        options.setdefault("fit_dtype", "float64")  # fitted in float64 before the option existed
     for group, keys in UNSET_IS_NULL.items():
         node = config.get(group)
         for key in keys if isinstance(node, dict) else ():
