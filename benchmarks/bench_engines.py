@@ -45,9 +45,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from mdl.engine.fitting import make_trainer  # noqa: E402
+from mdl.engine.trainer import make_trainer  # noqa: E402
 from mdl.engine.single_fit import fit_prefix  # noqa: E402
-from mdl.engine.runs import Fitting  # noqa: E402
+from mdl.engine.fitting import Fitting  # noqa: E402
 from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
 from mdl.run.components import (  # noqa: E402
     make_datamodule,

@@ -217,7 +217,7 @@ MAX_INIT_PARAMETERS = 10
 
 def test_no_hand_written_init_takes_more_than_ten_parameters() -> None:
     """A class that needs more is carrying a run's settings one by one: give it the record that holds them
-    (``mdl.engine.runs.Run`` and ``Fitting``, ``datamodules.options.DataOptions``). Dataclasses' own ``__init__``
+    (``mdl.engine.fitting.Run`` and ``Fitting``, ``datamodules.options.DataOptions``). Dataclasses' own ``__init__``
     are records, not hand-written, and are not counted."""
     wide = []
     for path in _sources():

@@ -85,7 +85,7 @@ def test_redraw_refuses_splits_erased_differently(tmp_path: Path) -> None:
 def test_a_stacked_fit_refuses_the_redraw(tmp_path: Path) -> None:
     from mdl.engine.driver import refuse_stacked_redraw
     from mdl.engine.protocol import LoopRules
-    from mdl.engine.runs import Fitting
+    from mdl.engine.fitting import Fitting
 
     fitting = Fitting({}, 1, tmp_path, rules=LoopRules(redraw_per_block=True))
     refuse_stacked_redraw([[(0, 0)], [(0, 1)]], fitting)  # one member per fit

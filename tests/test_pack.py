@@ -190,7 +190,7 @@ def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
     relaunch (here with a memory share that would hold every data set at once, as on a larger GPU) finds the killed
     part's folder and resumes it."""
     import mdl.run.pack
-    from mdl.engine.fitting import SaveLastCheckpoint
+    from mdl.engine.trainer import SaveLastCheckpoint
 
     class Killed(Exception):
         pass
@@ -339,7 +339,7 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
     """Killed after a checkpoint (the 2nd of its one fit; the 10th: in the 2nd of its fits, each run's 2nd fit of 2), the same
     pack launched again, its jobs listed in another order, skips what was finished, resumes from the pack's
     checkpoint and gives every run the numbers of an uninterrupted pack (its members in the checkpoint's order)."""
-    from mdl.engine.fitting import SaveLastCheckpoint
+    from mdl.engine.trainer import SaveLastCheckpoint
 
     class Killed(Exception):
         pass

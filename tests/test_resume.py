@@ -75,7 +75,7 @@ def test_killed_run_resumes_to_identical_results(tmp_path: Path) -> None:
 # --- in-process kills at every checkpoint, any patience ---------------------------------------
 
 from conftest import compose_config  # noqa: E402
-from mdl.engine.fitting import SaveLastCheckpoint  # noqa: E402
+from mdl.engine.trainer import SaveLastCheckpoint  # noqa: E402
 from mdl.run.experiment import run_experiment  # noqa: E402
 
 KILL_SETTINGS = [

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import FAST, compose_config
-from mdl.engine.fitting import SaveLastCheckpoint
+from mdl.engine.trainer import SaveLastCheckpoint
 from mdl.results import (
     FAILURE_FILE,
     PROGRESS_FILE,

@@ -524,7 +524,7 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     """On a GPU each read stalls the queue; the members whose epoch ends at a step share one read
     (training means and validation means together). Members of 32 and 64 examples, batches of 16,
     4 epochs each: epochs end after steps 2, 4 (both), 6, 8 (both), 12 and 16: 6 reads for 8 ends."""
-    from mdl.engine.fitting import make_trainer
+    from mdl.engine.trainer import make_trainer
 
     x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 10, (96,))
     loader = StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=4)

@@ -33,7 +33,7 @@ from mdl.engine.members import AUTO
 from mdl.engine.memory import Member, halved, out_of_memory_errors, plan_fits
 from mdl.engine.progress_display import FitProgress
 from mdl.engine.protocol import MemberOutcome
-from mdl.engine.runs import Fitting, Run, module_factory
+from mdl.engine.fitting import Fitting, Run, module_factory
 from mdl.engine.single_fit import fit_one_member, fit_prefix
 from mdl.engine.stacked_runs import fit_stack
 from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps

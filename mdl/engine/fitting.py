@@ -1,85 +1,122 @@
-"""Lightning plumbing every fit shares: the quiet Trainer and the resumable epoch-end checkpoint."""
+"""The two things the driver is given: what a run is (``Run``) and how its members are fitted (``Fitting``).
+
+A ``Run`` is one config's training problem: its data, block schedule, seed, model recipe and the hooks of its
+loggers. A ``Fitting`` is what every fit of the runs trained together shares: Trainer settings, the protocol's
+patience and loop, checkpoints, precision and compilation, how many members train at once. A run alone and a
+pack of runs take the same path (``mdl.engine.driver.train_runs``): a run alone is a pack of one.
+"""
 
 from __future__ import annotations
 
-import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.plugins.environments import SLURMEnvironment
+from torch import nn
 
-from mdl.engine.checkpoints import RunCheckpointIO
-from mdl.engine.device import lightning_device_kwargs
-from mdl.engine.preemption import defer_until_checkpoint, end_deferral, sigterm_requested, stop_after_checkpoint
+from datamodules.datamodule import ErasedDataModule
+from mdl.engine.protocol import LoopRules, member_seeds
+from models.losses import SpectralDecoupling
+from models.module import Classifier, OptimizerFactory
+from models.precision import CompiledModel
 
-
-def make_trainer(
-    trainer_kwargs: dict[str, Any],
-    device: torch.device,
-    callbacks: list[L.Callback],
-    checkpointing: bool,
-    identity: str = "",
-) -> L.Trainer:
-    """A quiet Trainer on the run's device, saving checkpoints (stamped with ``identity``) only through our callbacks."""
-    plugins: list[Any] = [RunCheckpointIO(device, identity)]
-    if SLURMEnvironment.detect():
-        plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeueing
-    return L.Trainer(
-        **{**trainer_kwargs, **lightning_device_kwargs(device)},
-        callbacks=callbacks,
-        plugins=plugins,
-        logger=False,
-        enable_checkpointing=checkpointing,  # our SaveLastCheckpoint, never a default one
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
+EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl.engine.progress_display
 
 
-class SaveLastCheckpoint(Checkpoint):
-    """Write a resumable checkpoint at the end of every training epoch (or, with
-    ``min_interval_s``, of the first epoch that ends that long after the last save).
+def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
+    return hook
 
-    A ``Checkpoint`` subclass, so Lightning orders it after every other callback (early stopping
-    and best weights included): the state it saves includes the epoch just validated. The file is
-    written atomically and checksummed by the trainer's ``RunCheckpointIO`` (mdl.engine.checkpoints);
-    a schedule-free optimizer is in eval mode here (validation ran), and
-    ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
-    """
 
-    def __init__(self, path: str | os.PathLike, min_interval_s: float = 0.0) -> None:
-        self.path = Path(path)
-        self.min_interval_s = min_interval_s  # > 0: skip epoch ends closer than this to the last save
-        self._last_save = float("-inf")  # the first epoch end always saves
-        self._resumed_stopped = False
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A member's model and how it is optimised, built once per run from its config: a fresh model per call of
+    ``make_model`` (the stacked fit stacks them; a fit of one member wraps one in a ``Classifier``)."""
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        recent = time.monotonic() - self._last_save < self.min_interval_s
-        if recent and not trainer.should_stop and not sigterm_requested():
-            return
-        trainer.save_checkpoint(self.path)
-        self._last_save = time.monotonic()
-        stop_after_checkpoint(str(self.path))  # a SIGTERM arrived: stop here, resumable (mdl.engine.preemption)
+    make_model: Callable[[], nn.Module]
+    optimizer: OptimizerFactory
+    lr: float
+    loss: SpectralDecoupling | None = None  # the training objective's regulariser; None: plain cross-entropy
+    mup: bool = True  # muP learning-rate groups (a model with a muP readout)
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint["fit_stopped"] = bool(trainer.should_stop)  # early stopping decided at this epoch
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit killed after its last checkpoint but before the driver recorded it trains no further.
-        From here a SIGTERM stops the fit at its next checkpoint (mdl.engine.preemption)."""
-        if self._resumed_stopped:
-            trainer.should_stop = True
-        defer_until_checkpoint()
+@dataclass
+class Run:
+    """What a run is: the data its members train on, the block schedule, the seed its members' seeds and batch
+    order come from, its model, its store folder (progress.json, its own checkpoints) and its loggers' hooks."""
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        end_deferral()
+    data: ErasedDataModule
+    boundaries: Sequence[int]
+    seed: int
+    model: ModelRecipe
+    store: Path
+    on_block: BlockHook | None = None
+    on_epoch: EpochHook | None = None
+    final_curves: Any = None  # a callback of the final member only (mdl.engine.final_fit_curves)
+    label: str = ""  # its name in log lines and the progress display where it trains with other runs
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = unwrapped  # wraps the hooks called for this run alone
+    # (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        end_deferral()
+    @property
+    def size(self) -> int:
+        """Members: one per block boundary, the last the final fit."""
+        return len(self.boundaries)
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._resumed_stopped = bool(checkpoint.get("fit_stopped", False))
+    def seeds(self) -> list[int]:
+        return member_seeds(self.seed, self.size)
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of fits of
+    several members (a run's store, or a pack's folder) and ``identity`` stamps them (mdl.engine.checkpoints);
+    a fit of one member checkpoints in its run's store. ``members_per_fit``: None = all of a run's members in one
+    fit, ``auto`` = as many as the device holds (``mdl.engine.memory.plan_fits``)."""
+
+    trainer_kwargs: dict[str, Any]
+    patience: int
+    folder: Path
+    identity: str = ""
+    members_per_fit: int | str | None = None
+    checkpoint_every_s: float = 0.0
+    steps_per_group: int = 1
+    paper_loss: str = "last_block"  # with last_block the untrained weights are every member's first candidate
+    rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
+    callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models.preconditioning)
+    precision: str = "fp32"
+    channels_last: bool = False  # fits of one member (a stacked ConvNeXt is channels-last anyway)
+    compile_backend: str | None = None
+
+    @property
+    def untrained_candidate(self) -> bool:
+        return self.paper_loss == "last_block"
+
+    @property
+    def max_epochs(self) -> int | None:
+        return self.trainer_kwargs.get("max_epochs")
+
+
+def module_factory(
+    model: ModelRecipe, precision: str = "fp32", channels_last: bool = False, compile_backend: str | None = None
+) -> Callable[[], Classifier]:
+    """A function returning a fresh ``Classifier`` for a fit of one member. With ``compile_backend`` the first model
+    is compiled and every later one's fresh weights are loaded into it (``models.precision.CompiledModel``), so
+    a run compiles once however many fits of one member it has: call this once per run."""
+    compiled = CompiledModel(compile_backend) if compile_backend else None
+
+    def make() -> Classifier:
+        module = model.make_model()
+        if compiled is not None:
+            module = compiled.adopt(module)
+        return Classifier(
+            module,
+            model.optimizer,
+            lr=model.lr,
+            loss=model.loss,
+            mup=model.mup,
+            precision=precision,
+            channels_last=channels_last,
+        )
+
+    return make

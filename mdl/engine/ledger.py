@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from mdl.codelength import check_paper_loss, online_codelength, paper_mdl, uniform_codelength
 from mdl.engine.progress import finished_blocks, write_progress
 from mdl.engine.protocol import MemberOutcome
-from mdl.engine.runs import Run
+from mdl.engine.fitting import Run
 from mdl.results import PROGRESS_FILE, BlockResult
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from mdl.engine.members import AUTO, check_pack_data_fraction
 from mdl.engine.protocol import LoopRules, fits_of
 
 if TYPE_CHECKING:
-    from mdl.engine.runs import Fitting, Run
+    from mdl.engine.fitting import Fitting, Run
 
 log = logging.getLogger(__name__)
 Member = tuple[int, int]  # (run, block) in the runs trained together
@@ -157,7 +157,7 @@ def measured_step_peak(device: torch.device, one_step: Callable[[int], Any]) -> 
 def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, precision: str = "fp32") -> None:
     """One optimizer step of a stack of ``members`` members on a training batch of the run's data (what the
     stacked fit's first step allocates: weights, gradients, optimizer state, activations); ``recipe``: the run's
-    ``ModelRecipe`` (mdl.engine.runs)."""
+    ``ModelRecipe`` (mdl.engine.fitting)."""
     from mdl.engine.stacked_fit import build_members
     from models.module import set_optimizer_mode
     from models.stacked_module import StackedClassifier

@@ -8,7 +8,7 @@ checkpoint, and a sweep that reports success. Instead, for the whole of a run (`
   preparation runs in a worker thread that is abandoned, datamodules.interrupts: one LAPACK call
   there can outlast Slurm's grace; a QLEACE fit's last finished step is saved first, and the re-run
   resumes it, datamodules.fit_progress);
-- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl.engine.fitting) the fit trains on to its
+- inside a fit that checkpoints (``SaveLastCheckpoint``, mdl.engine.trainer) the fit trains on to its
   next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
 

@@ -20,9 +20,9 @@ import torch
 
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
-from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
+from mdl.engine.trainer import SaveLastCheckpoint, make_trainer
 from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, max_epochs_of, scoring_ranges
-from mdl.engine.runs import Fitting
+from mdl.engine.fitting import Fitting
 from mdl.engine.trainer_settings import refuse_for_sequential, settings_needing_single_steps
 from models.module import Classifier, total_bits
 

@@ -17,11 +17,11 @@ from typing import Any, Sequence
 
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
-from mdl.engine.fitting import SaveLastCheckpoint, make_trainer
+from mdl.engine.trainer import SaveLastCheckpoint, make_trainer
 from mdl.engine.ledger import Ledger
 from mdl.engine.progress_display import MemberProgress
 from mdl.engine.protocol import MemberOutcome, scoring_ranges
-from mdl.engine.runs import Fitting
+from mdl.engine.fitting import Fitting
 from mdl.engine.stacked_fit import FitMembers, StackedProtocol, build_members
 from models.stacked_module import StackedClassifier
 

@@ -19,7 +19,7 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
-from mdl.engine.runs import ModelRecipe, module_factory
+from mdl.engine.fitting import ModelRecipe, module_factory
 from mdl.run.config_checks import PROFILERS, probes_enabled
 from mdl.run.identity import is_bookkeeping
 from models import Classifier, create_model, depth_scaled_lr
@@ -113,7 +113,7 @@ def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int,
 
 
 def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], Classifier]:
-    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl.engine.runs
+    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl.engine.fitting
     ``module_factory``: with ``trainer.compile`` a run compiles once)."""
     t = cfg.trainer
     return module_factory(

@@ -25,7 +25,7 @@ from datamodules.timing import timed, timed_calls
 from mdl.codelength import check_paper_loss
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.driver import train_runs
-from mdl.engine.runs import Fitting, Run
+from mdl.engine.fitting import Fitting, Run
 from mdl.engine.preemption import interruption, sigterm_guard
 from mdl.results import (
     FAILURE_FILE,
@@ -276,7 +276,7 @@ def finished_results(path: Path) -> dict[str, Any] | None:
 
 @dataclass
 class PreparedRun:
-    """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl.engine.runs), with
+    """A run ready to train: what it is (``run``) and how it is fitted (``fitting``, mdl.engine.fitting), with
     what its results record beside the numbers (its logger, profiler, preconditioning, eraser file, grouping)."""
 
     job: Job
