@@ -227,9 +227,9 @@ def test_a_backtracking_fit_resumed_after_a_backtrack_equals_the_uninterrupted_o
     the same kills give other numbers, so these points test it."""
     from mdl.engine.single_fit import EpochProtocol
 
-    # One order of the pool (no per-block redraw, D10): with the redraw the first backtracks in a row fall in the
-    # warm-up, where the drift of the snapshot is below float32's resolution and the unshared copy cannot be told
-    # apart; the sharing itself is the same code either way.
+    # One order of the pool (no per-block redraw, D10): with the redraw the same rule picks kill points where the
+    # unshared copy also resumes to the same numbers (the negative control below did not fail; why is not yet
+    # known), so the case this test needs is not reached there. The sharing itself is the same code either way.
     settings = [*KILL_SETTINGS, "protocol=original", "protocol.redraw_per_block=false", "trainer.patience=3"]
     backtracked_at: list[int] = []  # per epoch end, in order: whether it backtracked
     real_end = EpochProtocol.on_train_epoch_end
