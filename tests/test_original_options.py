@@ -82,15 +82,14 @@ def test_redraw_refuses_splits_erased_differently(tmp_path: Path) -> None:
             pass
 
 
-def test_a_stacked_fit_refuses_the_redraw(tmp_path: Path) -> None:
-    from mdl.engine.driver import refuse_stacked_redraw
+def test_the_redraw_plans_one_member_per_fit() -> None:
+    """A stack trains its members on one layout of the data, so a redraw per block fits each member alone."""
+    from mdl.engine.memory import one_per_fit_if_backtracking
     from mdl.engine.protocol import LoopRules
-    from mdl.engine.fitting import Fitting
 
-    fitting = Fitting({}, 1, tmp_path, rules=LoopRules(redraw_per_block=True))
-    refuse_stacked_redraw([[(0, 0)], [(0, 1)]], fitting)  # one member per fit
-    with pytest.raises(ValueError, match="mdl.members_per_fit=1"):
-        refuse_stacked_redraw([[(0, 0), (0, 1)]], fitting)
+    assert one_per_fit_if_backtracking("all", LoopRules(redraw_per_block=True)) == 1
+    assert one_per_fit_if_backtracking(4, LoopRules(redraw_per_block=True)) == 1
+    assert one_per_fit_if_backtracking("all", LoopRules()) == "all"
 
 
 def test_protocol_groups_set_the_options() -> None:

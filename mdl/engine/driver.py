@@ -50,7 +50,6 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
     check_trainable_together(runs)
     ledgers = [Ledger.open(run) for run in runs]
     fits = plan_fits(runs, fitting)
-    refuse_stacked_redraw(fits, fitting)
     check_trainer_settings(fitting.trainer_kwargs, fits, fitting.steps_per_group)
     finished = [f for f in fits if all(ledgers[r].done(m) for r, m in f)]
     for r, ledger in enumerate(ledgers):
@@ -117,17 +116,6 @@ def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier
     if not is_final:
         ckpt.unlink(missing_ok=True)
     ledger.keep({member: outcome})
-
-
-def refuse_stacked_redraw(fits: list[list[Member]], fitting: Fitting) -> None:
-    """A stacked fit trains its members on one layout of the data, so it cannot give each block its own draw of the
-    pool (``protocol.redraw_per_block``)."""
-    if fitting.rules.redraw_per_block and any(is_stacked(f) for f in fits):
-        raise ValueError(
-            "protocol.redraw_per_block=true gives every block its own draw of the pool, which a stacked fit (one data "
-            "layout for all its members) cannot serve: set mdl.members_per_fit=1 (protocol=original, which "
-            "backtracks, fits one member per fit), or protocol.redraw_per_block=false"
-        )
 
 
 def is_stacked(members: list[Member]) -> bool:

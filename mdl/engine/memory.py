@@ -63,11 +63,12 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
 
 def one_per_fit_if_backtracking(members_per_fit: int | str | None, rules: LoopRules) -> int | str | None:
     """Members per fit: one when the loop backtracks (a stack shares one optimizer step count, which a member
-    cannot take back alone) or validates per batch as the original (``batch_mean_validation``: a fit of one member
-    validates that way; a stack adds its losses up its own way), else as asked."""
+    cannot take back alone), validates per batch as the original (``batch_mean_validation``: a fit of one member
+    validates that way; a stack adds its losses up its own way) or redraws the pool per block (``redraw_per_block``:
+    a stack trains its members on one layout), else as asked (``LoopRules.one_member_per_fit``)."""
     if rules.one_member_per_fit and members_per_fit != 1:
         log.info(
-            "protocol with backtracking or the original's validation sums: one member per fit "
+            "protocol with backtracking, the original's validation sums or its per-block redraw: one member per fit "
             "(mdl.members_per_fit=%s not used)",
             members_per_fit or "all",
         )
