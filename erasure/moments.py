@@ -87,12 +87,12 @@ class MomentAccumulator:
         dtype: torch.dtype = torch.float64,
     ):
         """``dtype``: what the sums are accumulated in (float64; float32 as the original's float32 fitters)."""
-        f64 = {"dtype": dtype, "device": device}
-        self.counts = torch.zeros(num_classes, **f64)
-        self.sums = torch.zeros(num_classes, dim, **f64)
-        self.shift = torch.zeros(num_classes, dim, **f64)
-        self.shifted_sums = torch.zeros(num_classes, dim, **f64)
-        self.scatters = torch.zeros(num_classes, dim, dim, **f64) if second_order else None
+        kind = {"dtype": dtype, "device": device}
+        self.counts = torch.zeros(num_classes, **kind)
+        self.sums = torch.zeros(num_classes, dim, **kind)
+        self.shift = torch.zeros(num_classes, dim, **kind)
+        self.shifted_sums = torch.zeros(num_classes, dim, **kind)
+        self.scatters = torch.zeros(num_classes, dim, dim, **kind) if second_order else None
         self.have_shift = torch.zeros(num_classes, dtype=torch.bool, device=device)
         self.rows = 0  # rows taken so far: where the next batch starts
 
