@@ -29,10 +29,12 @@ import importlib
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,7 @@ class Side:
 
     mdl: list[float] = field(default_factory=list)
     untrained: list[bool] = field(default_factory=list)
+    cpu_seconds: float = 0.0  # the original: its loop (Sweep.run); ours: the whole launch.py process
 
 
 # --- the original side ------------------------------------------------------------------------------------------
@@ -154,7 +157,9 @@ def run_original(sweep_module: types.ModuleType, x, y, seed: int, lr: float, b1:
                     activation="relu",
                 ),
             )
+            start = time.process_time()
             result = sweep.run(x, y, seed=seed, reduce_lr_on_plateau=False, max_epochs=30000, early_stop_epochs=100)
+            side.cpu_seconds += time.process_time() - start
         finally:
             os.chdir(cwd)
     side.mdl.append(float(result.mdl))
@@ -191,10 +196,12 @@ def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: in
         f"trainer.torch_threads={threads}",
         f"paths.output_root={out}",
     ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     runs = sorted(out.glob("multirun/*/*/*/results.json"))
     records = {r["config"]["seed"]: r for r in (json.loads(p.read_text()) for p in runs)}
-    side = Side()
+    side = Side(cpu_seconds=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
     for seed in seeds:
         if seed not in records:
             raise SystemExit(f"launch.py left no results.json for seed {seed} under {out}")
@@ -207,7 +214,9 @@ def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: in
 
 
 def welch_t(a: list[float], b: list[float]) -> float:
-    """Welch's t of mean(b) - mean(a)."""
+    """Welch's t of mean(b) - mean(a) (nan below two values a side)."""
+    if min(len(a), len(b)) < 2:
+        return math.nan
     se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
     return (statistics.mean(b) - statistics.mean(a)) / se if se > 0 else math.nan
 
@@ -235,7 +244,7 @@ def row(setting: str, eraser: str, ours: Side, theirs: Side) -> str:
     return (
         f"| {setting} | {eraser} | {spread(theirs.mdl)} | {spread(ours.mdl)} | {gap:+.3f} (t = "
         f"{welch_t(theirs.mdl, ours.mdl):.1f}) | {a} / {c} of {len(theirs.untrained)} / {len(ours.untrained)} "
-        f"| {p:.3f} |"
+        f"| {p:.3f} | {theirs.cpu_seconds:.1f} / {ours.cpu_seconds:.1f} |"
     )
 
 
@@ -259,8 +268,8 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="beside-"))
     lines = [
         "| settings | eraser | original code | launch.py protocol=original | difference (Welch t) "
-        "| kept at the untrained model, original / ours | Fisher p |",
-        "|---|---|---|---|---|---|---|",
+        "| kept at the untrained model, original / ours | Fisher p | CPU seconds, original loop / launch.py |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for setting in args.settings.split(","):
         label, lr, b1 = SETTINGS[setting]

@@ -324,6 +324,7 @@ def test_unknown_option_or_backend_is_refused_before_loading(overrides: list[str
         validate_config(compose_config(FAST + overrides))
 
 
+@pytest.mark.slow
 def test_every_shipped_data_config_passes_the_option_check() -> None:
     for path in sorted(p for p in (REPO / "conf" / "data").glob("*.yaml") if not p.stem.startswith("_")):
         validate_config(compose_config(FAST + [f"data={path.stem}"]))
@@ -350,6 +351,7 @@ def test_covariance_power_that_overflows_names_the_setting(tmp_path: Path) -> No
         dm.setup()
 
 
+@pytest.mark.slow
 def test_download_without_network_says_how_to_get_the_files(tmp_path: Path) -> None:
     """A real download through a proxy that refuses every connection, as a node without network does."""
     script = "from datamodules import load_source; load_source('cifar10', root=r'%s', download=True)" % (

@@ -104,6 +104,7 @@ def test_only_the_training_split_changes_and_the_counts_are_recorded(method: str
     assert torch.equal(datamodule(method).train_set.x, balanced.train_set.x)  # deterministic per data_seed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["suby", "rwy"])
 def test_a_run_balances_digits(tmp_path: Path, method: str) -> None:
     """A whole run with data.balance (in process, as launch.py runs it): its record says what it balanced."""
@@ -123,6 +124,7 @@ def test_cache_keys_include_the_balancing() -> None:
     assert len(set(keys.values())) == 3
 
 
+@pytest.mark.slow
 def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypatch) -> None:
     """The online code scores block [t_i, t_{i+1}) with the model trained on [0, t_i). Every row of
     the stored split is a distinct image (the old fixed bootstrap stored copies: this failed), and each

@@ -131,6 +131,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_filling_one_key(tmp_path: Path) -> None:
     folder, counter, go = tmp_path / "cache", tmp_path / "built.txt", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

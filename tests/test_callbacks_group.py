@@ -22,6 +22,7 @@ class CountFits(L.Callback):
         STARTS.append(type(pl_module).__name__)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, fits", [("1", 3), ("all", 1)])
 def test_a_callback_added_on_the_command_line_joins_every_fit(tmp_path: Path, mode: str, fits: int) -> None:
     STARTS.clear()

@@ -72,6 +72,7 @@ def test_unknown_model_name_is_named(tmp_path: Path) -> None:
     assert "unknown model 'bogus'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_with_one_invalid_job_runs_none_of_them(tmp_path: Path) -> None:
     """Every job is checked before the first runs (the sweep_cost callback), not after hours of the valid ones."""
     proc = run_launch(["-m", *FAST, "depth=2,0", f"paths.output_root={tmp_path}"], cwd=tmp_path)
@@ -144,6 +145,7 @@ def test_tensorboard_without_its_package_is_refused_before_loading() -> None:
         validate_config(cfg)
 
 
+@pytest.mark.slow
 def test_start_prints_the_whole_config_with_print_config_full(profiled) -> None:
     root, proc = profiled  # a launch with print_config=full
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -203,6 +205,7 @@ def profiled(finished_run, tmp_path_factory):
 PROFILED_WALL_S: dict[Path, float] = {}  # the profiled launch's wall time, measured around its process
 
 
+@pytest.mark.slow
 def test_debug_profile_writes_and_shows_the_profile(profiled) -> None:
     root, proc = profiled
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -210,6 +213,7 @@ def test_debug_profile_writes_and_shows_the_profile(profiled) -> None:
     assert "run_training_epoch" in report.read_text() and f"profile ({report}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_debug_profile_breaks_the_whole_job_down_from_its_start_up_to_its_results(profiled) -> None:
     """mdl.run.phases: besides Lightning's report (the fits alone: a fraction of a digits job), debug=profile writes
     where the whole job's time went, from the process's start: start-up, data, eraser, the fits, the results; the
@@ -231,6 +235,7 @@ def test_debug_profile_breaks_the_whole_job_down_from_its_start_up_to_its_result
     assert f"; {path}):" in proc.stdout and "start-up: importing torch" in proc.stdout
 
 
+@pytest.mark.slow
 def test_debug_profile_runs_even_when_the_config_is_done(finished_run, profiled) -> None:
     """The profiler is not part of a run's identity: debug=profile re-runs a finished config to profile it."""
     from conftest import compose_config
@@ -255,6 +260,7 @@ def overfit(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return proc, root
 
 
+@pytest.mark.slow
 def test_debug_overfit_fits_one_batch_or_says_it_cannot(overfit, tmp_path: Path) -> None:
     """launch.py's check: exit 0 and the verdict when the batch is fitted, the verdict and what to check when it is not
     (its exit status 1 through launch.py: the slow test below); a check, not a run: nothing stored."""
@@ -284,6 +290,7 @@ def test_a_batch_the_model_cannot_fit_ends_launch_with_exit_status_1(tmp_path: P
     assert not list(tmp_path.rglob("results.json"))  # a check, not a run
 
 
+@pytest.mark.slow
 def test_debug_overfit_on_the_default_loads_no_model_it_does_not_train(overfit) -> None:
     """debug=overfit on the default (an MLP) is import time more than training (7 s, 0.5 s of it the check): it no
     longer imports timm (ConvNeXt and Swin, about 0.7 s, and W&B through it), which registers when a run asks for it."""

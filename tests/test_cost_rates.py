@@ -68,6 +68,7 @@ def _table(tmp_path: Path, gpu_points: list[dict], overheads: float = 0.0) -> Pa
     return path
 
 
+@pytest.mark.slow
 def test_measured_gpu_rows_replace_the_anchor_and_a_stacked_run_costs_its_stack_rate(tmp_path: Path) -> None:
     """Known answer: overheads 0, validation negligible, a stack's member step at twice one member's FLOP rate:
     a run in one fit of all its members costs half the run in fits of one."""
@@ -87,6 +88,7 @@ def test_measured_gpu_rows_replace_the_anchor_and_a_stacked_run_costs_its_stack_
     )
 
 
+@pytest.mark.slow
 def test_a_packed_sweep_is_priced_at_the_stack_rate_with_one_job_overhead_per_pack(tmp_path: Path, capsys) -> None:
     rows = _rows("mlp", 1, 0.0, 1e8, "fp32_highest", val=1e-30) + _rows("mlp", 10, 0.0, 2e8, "fp32_highest")
     path = _table(tmp_path, rows, overheads=100.0)

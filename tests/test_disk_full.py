@@ -101,6 +101,7 @@ def test_too_little_room_for_the_checkpoints_fails_before_training(tmp_path: Pat
     assert not list(small.glob("**/*.ckpt"))  # stopped before training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["file", "full", "read-only"])
 def test_bad_output_root_is_reported_before_hydra_writes(tmp_path: Path, kind: str) -> None:
     """A regular file, a full file system or a read-only one as paths.output_root: one message, exit 2,

@@ -96,6 +96,7 @@ def _jobs(command: str, root: Path | None = None) -> list[list[str]]:
 PAGES_OF = {c: sorted({p for p, same in LAUNCH if same == c}) for _, c in LAUNCH}  # a command shown on several pages
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(PAGES_OF))  # each once, wherever it is shown
 def test_documented_launch_command_composes_and_passes_the_checks(command: str, tmp_path: Path) -> None:
     """Every job of the command (shown on PAGES_OF[command]) composes and passes launch.py's checks."""
@@ -140,6 +141,7 @@ def test_most_documented_commands_run_on_a_cpu() -> None:
     assert len(RUNNABLE) >= 10 and "python launch.py" in RUNNABLE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", MODULES)
 def test_documented_tool_starts(module: str) -> None:
     argv = [sys.executable, "-m", module] if module.startswith("mdl.") else [sys.executable, module]

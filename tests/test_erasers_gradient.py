@@ -170,6 +170,7 @@ def _digits_setup(options: dict):
     return dm, [str(w.message) for w in caught if "criterion" in str(w.message)]
 
 
+@pytest.mark.slow
 def test_leace_first_on_digits_is_judged_on_rows_of_its_own_fit():
     """The default recipe on digits (fitted per split): class moments equal on the data it edited, and
     the criterion measured on held-out rows of that edit (probes trained on the other training rows).

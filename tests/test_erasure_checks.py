@@ -62,6 +62,7 @@ def test_gradient_fitted_on_the_pool_edits_train_and_validation_in_one_fit() -> 
         options({**pooled, "fit_scope": "everything"})
 
 
+@pytest.mark.slow
 def test_checks_are_not_part_of_the_cache_key_and_the_rms_bound_warns() -> None:
     strict = {**GRADIENT_ONE_STEP, "checks": {**GRADIENT_ONE_STEP["checks"], "max_relative_rms_change": 1e-6}}
     assert options(strict).eraser_key() == options(GRADIENT_ONE_STEP).eraser_key()

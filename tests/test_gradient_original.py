@@ -127,6 +127,7 @@ def _digits_fit(
     return x, y, eraser, iterations
 
 
+@pytest.mark.slow
 def test_on_digits_the_recipe_stops_at_its_own_optimum_which_barely_moves_the_classes(caplog) -> None:
     """Why the original recipe barely erases digits (docs/differences-from-original.md D3): not an early stop.
     L-BFGS stops on torch's tolerance_grad long before ``steps``, at the optimum of its objective: there the

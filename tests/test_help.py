@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import CONF, REPO, python_path
 from mdl.run.help import GROUPS, INTERNAL_GROUPS
 
@@ -53,6 +55,7 @@ def complete(line: str) -> list[str]:
     return proc.stdout.split()
 
 
+@pytest.mark.slow
 def test_presets_in_subfolders_tab_complete() -> None:
     assert "+experiment=paper/" in complete("python launch.py +experiment=")
     assert "+experiment=paper/table16" in complete("python launch.py +experiment=paper/t")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+import pytest
+
 from conftest import CONF, FAST, compose_config
 from mdl.run.identity import config_hash
 from mdl.run.identity import BOOKKEEPING_KEYS, is_bookkeeping, without_bookkeeping
@@ -35,6 +37,7 @@ def test_job_folder_names_leave_out_exactly_the_bookkeeping_settings() -> None:
         assert f"paths.{leaf}" in excluded
 
 
+@pytest.mark.slow
 def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
     base = config_hash(compose_config(FAST))
     for override in (
@@ -60,6 +63,7 @@ def test_bookkeeping_settings_leave_identity_and_report_cells_alone() -> None:
         assert not is_bookkeeping(override.split("=")[0]), override
 
 
+@pytest.mark.slow
 def test_the_data_sets_default_lrs_are_where_optimizer_lr_comes_from_not_part_of_a_run() -> None:
     """The defaults table (optimizer.lr_by_data) is looked up once: optimizer.lr is what a run trains with, so the
     table's entry for another data set leaves a run alone, and every data set composes the lr its reference holds

@@ -51,6 +51,7 @@ def test_damaged_checkpoint_is_discarded_and_its_block_retrained(reference, tmp_
     assert "discarding damaged checkpoint" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "edit"])
 def test_damaged_progress_file_is_redone(damage: str, reference, tmp_path, monkeypatch, caplog) -> None:
     cfg = compose_config(SETTINGS, tmp_path)
@@ -111,6 +112,7 @@ def test_a_checkpoint_carries_the_code_and_run_that_wrote_it(reference, tmp_path
     assert f"written by code 0ldc0de run {store.name}" in caplog.text
 
 
+@pytest.mark.slow
 def test_damaged_stored_result_is_run_again_not_skipped(reference, tmp_path, caplog) -> None:
     cfg = compose_config(SETTINGS, tmp_path)
     run_experiment(cfg, tmp_path / "a")
@@ -135,6 +137,7 @@ def test_one_block_schedule_is_refused(tmp_path) -> None:
         run_experiment(compose_config([*FAST, "mdl.num_blocks=1"], tmp_path), tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_undefined_test_score_is_null_not_zero(tmp_path) -> None:
     results = run_experiment(compose_config([*FAST, "data.test_size=0"], tmp_path), tmp_path / "run")
     assert results["final_test_bits_per_example"] is None

@@ -61,6 +61,7 @@ ORIGINAL_SEARCH = {
 }
 
 
+@pytest.mark.slow
 def test_the_original_lenet_sizes_are_the_original_searchs():
     for key, (conv, fc, params) in ORIGINAL_SEARCH.items():
         depth, width = map(int, key.split("_"))

@@ -151,6 +151,7 @@ def test_on_gaussian_classes_probe_accuracy_equals_real_accuracy(tmp_path: Path)
         assert abs(a - b) < binomial_tolerance((a + b) / 2, n) * math.sqrt(2), (val, probe)
 
 
+@pytest.mark.slow
 def test_after_qleace_probes_are_at_chance_from_the_first_epoch(tmp_path: Path):
     """Every class Gaussian is the same after QLEACE: whatever the model predicts is independent of
     the probe's class, so with equal class counts its accuracy is 1/K within binomial error."""
@@ -165,6 +166,7 @@ def test_after_qleace_probes_are_at_chance_from_the_first_epoch(tmp_path: Path):
     assert control["maxent_probe_accuracy_curve"][-1] > 1 / k + 3 * binomial_tolerance(1 / k, n)
 
 
+@pytest.mark.slow
 def test_stacked_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
     settings = [
         *FAST,
@@ -178,6 +180,7 @@ def test_stacked_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch
     assert_resumes_exactly(settings, reference, (1, 3), tmp_path, monkeypatch, keys=(*EXACT, *CURVES))
 
 
+@pytest.mark.slow
 def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypatch):
     settings = [
         *FAST,
@@ -201,6 +204,7 @@ def test_sequential_resume_with_probes_is_bit_identical(tmp_path: Path, monkeypa
 # --- the report ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_plots_probe_accuracy_against_validation_accuracy(tmp_path: Path, monkeypatch):
     import mdl.report.figures as figs
     from mdl.report.build import build_report

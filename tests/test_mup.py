@@ -105,6 +105,7 @@ def test_mlp_coordinates_stay_put_under_mup_only():
     check("mlp", [64, 128, 256, 512], lr=3e-2, steps=2, batch=64)
 
 
+@pytest.mark.slow
 def test_convnext_coordinates_stay_put_under_mup_only_small_widths():
     check("convnext", [16, 32, 64, 128], lr=1e-2, steps=4, depth=1, batch=4)
 

@@ -105,6 +105,7 @@ def test_preset_composes_to_its_documented_values(name: str) -> None:
             assert (cfg.eraser.options.recipe, cfg.eraser.options.history_size) == ("original", 100)
 
 
+@pytest.mark.slow
 def test_every_table16_job_composes_and_the_gradient_job_is_the_originals() -> None:
     """All 100 jobs compose (the interpolations per model and eraser resolve); the gradient jobs z-score after erasure
     with the original's recipe, the others before."""
@@ -266,6 +267,7 @@ def test_lr_search_preset_trains_the_base_width_over_an_lr_grid() -> None:
             assert len(lrs) >= 4 and lrs == sorted(lrs)
 
 
+@pytest.mark.slow
 def test_jobs_that_differ_only_in_bookkeeping_are_priced_once(capsys: pytest.CaptureFixture[str]) -> None:
     """A sweep over a bookkeeping key (mdl/run/identity.py) runs the same config twice: it is trained once and
     skipped after, so it costs what the sweep without that key costs."""

@@ -351,6 +351,7 @@ def test_default_image_loader_reads_the_runs_data_source():
     assert y.dtype == torch.int64 and set(y.tolist()) == set(range(10))
 
 
+@pytest.mark.slow
 def test_cli_runs_on_synthetic_sweep(tmp_path: Path):
     """A small sweep (2 erasers x 2 seeds) through the real command line (Figure 1 off with
     --images 0, so the subprocess needs neither torch nor the data sources: fast)."""
@@ -674,6 +675,7 @@ def test_chance_levels_of_a_uniform_predictor():
     assert display_name("qleace (shrinkage=optimal)") == "QLEACE (shrinkage=optimal)" and display_name("foo") == "foo"
 
 
+@pytest.mark.slow
 def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path):
     """A sweep over optimizer.lr: report.md's "Learning rate" section picks the lr of lowest mean paper MDL
     per architecture and eraser, and says when it is at the edge of the grid."""
@@ -719,6 +721,7 @@ def test_lr_search_names_the_best_learning_rate_and_the_grid_edge(tmp_path: Path
     assert config_hash(by_table) == config_hash(compose_config(["eraser=leace", "optimizer.lr=0.001"]))  # the same run
 
 
+@pytest.mark.slow
 def test_lr_transfer_across_widths_is_drawn_and_judged(tmp_path: Path):
     """A sweep over optimizer.lr and width: the best lr per width in a table that says whether it transfers,
     and a figure with one line per width. Known answer: the optimum at 3e-3 for widths 64 and 256, and at
@@ -957,6 +960,7 @@ def test_panel_titles_fit_in_two_lines():
     assert panel_title("mlp", "width=64") == "mlp: width=64" and panel_title("mlp") == "mlp"
 
 
+@pytest.mark.slow
 def test_rows_option_chooses_and_orders_the_row_keys(sweep_dir: Path, tmp_path: Path, capsys):
     """--rows sets the row keys in order; a key that still splits a pair must be named or --ignore'd."""
     out = tmp_path / "rows"
@@ -1032,6 +1036,7 @@ def test_lr_search_draws_mdl_against_lr_and_flags_capped_fits(tmp_path: Path, dr
     ) in text
 
 
+@pytest.mark.slow
 def test_lr_search_without_capped_fits_says_nothing_of_caps(tmp_path: Path):
     sweep = write_lr_search(tmp_path / "multirun", max_epochs=1000)
     text = build_report([sweep], tmp_path / "out", image_loader=None, echo=None).read_text()

@@ -45,6 +45,7 @@ def saved_width(png: Path) -> float:
     return inches
 
 
+@pytest.mark.slow
 def test_figures_are_a_column_or_two_wide_and_key_every_marker(tmp_path: Path, legends) -> None:
     from mdl.report.figures import loss_figures, scaling_figures
     from mdl.report.lr import lr_figures

@@ -228,6 +228,7 @@ def test_figure3_draws_the_increase_over_the_control_per_width(tmp_path: Path, m
     assert inc.relative == pytest.approx(1.0 / (7.0 - 1.0 + 0.01 + 0.2 + 0.2))
 
 
+@pytest.mark.slow
 def test_report_writes_figure3_and_its_data(tmp_path: Path):
     out = tmp_path / "report"
     text = build_report([write_sweep(tmp_path / "runs", with_erasers=False)], out, image_loader=None).read_text()

@@ -37,6 +37,7 @@ def hold(store: Path, lease_s: float, seconds: float) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow
 def test_suspended_holder_is_named_not_waited_for_ever(tmp_path: Path) -> None:
     holder = hold(tmp_path, lease_s=1.0, seconds=120)
     try:
@@ -55,6 +56,7 @@ def test_suspended_holder_is_named_not_waited_for_ever(tmp_path: Path) -> None:
         holder.wait()
 
 
+@pytest.mark.slow
 def test_live_holder_is_waited_for_past_the_lease(tmp_path: Path) -> None:
     """A holder that runs longer than the lease renews it: the waiter waits, then takes the lock."""
     holder = hold(tmp_path, lease_s=0.5, seconds=3)
@@ -71,6 +73,7 @@ def test_live_holder_is_waited_for_past_the_lease(tmp_path: Path) -> None:
     assert not (tmp_path / HOLDER_FILE).exists()  # released: no record left behind
 
 
+@pytest.mark.slow
 def test_a_waiter_with_a_shorter_lease_judges_the_holder_by_the_holders_lease(tmp_path: Path) -> None:
     """A holder renewing a 20 s lease beats every 2 s; a waiter with a 0.2 s lease used to call it "suspended or hung"
     within a second and suggest killing it."""

@@ -267,6 +267,7 @@ def input_margin(model: nn.Module, x: Tensor, res: int = 400, span: float = 2.5)
     return torch.cdist(x, boundary).min().item()
 
 
+@pytest.mark.slow
 def test_sd_reaches_a_larger_margin_than_erm_on_two_moons() -> None:
     """Thesis Fig. 6.1 (b) vs (c): cross-entropy separates along the shortcut with a margin about as
     small as the shortcut's gap; SD also learns the moons and curves the boundary away from the data.

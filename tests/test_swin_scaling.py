@@ -69,6 +69,7 @@ def swin_coordinates(widths: list[int], mup: bool, **options) -> dict[str, list[
     return table
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "widths, options",
     [([16, 32, 64, 128], {"head_scaling": "width", "head_dim": 16}), ([24, 48, 96, 192], {"head_scaling": "paper"})],

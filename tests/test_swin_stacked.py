@@ -214,6 +214,7 @@ def test_a_run_of_stacked_swins_codes_as_one_member_per_fit(tmp_path) -> None:
     assert results["1"]["paper_mdl"] == pytest.approx(results["all"]["paper_mdl"], abs=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_compiled_swin_blocks_share_graphs_and_none_more_as_members_leave(variant: str) -> None:
     """trainer.compile on a stacked Swin compiles its repeated block (models.swin_stacked.compile_blocks), not the

@@ -116,6 +116,7 @@ def assert_clean_screen(lines: list[str], num_blocks: int) -> None:
 LONG_ENOUGH = [*FAST, "mdl.num_blocks=4", "trainer.kwargs.max_epochs=80", "trainer.patience=8", "print_config=false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["stacked", pytest.param("sequential", marks=pytest.mark.slow)])
 def test_the_screen_after_a_run_holds_every_block_line_and_no_table(engine: str, tmp_path: Path) -> None:
     code, output = run_in_terminal([*LONG_ENOUGH, FITS[engine], f"paths.output_root={tmp_path}"], tmp_path)
