@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +69,7 @@ class Side:
 
     mdl: list[float] = field(default_factory=list)
     untrained: list[bool] = field(default_factory=list)
-    cpu_seconds: float = 0.0  # the original: its loop (Sweep.run); ours: the whole launch.py process
+    cpu_seconds: float = 0.0  # each side's processes, whole: imports, data, training (resource.RUSAGE_CHILDREN)
 
 
 # --- the original side ------------------------------------------------------------------------------------------
@@ -157,13 +156,48 @@ def run_original(sweep_module: types.ModuleType, x, y, seed: int, lr: float, b1:
                     activation="relu",
                 ),
             )
-            start = time.process_time()
             result = sweep.run(x, y, seed=seed, reduce_lr_on_plateau=False, max_epochs=30000, early_stop_epochs=100)
-            side.cpu_seconds += time.process_time() - start
         finally:
             os.chdir(cwd)
     side.mdl.append(float(result.mdl))
     side.untrained.extend(record)
+
+
+def original_process(
+    original_dir: Path, pool: tuple, seed: int, lr: float, b1: float, threads: int, side: Side
+) -> None:
+    """One seed of the original in a process of its own (``--original-child``), as cli.py runs one: its CPU seconds
+    from its start (Python, torch and the original's imports) to its result, beside launch.py's whole process."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as work:
+        pool_file = Path(work) / "pool.pt"
+        torch.save(pool, pool_file)
+        command = [sys.executable, __file__, "--original-dir", str(original_dir), "--threads", str(threads)]
+        command += ["--original-child", str(pool_file), "--seeds", str(seed), "--settings", f"{lr},{b1}"]
+        before = cpu_of_children()
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        side.cpu_seconds += cpu_of_children() - before
+    child = json.loads(done.stdout.strip().splitlines()[-1])
+    side.mdl.extend(child["mdl"])
+    side.untrained.extend(child["untrained"])
+
+
+def original_child(args: argparse.Namespace) -> None:
+    """``--original-child POOL``: the original on the saved pool, one seed; prints its Side as JSON."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    lr, b1 = map(float, args.settings.split(","))
+    side = Side()
+    run_original(load_original(args.original_dir), *torch.load(args.original_child), int(args.seeds), lr, b1, side)
+    print(json.dumps({"mdl": side.mdl, "untrained": side.untrained}))
+
+
+def cpu_of_children() -> float:
+    """User and system CPU seconds of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def project_pool(eraser: str, seed: int, lr: float, b1: float):
@@ -196,12 +230,12 @@ def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: in
         f"trainer.torch_threads={threads}",
         f"paths.output_root={out}",
     ]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = cpu_of_children()
     subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = cpu_of_children() - before
     runs = sorted(out.glob("multirun/*/*/*/results.json"))
     records = {r["config"]["seed"]: r for r in (json.loads(p.read_text()) for p in runs)}
-    side = Side(cpu_seconds=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
+    side = Side(cpu_seconds=cpu_seconds)
     for seed in seeds:
         if seed not in records:
             raise SystemExit(f"launch.py left no results.json for seed {seed} under {out}")
@@ -256,7 +290,10 @@ def main() -> None:
     parser.add_argument("--settings", default="paper,fast", help=f"of {', '.join(SETTINGS)}")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="launch.py's output root (default: a temporary one)")
+    parser.add_argument("--original-child", type=Path, default=None, help=argparse.SUPPRESS)  # original_process's
     args = parser.parse_args()
+    if args.original_child is not None:
+        return original_child(args)
     seeds = [int(s) for s in args.seeds.split(",")]
     unknown = [s for s in args.settings.split(",") if s not in SETTINGS]
     if unknown:
@@ -264,11 +301,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    sweep_module = load_original(args.original_dir)
+    load_original(args.original_dir)  # its files are there
     out = args.out or Path(tempfile.mkdtemp(prefix="beside-"))
     lines = [
         "| settings | eraser | original code | launch.py protocol=original | difference (Welch t) "
-        "| kept at the untrained model, original / ours | Fisher p | CPU seconds, original loop / launch.py |",
+        "| kept at the untrained model, original / ours | Fisher p | CPU seconds, original / launch.py (whole processes) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for setting in args.settings.split(","):
@@ -276,7 +313,8 @@ def main() -> None:
         for eraser in args.erasers.split(","):
             theirs = Side()
             for seed in seeds:
-                run_original(sweep_module, *project_pool(eraser, seed, lr, b1), seed, lr, b1, theirs)
+                pool = project_pool(eraser, seed, lr, b1)
+                original_process(args.original_dir, pool, seed, lr, b1, args.threads, theirs)
             ours = run_project(eraser, seeds, lr, b1, args.threads, out / f"{setting}-{eraser}")
             lines.append(row(label, eraser, ours, theirs))
             print(lines[-1], flush=True)

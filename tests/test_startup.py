@@ -89,3 +89,40 @@ def test_help_is_printed_without_hydra_listing_every_config_group(flag: str) -> 
     )
     assert proc.returncode == 0 and "listed every config group" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stdout.startswith("python launch.py [group=option ...]") and "submitit_slurm" in proc.stdout
+
+
+# The training code's import as launch.py and the packed launcher make it (mdl.run.imports.imports_frozen), then the
+# availability checks and the packages themselves, in a fresh interpreter.
+TRAINING_IMPORT = textwrap.dedent(
+    """
+    import json, sys
+    from mdl.run.imports import imports_frozen
+
+    with imports_frozen():
+        from mdl.run.experiment import run_experiment
+    imported = sorted(name for name in ("matplotlib", "scipy", "torchvision") if name in sys.modules)
+    from lightning_utilities.core.imports import RequirementCache, package_available
+
+    truth = [package_available("scipy"), bool(RequirementCache("matplotlib")), bool(RequirementCache("torchvision>=0.1"))]
+    import matplotlib.pyplot, scipy.stats, torchvision.models
+
+    print(json.dumps({"imported": imported, "truth": truth}))
+    """
+)
+
+
+def test_the_training_code_imports_without_torchmetrics_extras_and_they_import_afterwards() -> None:
+    """lightning imports torchmetrics whole, which imports scipy.signal, torchvision.models and matplotlib.pyplot for
+    metrics this framework never computes (1-2.5 CPU-s of every process's start-up on 2 cores); they stay out of the
+    training code's import, and afterwards every availability check answers the truth and they import as usual."""
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAINING_IMPORT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": python_path()},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {"imported": [], "truth": [True, True, True]}, seen
