@@ -8,8 +8,7 @@ from erasure.covariance_power import CovariancePower, fit_covariance_power, load
 from erasure.diagnostics import erasure_report, moment_gaps
 from erasure.moments import ClassMoments, class_moments
 
-# Importing a module registers its erasers.
-from erasure import alf_qleace, gradient, identity, leace, qleace, random_projection  # noqa: E402,F401
+# The shipped erasers' modules are imported when their name is first used (erasure.base.SHIPPED).
 
 __all__ = [
     "ClassMoments",

@@ -8,6 +8,7 @@ int64 labels in range.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import os
@@ -25,6 +26,16 @@ from erasure.resumable import FitProgress
 
 FORMAT_VERSION = 1
 _REGISTRY: dict[str, type["Eraser"]] = {}
+# The shipped erasers' modules, imported when their name is first looked up (a run imports only its own eraser's
+# code: QLEACE's and the gradient eraser's modules are a LEACE run's dead weight). Importing a module registers it.
+SHIPPED = {
+    "alf_qleace": "erasure.alf_qleace",
+    "gradient": "erasure.gradient",
+    "leace": "erasure.leace",
+    "none": "erasure.identity",
+    "qleace": "erasure.qleace",
+    "random": "erasure.random_projection",
+}
 
 
 def register_eraser(name: str) -> Callable[[type["Eraser"]], type["Eraser"]]:
@@ -41,10 +52,12 @@ def register_eraser(name: str) -> Callable[[type["Eraser"]], type["Eraser"]]:
 
 
 def available_erasers() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(SHIPPED))
 
 
 def eraser_class(name: str) -> type["Eraser"]:
+    if name not in _REGISTRY and name in SHIPPED:
+        importlib.import_module(SHIPPED[name])
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown eraser {name!r}; choose one of {available_erasers()} (e.g. `eraser=leace` on the command line)"

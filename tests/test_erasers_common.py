@@ -20,6 +20,41 @@ def test_registry_has_every_eraser():
     assert set(available_erasers()) >= {"none", "leace", "qleace", "alf_qleace", "gradient", "random"}
 
 
+ONE_ERASER = """
+import sys, torch
+from erasure import available_erasers, fit_eraser, load_eraser
+gen = torch.Generator().manual_seed(0)
+x, y = torch.rand(60, 4, generator=gen), torch.arange(60) % 3
+fit_eraser("leace", x, y)
+after_leace = sorted(m for m in sys.modules if m.startswith("erasure."))
+fit_eraser("qleace", x, y).save(sys.argv[1])
+print(len(available_erasers()), "erasure.qleace" in after_leace, "erasure.gradient" in sys.modules)
+"""
+
+
+def test_a_run_imports_only_its_own_erasers_code_and_every_name_is_listed(tmp_path):
+    """erasure.base.SHIPPED: an eraser's module is imported when its name is first used, so a LEACE run does not
+    import QLEACE's or the gradient eraser's code; every shipped name is listed (and checked) before that."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, python_path
+
+    path = tmp_path / "q.safetensors"
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_ERASER, str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["6", "False", "False"], proc.stdout
+    assert type(load_eraser(path)).name == "qleace"
+
+
 @pytest.mark.parametrize("name", available_erasers())
 @pytest.mark.parametrize("zscore", [False, True])
 def test_save_load_round_trip_is_bit_identical(name, zscore, tmp_path):
