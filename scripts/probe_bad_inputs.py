@@ -118,7 +118,9 @@ class Case:
     # log file under the case folder holds TEXT
     terminate_at: str | None = None
     signal_group: bool = True  # SIGTERM to the process group (as Slurm signals a job), or to the launched process alone
-    exit_code: int | None = None  # the exit status expected instead of the class's (--rehash: 1 when runs are left)
+    exit_code: int | None = (
+        None  # the exit status expected instead of the class's (rehash_store.py: 1 when runs are left)
+    )
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -191,7 +193,7 @@ def fragment_store_record(tmp: Path) -> list[str]:
     entry = tmp / "outputs" / "store" / "0123456789abcdef"
     entry.mkdir(parents=True)
     (entry / "config.json").write_text('{"config": {"callbacks": {}, "probes": {"enabled": false}}}')
-    return ["--rehash"]
+    return [str(tmp / "outputs" / "store")]
 
 
 def truncated_run_config(tmp: Path) -> list[str]:
@@ -390,12 +392,12 @@ CASES = [
         prepare=hand_edited_result,
     ),
     Case(
-        "runs --rehash, a store record holding a fragment",
+        "rehash_store.py, a store record holding a fragment",
         [],
         ["left 0123456789abcdef", "config lacks"],
         expect_error=False,
         exit_code=1,
-        command=["-m", "mdl.runs"],
+        command=["scripts/rehash_store.py"],
         fast=False,
         prepare=fragment_store_record,
     ),

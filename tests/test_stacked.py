@@ -546,3 +546,17 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     trainer.fit(module, train_dataloaders=loader)
     assert [protocol.members[m].epoch for m in (0, 1)] == [4, 4]
     assert reads == [(1, ["Tensor.tolist"]), (2, ["Tensor.tolist"])] * 2 + [(1, ["Tensor.tolist"])] * 2
+
+
+def test_a_checkpoint_written_with_the_retired_finished_at_still_resumes() -> None:
+    """Checkpoints written before ``MemberState.finished_at`` was removed (written, never read) carry it: a resume
+    leaves it out and restores every other field."""
+    x, y = torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    make = lambda: StackedProtocol(  # noqa: E731
+        StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=2), lambda m: None, lambda m: None, 10, 4, 0.1
+    )
+    saved = make().state_dict()
+    saved["members"][1] |= {"finished_at": 12.5, "epoch": 3, "best_epoch": 2}
+    resumed = make()
+    resumed.load_state_dict(saved)
+    assert (resumed.members[1].epoch, resumed.members[1].best_epoch, resumed.members[1].n_train) == (3, 2, 64)
