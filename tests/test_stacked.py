@@ -47,8 +47,10 @@ def test_each_member_starts_from_the_sequential_engines_initial_weights() -> Non
     for row, s in enumerate(seeds):
         L.seed_everything(s, verbose=False)
         sequential = make_module().model
+        member = {n: p.detach()[row] for n, p in stack.param_dict().items()}
+        member |= {n: b[row] for n, b in stack.buffer_dict().items()}
         for name, tensor in sequential.state_dict().items():
-            assert torch.equal(stack.member_state(row)[name], tensor), (s, name)
+            assert torch.equal(member[name], tensor), (s, name)
 
 
 @pytest.mark.parametrize("augment", [False, True])
