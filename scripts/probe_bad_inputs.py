@@ -342,10 +342,10 @@ CASES = [
     ),
     # --- issue 34, "a pack fails like a run": raw, silent or late before ---
     *[
-        Case(f"packed pack_data_fraction={v}", [*PACKED, f"mdl.pack_data_fraction={v}"], ["mdl.pack_data_fraction"])
-        for v in ("0", "2", "x", "nan")
+        Case(f"packed pack_data_gb={v}", [*PACKED, f"mdl.pack_data_gb={v}"], ["mdl.pack_data_gb"])
+        for v in ("0", "-1", "x", "nan")
     ],
-    Case("single run pack_data_fraction=2", ["mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"]),
+    Case("single run pack_data_gb=0", ["mdl.pack_data_gb=0"], ["mdl.pack_data_gb"]),
     Case(
         "packed sweep, output root is a file",
         [*PACKED, "paths.output_root={tmp}/a-file"],
@@ -355,9 +355,9 @@ CASES = [
     Case("packed sweep, lock lease 0", [*PACKED, "mdl.lock_lease_s=0"], ["mdl.lock_lease_s"]),
     Case("sweep_cost seed=abc", ["-m", "seed=abc"], ["seed"], command=["-m", "mdl.sweeps.cost"], fast=False),
     Case(
-        "sweep_cost pack_data_fraction=2",
-        ["-m", "seed=0,1", "mdl.pack_data_fraction=2"],
-        ["mdl.pack_data_fraction"],
+        "sweep_cost pack_data_gb=0",
+        ["-m", "seed=0,1", "mdl.pack_data_gb=0"],
+        ["mdl.pack_data_gb"],
         command=["-m", "mdl.sweeps.cost"],
         fast=False,
     ),
@@ -424,8 +424,8 @@ CASES = [
         terminate_at=PACK_CHECKPOINT,
     ),
     Case(
-        "packed sweep in parts SIGTERM",
-        [*PACKED, "eraser=none,leace", "mdl.pack_data_fraction=1e-12", *LONG],
+        "packed sweep of a pack per data set SIGTERM",
+        [*PACKED, "eraser=none,leace", "mdl.pack_data_gb=1e-9", *LONG],
         [],
         terminate_at=PACK_CHECKPOINT,
     ),

@@ -42,7 +42,7 @@ BOOKKEEPING_KEYS = (
     "eraser.checkpoint_every_s",
     "mdl.steps_per_group",
     "mdl.lock_lease_s",
-    "mdl.pack_data_fraction",
+    "mdl.pack_data_gb",
     "mdl.reuse_across_environments",
     "trainer.torch_threads",
     "trainer.threads_by_members_per_fit",
