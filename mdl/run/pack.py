@@ -97,7 +97,7 @@ def plan_packs(cfgs: Sequence[DictConfig]) -> list[list[int]]:
         packs += [sorted(i for group in data[a : a + at_once] for i in group) for a in range(0, len(data), at_once)]
         if len(data) > at_once:
             log.warning(
-                "%d runs with %d data sets of %.2f GB each (as data=%s declares them) make %d packs of at most %d data "
+                "%d runs with %d data sets of %.3g GB each (as data=%s declares them) make %d packs of at most %d data "
                 "sets (mdl.pack_data_gb=%s)",
                 len(jobs),
                 len(data),
