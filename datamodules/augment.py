@@ -88,16 +88,3 @@ def apply_crop_flip(x: Tensor, params: CropFlip, pad_h: int, pad_w: int, pad_mod
     cols = params.dx[:, None] + torch.where(params.flip[:, None], w - 1 - j, j)  # (n, w)
     strip = padded.gather(2, rows[:, None, :, None].expand(n, c, h, padded.shape[3]))
     return strip.gather(3, cols[:, None, None, :].expand(n, c, h, w))
-
-
-def random_crop_flip(
-    x: Tensor,
-    generator: torch.Generator,
-    padding_fraction: float = 0.125,
-    flip: bool = True,
-    pad_mode: str = "constant",
-) -> Tensor:
-    """The paper's augmentation on a batch: crop with padding round(fraction * side), flip with p = 1/2."""
-    pad_h, pad_w = crop_padding(x.shape[2], padding_fraction), crop_padding(x.shape[3], padding_fraction)
-    params = crop_flip_params(x.shape[0], pad_h, pad_w, flip, generator, x.device)
-    return apply_crop_flip(x, params, pad_h, pad_w, pad_mode)

@@ -57,7 +57,7 @@ def _to_image_set(split: Any, side: int, decode_batch_size: int) -> ImageSet:
     return ImageSet(x, torch.as_tensor(labels, dtype=torch.int64))
 
 
-@register_source("cifarnet")
+@register_source("cifarnet", size=lambda side=64, **_: (200_000, (3, side, side)))
 def load_cifarnet(
     root: str | os.PathLike | None = None,
     download: bool = False,

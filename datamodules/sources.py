@@ -1,7 +1,9 @@
 """Image sources: each returns its images as float32 (n, c, h, w) in [0, 1] with int64 labels.
 
-A source is a function registered by name (``@register_source("cifar10")``) that takes the
-options of its ``conf/data/*.yaml`` and returns an ``ImageSource``. Sources with an official
+A source is a function registered by name (``@register_source("cifar10", size=...)``) that takes the
+options of its ``conf/data/*.yaml`` and returns an ``ImageSource``; ``size`` declares, from the same options and
+without loading anything, how many images of which shape it returns (``declared_bytes``: what a packed sweep sizes
+its packs by, mdl.run.pack). Sources with an official
 test split return it; the data module splits validation (and, where there is no official test
 split, test) off the training set with ``data_seed``.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,15 +61,26 @@ class ImageSource:
 
 
 SourceLoader = Callable[..., ImageSource]
+SourceSize = Callable[..., tuple[int, tuple[int, ...]]]  # a source's options -> (images in all its splits, their shape)
 _SOURCES: dict[str, SourceLoader] = {}
+_SIZES: dict[str, SourceSize] = {}
 
 
-def register_source(name: str) -> Callable[[SourceLoader], SourceLoader]:
+def register_source(name: str, size: SourceSize) -> Callable[[SourceLoader], SourceLoader]:
     def wrap(fn: SourceLoader) -> SourceLoader:
-        _SOURCES[name] = fn
+        _SOURCES[name], _SIZES[name] = fn, size
         return fn
 
     return wrap
+
+
+def declared_bytes(name: str, options: dict[str, Any]) -> int:
+    """The bytes the source's images (float32) and labels (int64) take in memory, every split together, as its
+    ``size`` declares them from ``options`` (nothing is loaded): what one data module of it holds, at most."""
+    if name not in _SIZES:
+        load_source(name, **options)  # the error naming the known sources
+    images, shape = _SIZES[name](**options)
+    return images * (math.prod(shape) * 4 + 8)
 
 
 def available_sources() -> list[str]:
@@ -161,7 +175,7 @@ def uint8_images(array: Any) -> Tensor:
     return x.float().div_(255.0)
 
 
-@register_source("digits")
+@register_source("digits", size=lambda **_: (1797, (1, 8, 8)))
 def load_digits_source(**_: Any) -> ImageSource:
     """scikit-learn's shipped 8x8 digits (1797 real scans), 16 grey levels scaled to [0, 1]."""
     from sklearn.datasets import load_digits

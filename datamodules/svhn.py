@@ -109,7 +109,7 @@ def _read(folder: Path, split: str, download: bool, verify_checksums: bool) -> I
     return ImageSet(uint8_images(x).contiguous(), labels.to(torch.int64))
 
 
-@register_source("svhn")
+@register_source("svhn", size=lambda use_extra=False, **_: (99_289 + 531_131 * bool(use_extra), (3, 32, 32)))
 def load_svhn(
     root: str | os.PathLike | None = None,
     download: bool = False,

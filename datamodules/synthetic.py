@@ -130,7 +130,9 @@ def _check(
     return tuple(int(s) for s in shape)  # type: ignore[return-value]
 
 
-@register_source("synthetic")
+@register_source(
+    "synthetic", size=lambda shape=(1, 4, 4), n_train=4000, n_test=2000, **_: (n_train + n_test, tuple(shape))
+)
 def load_synthetic(
     num_classes: int = 3,
     shape: Sequence[int] = (1, 4, 4),

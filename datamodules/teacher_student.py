@@ -146,7 +146,7 @@ def link(output: Tensor, name: str) -> Tensor:
     raise ValueError(f"single_index: unknown link {name!r}; choose one of {LINKS}")
 
 
-@register_source("single_index")
+@register_source("single_index", size=lambda d=64, n_train=4000, n_test=2000, **_: (n_train + n_test, (1, 1, d)))
 def load_single_index(
     d: int = 64,
     n_train: int = 4000,
@@ -258,7 +258,7 @@ def multiscale_linear(
     return MultiScaleLinear(x=x, y=y, x_test=x_test, y_test=y_test, teacher=teacher, modulation=modulation)
 
 
-@register_source("multiscale_linear")
+@register_source("multiscale_linear", size=lambda d=100, n_train=4000, n_test=2000, **_: (n_train + n_test, (1, 1, d)))
 def load_multiscale_linear(
     n_train: int = 4000,
     n_test: int = 2000,

@@ -179,23 +179,3 @@ def check_transform_options(p: Any, eps: Any) -> None:
 def fit_covariance_power(x: Tensor, p: float, eps: float, batch_size: int = 8192) -> CovariancePower:
     """Fit x -> mean + c Sigma_eps^{p/2} (x - mean) on x (n, ...); see the module docstring."""
     return CovariancePower.fit(x, p, eps, batch_size=batch_size)
-
-
-def preconditioned_gd(
-    x: Tensor, targets: Tensor, weight: Tensor, preconditioner: Tensor, lr: float, steps: int
-) -> list[Tensor]:
-    """Gradient descent on the linear least-squares loss 1/(2n) ||x W^T - targets||^2 with the
-    weight gradient right-multiplied by ``preconditioner`` (the optimizer form of the transform:
-    P = Sigma^p). Returns the weights after every step (steps + 1 tensors, the first is ``weight``).
-
-    For plain GD this equals GD on the transformed inputs x A (A = Sigma^{p/2}, symmetric) with
-    weights V, through W = V A: the step V <- V - lr G_V A-transformed gives W <- W - lr G_W A^2.
-    """
-    trajectory = [weight]
-    n = x.shape[0]
-    for _ in range(steps):
-        residual = x @ weight.T - targets
-        grad = residual.T @ x / n
-        weight = weight - lr * grad @ preconditioner
-        trajectory.append(weight)
-    return trajectory

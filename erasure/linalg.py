@@ -37,13 +37,6 @@ def per_class(product: Callable[..., Tensor], *stacks: Tensor) -> Tensor:
     return torch.stack([product(*parts) for parts in zip(*stacks)])
 
 
-def psd_power(matrix: Tensor, power: float) -> Tensor:
-    """matrix ** power for symmetric PSD matrices; negative powers are pseudo-inverse powers."""
-    eigvals, eigvecs, keep = psd_eigh(matrix)
-    scaled = torch.where(keep, eigvals.clamp_min(torch.finfo(eigvals.dtype).tiny) ** power, 0.0)
-    return (eigvecs * scaled.unsqueeze(-2)) @ eigvecs.transpose(-1, -2)
-
-
 class NoVarianceError(ValueError):
     """The data have zero variance in every direction: nothing to erase, nothing to learn."""
 

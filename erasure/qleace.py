@@ -182,13 +182,6 @@ def _symmetric_square(half: Tensor) -> Tensor:
     return half @ half.transpose(-1, -2)
 
 
-def maps_to_target(covariances: Tensor, target: Tensor) -> Tensor:
-    """Optimal transport maps from each N(0, S_z) onto a given N(0, target) (for comparisons)."""
-    factor, _ = _factor(target)
-    eigvals, eigvecs, keep = psd_eigh(per_class(lambda c: factor.T @ c @ factor, covariances))
-    return transport_maps(Barycenter(target, factor, eigvals, eigvecs, keep, 0, 0.0, 0.0))
-
-
 def _mean_covariance_eigh(covariances: Tensor, weights: Tensor) -> dict[str, Tensor]:
     """The eigendecomposition of the frequency-weighted mean covariance (``_span_basis`` reads it): a step of its own
     in a resumable fit, which keeps it (one eigh of d x d, minutes at CIFAR-10's size on a busy CPU)."""

@@ -24,8 +24,8 @@ numbers mean nothing, are listed apart, below the others.
 that is neither is refused with the nearest one), ``--status`` those in that state, ``--csv`` writes the table (every
 listed column, numbers in full precision, and ``debug_run``) to a file as well.
 
-``--rehash [--dry-run]`` moves every stored run to the folder its config hash names today (mdl.run.rehash), once
-after the config's keys or the hash changed, so that relaunches find the runs done instead of training them again.
+A store written before the config's keys or the hash changed is moved to today's hashes once by
+``python scripts/rehash_store.py <store>``, so that relaunches find its runs done instead of training them again.
 """
 
 from __future__ import annotations
@@ -215,17 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--status", choices=STATUSES, default=None)
     parser.add_argument("--csv", default=None, metavar="FILE", help="also write the table as CSV (full precision)")
-    parser.add_argument(
-        "--rehash", action="store_true", help="move every stored run to the folder its config hash names today"
-    )
-    parser.add_argument("--dry-run", action="store_true", help="with --rehash: say what would move, move nothing")
     args = parser.parse_args(argv)
-    if args.dry_run and not args.rehash:
-        parser.error("--dry-run goes with --rehash: python -m mdl.runs --rehash --dry-run")
     from hydra.errors import HydraException
 
-    if args.rehash:
-        return rehash(args.overrides, args.dry_run)
     try:
         runs = list_runs(store_dir(args.overrides), args.where, args.status)
     except (FileNotFoundError, ValueError, HydraException) as err:
@@ -262,21 +254,6 @@ def listing(runs: list[StoredRun]) -> str:
         parts += ["", "interrupted runs resume (finished blocks and the last checkpoint kept) with:"]
         parts += [f"  {r.folder.name}  {r.resume or relaunch(None, r.folder)}" for r in stopped]
     return "\n".join(parts)
-
-
-def rehash(overrides: Sequence[str], dry_run: bool) -> int:
-    """``--rehash``: one line per run moved or left; exit status 1 when a run that should move was left."""
-    from hydra.errors import HydraException
-
-    from mdl.run.rehash import rehash_store
-
-    try:
-        lines, left = rehash_store(store_dir(overrides), dry_run)
-    except (FileNotFoundError, PermissionError, HydraException) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
-    return 1 if left else 0
 
 
 if __name__ == "__main__":

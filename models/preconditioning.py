@@ -3,7 +3,7 @@
 Training on transformed inputs x A (A = c Sigma^{p/2}, symmetric; erasure.covariance_power) with
 first-layer weights V is, through W = V A, training on the original inputs with the first layer's
 gradient right-multiplied by P = A A = c^2 Sigma^p: exactly so for plain gradient descent
-(``erasure.covariance_power.preconditioned_gd``, tested), and for Adam-like optimizers the same
+(tests/test_covariance_power.py runs both), and for Adam-like optimizers the same
 preconditioner applied before their elementwise normalisation. ``PreconditionFirstLayer`` applies
 P to the first layer's weight gradient before every optimizer step, in both kinds of fit (a stacked
 weight (M, h, d) is multiplied member by member).

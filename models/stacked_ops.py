@@ -65,12 +65,6 @@ def conv2d(conv: nn.Conv2d, params: dict[str, Tensor], name: str, h: Tensor, mem
     )
 
 
-def linear_1x1(params: dict[str, Tensor], name: str, h: Tensor, members: int) -> Tensor:
-    """Each member's ``nn.Linear`` applied at every pixel of its channels: a grouped 1x1 convolution."""
-    weight = params[f"{name}.weight"]  # (M, out, in)
-    return F.conv2d(h, weight.flatten(0, 1)[..., None, None], params[f"{name}.bias"].flatten(), groups=members)
-
-
 def layer_norm(h: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     """Each member's LayerNorm over the last axis of h (..., M, C), with its own weight and bias (M, C)."""
     return torch.addcmul(bias, F.layer_norm(h, h.shape[-1:], eps=eps), weight)

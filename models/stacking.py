@@ -179,12 +179,6 @@ class StackedModel(nn.Module):
             old = getattr(self, name)
             setattr(self, name, old.new_empty(members, *old.shape[1:]))
 
-    def member_state(self, row: int) -> dict[str, Tensor]:
-        """One member's parameters and buffers, named as in the original model."""
-        return {n: p.detach()[row] for n, p in self.param_dict().items()} | {
-            n: b[row] for n, b in self.buffer_dict().items()
-        }
-
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
         """One optimizer group per muP learning rate, as ``mup_param_groups`` gives a single model."""
         groups: dict[float, list[nn.Parameter]] = {}

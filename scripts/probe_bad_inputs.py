@@ -118,7 +118,9 @@ class Case:
     # log file under the case folder holds TEXT
     terminate_at: str | None = None
     signal_group: bool = True  # SIGTERM to the process group (as Slurm signals a job), or to the launched process alone
-    exit_code: int | None = None  # the exit status expected instead of the class's (--rehash: 1 when runs are left)
+    exit_code: int | None = (
+        None  # the exit status expected instead of the class's (rehash_store.py: 1 when runs are left)
+    )
 
 
 def cifar(damage: Callable[[Path], None] | None) -> Callable[[Path], list[str]]:
@@ -191,7 +193,7 @@ def fragment_store_record(tmp: Path) -> list[str]:
     entry = tmp / "outputs" / "store" / "0123456789abcdef"
     entry.mkdir(parents=True)
     (entry / "config.json").write_text('{"config": {"callbacks": {}, "probes": {"enabled": false}}}')
-    return ["--rehash"]
+    return [str(tmp / "outputs" / "store")]
 
 
 def truncated_run_config(tmp: Path) -> list[str]:
@@ -340,10 +342,10 @@ CASES = [
     ),
     # --- issue 34, "a pack fails like a run": raw, silent or late before ---
     *[
-        Case(f"packed pack_data_fraction={v}", [*PACKED, f"mdl.pack_data_fraction={v}"], ["mdl.pack_data_fraction"])
-        for v in ("0", "2", "x", "nan")
+        Case(f"packed pack_data_gb={v}", [*PACKED, f"mdl.pack_data_gb={v}"], ["mdl.pack_data_gb"])
+        for v in ("0", "-1", "x", "nan")
     ],
-    Case("single run pack_data_fraction=2", ["mdl.pack_data_fraction=2"], ["mdl.pack_data_fraction"]),
+    Case("single run pack_data_gb=0", ["mdl.pack_data_gb=0"], ["mdl.pack_data_gb"]),
     Case(
         "packed sweep, output root is a file",
         [*PACKED, "paths.output_root={tmp}/a-file"],
@@ -353,9 +355,9 @@ CASES = [
     Case("packed sweep, lock lease 0", [*PACKED, "mdl.lock_lease_s=0"], ["mdl.lock_lease_s"]),
     Case("sweep_cost seed=abc", ["-m", "seed=abc"], ["seed"], command=["-m", "mdl.sweeps.cost"], fast=False),
     Case(
-        "sweep_cost pack_data_fraction=2",
-        ["-m", "seed=0,1", "mdl.pack_data_fraction=2"],
-        ["mdl.pack_data_fraction"],
+        "sweep_cost pack_data_gb=0",
+        ["-m", "seed=0,1", "mdl.pack_data_gb=0"],
+        ["mdl.pack_data_gb"],
         command=["-m", "mdl.sweeps.cost"],
         fast=False,
     ),
@@ -390,12 +392,12 @@ CASES = [
         prepare=hand_edited_result,
     ),
     Case(
-        "runs --rehash, a store record holding a fragment",
+        "rehash_store.py, a store record holding a fragment",
         [],
         ["left 0123456789abcdef", "config lacks"],
         expect_error=False,
         exit_code=1,
-        command=["-m", "mdl.runs"],
+        command=["scripts/rehash_store.py"],
         fast=False,
         prepare=fragment_store_record,
     ),
@@ -422,8 +424,8 @@ CASES = [
         terminate_at=PACK_CHECKPOINT,
     ),
     Case(
-        "packed sweep in parts SIGTERM",
-        [*PACKED, "eraser=none,leace", "mdl.pack_data_fraction=1e-12", *LONG],
+        "packed sweep of a pack per data set SIGTERM",
+        [*PACKED, "eraser=none,leace", "mdl.pack_data_gb=1e-9", *LONG],
         [],
         terminate_at=PACK_CHECKPOINT,
     ),

@@ -283,7 +283,8 @@ def assert_members_equal_singles(stack, singles, atol: float = 1e-12) -> None:
 
     for m, single in enumerate(singles):
         for name, p in single.model.named_parameters():
-            assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=atol), (m, name)
+            member = stack.stack.param_dict()[name].detach()[m]
+            assert torch.allclose(member, p.detach(), rtol=0, atol=atol), (m, name)
 
 
 @pytest.fixture

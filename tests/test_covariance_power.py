@@ -10,13 +10,31 @@ import torch
 
 from conftest import FAST, run_in_process
 from erasure import class_moments, fit_covariance_power, fit_eraser, load_covariance_power
-from erasure.covariance_power import preconditioned_gd
-from erasure.linalg import psd_power
 from test_erasers_qleace import gaussian_classes
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
+
+
+def psd_power(matrix: torch.Tensor, power: float) -> torch.Tensor:
+    """matrix ** power for a symmetric positive definite matrix (the tests' reference)."""
+    eigvals, eigvecs = torch.linalg.eigh(matrix)
+    return (eigvecs * eigvals**power) @ eigvecs.T
+
+
+def preconditioned_gd(
+    x: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, preconditioner: torch.Tensor, lr: float, steps: int
+) -> list[torch.Tensor]:
+    """Gradient descent on the linear least-squares loss 1/(2n) ||x W^T - targets||^2 with the weight gradient
+    right-multiplied by ``preconditioner`` (the optimizer form of the transform, models/preconditioning.py: P =
+    Sigma^p); the weights after every step (steps + 1 tensors, the first is ``weight``)."""
+    trajectory = [weight]
+    for _ in range(steps):
+        grad = (x @ weight.T - targets).T @ x / x.shape[0]
+        weight = weight - lr * grad @ preconditioner
+        trajectory.append(weight)
+    return trajectory
 
 
 def correlated(n: int = 2000, d: int = 8, seed: int = 0) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from conftest import RecordOps, cuda_only, host_reads
-from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params, crop_padding, random_crop_flip
+from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params, crop_padding
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.loader import DeviceBatches
@@ -51,7 +51,8 @@ def test_each_image_is_its_own_crop_and_flip() -> None:
 def test_augmentation_differs_between_images_of_one_batch() -> None:
     """One image repeated 64 times comes out as many different crops/flips."""
     x = images(1, side=16).expand(64, -1, -1, -1).contiguous()
-    out = random_crop_flip(x, torch.Generator().manual_seed(0))
+    pad = crop_padding(16, 0.125)
+    out = apply_crop_flip(x, crop_flip_params(64, pad, pad, True, torch.Generator().manual_seed(0), x.device), pad, pad)
     distinct = {tuple(img.flatten().tolist()) for img in out}
     assert len(distinct) > 20
 

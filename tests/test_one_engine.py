@@ -46,9 +46,7 @@ def test_each_mode_gives_the_stored_numbers_of_its_former_engine(tmp_path: Path,
     results = run_experiment(cfg, tmp_path / "run")
     assert results["fits"] == engine
     container = OmegaConf.to_container(cfg, resolve=True)
-    for record in STORED[
-        "records"
-    ]:  # the identity of the stored run (its hash as python -m mdl.runs --rehash gives it)
+    for record in STORED["records"]:  # the identity of the stored run (its hash as scripts/rehash_store.py gives it)
         on_gpu = record["environment"].get("gpu") is not None  # a CPU run's identity holds its thread count
         expected = identity_hash(container, None if on_gpu else record["environment"]["threads"])
         assert expected == record["runs"][engine]["config_hash"], record["made_by"]

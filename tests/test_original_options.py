@@ -4,11 +4,12 @@ fitted in float32 (``protocol.eraser_fit_dtype``, experiments/cli.py@0cc7065, D1
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, pixel_classes, run_in_process
+from conftest import REPO, compose_config, pixel_classes, run_in_process
 
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions, EraserOptions
@@ -178,7 +179,8 @@ def test_an_unknown_fit_dtype_is_refused() -> None:
 
 def test_rehash_gives_stored_runs_the_sound_values() -> None:
     """Runs stored before the options existed trained one order of the pool and fitted QLEACE in float64."""
-    from mdl.run.rehash import current_form
+    sys.path.insert(0, str(REPO / "scripts"))
+    from rehash_store import current_form
 
     stored = {"protocol": {"name": "original", "backtrack": True}, "eraser": {"name": "qleace", "options": {}}}
     upgraded = current_form(stored)

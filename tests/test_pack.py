@@ -142,117 +142,30 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
             assert other[key] == one[key], key
 
 
-def test_a_pack_whose_data_do_not_fit_at_once_trains_in_parts_with_the_same_numbers(
-    tmp_path: Path, monkeypatch, caplog, alone
-) -> None:
-    """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_fraction`` of the memory: one data module at
-    a time here, each part a pack of its own trained after the last one's data is freed; the numbers of the runs alone."""
-    import gc
+def test_a_sweeps_packs_hold_at_most_pack_data_gb_as_declared_and_a_relaunch_makes_the_same(tmp_path: Path) -> None:
+    """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_gb`` of what their source declares make
+    more packs, decided from the configs when the sweep is launched: the sweep relaunched (in another order, or on
+    another device) makes the same packs, so a killed pack's folder is found again."""
+    from datamodules.sources import declared_bytes
+    from mdl.run.pack import plan_packs
 
-    import mdl.run.pack
-    from datamodules.datamodule import ErasedDataModule
+    variants = [["eraser=none"], ["eraser=none", "seed=1"], ["data_seed=1"], ["eraser=qleace"], ["width=48"]]
+    digits_gb = declared_bytes("digits", {}) / 1e9  # 1797 float32 8x8 images and their labels
 
-    variants = [["eraser=none"], ["eraser=none", "seed=1"], ["data_seed=1"], ["eraser=qleace"]]
-    alone = [alone(v) for v in variants]
-    resident, parts = [], []
-    original = mdl.run.pack._train_prepared
+    def packs(order: list[int], budget: float) -> list[list[int]]:
+        cfgs = [compose_config([*BASE, *variants[i], f"mdl.pack_data_gb={budget}"], tmp_path) for i in order]
+        return sorted(sorted(order[i] for i in pack) for pack in plan_packs(cfgs))
 
-    def train_prepared(prepared, pack=()):  # not collected here: what the last part left in cycles counts
-        resident.append(sum(type(o) is ErasedDataModule for o in gc.get_objects()))
-        parts.append(len(prepared))
-        return original(prepared, pack)
-
-    monkeypatch.setattr(mdl.run.pack, "_train_prepared", train_prepared)
-    tight = [*BASE, "mdl.pack_data_fraction=1e-12"]
-    listed = [
-        Job.checked(compose_config([*tight, *v], tmp_path / "b"), tmp_path / "b" / f"run{i}")
-        for i, v in enumerate(variants)
-    ]
-    gc.collect()
-    gc.disable()  # only the pack's own collection frees what the last part's fit left in reference cycles
-    try:
-        packed = run_pack(listed)
-    finally:
-        gc.enable()
-    assert sorted(parts) == [1, 1, 2] and resident == [1, 1, 1]  # the two seeds of eraser=none share their data
-    assert "trains in 3 parts of at most 1 data sets" in caplog.text
-    for one, other in zip(alone, packed):
-        for key in NUMBERS:
-            assert other[key] == one[key], key
-    assert pack_key(compose_config(tight, tmp_path)) == pack_key(compose_config(BASE, tmp_path))  # bookkeeping
-
-
-@pytest.mark.slow  # a reference pack, a killed one and its re-run
-def test_a_pack_killed_in_its_second_part_resumes_that_part_from_its_checkpoint(
-    tmp_path: Path, monkeypatch, caplog
-) -> None:
-    """Parts are made from the whole pack, finished runs included, and the split is kept in the pack's folder, so the
-    relaunch (here with a memory share that would hold every data set at once, as on a larger GPU) finds the killed
-    part's folder and resumes it."""
-    import mdl.run.pack
-    from mdl.engine.trainer import SaveLastCheckpoint
-
-    class Killed(Exception):
-        pass
-
-    settings = ["mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8", "trainer.patience=3"]
-    variants = [["seed=0"], ["seed=1"], ["eraser=none"], ["eraser=none", "seed=1"]]
-    listed = lambda root, share="1e-12": [  # noqa: E731
-        Job.checked(compose_config([*BASE, *settings, f"mdl.pack_data_fraction={share}", *v], root), root / f"run{i}")
-        for i, v in enumerate(variants)
-    ]
-    reference = run_pack(listed(tmp_path / "ref"))
-    parts, saves = [0], [0]
-    train_prepared, save = mdl.run.pack._train_prepared, SaveLastCheckpoint.on_train_epoch_end
-
-    def counted(prepared, pack=()):
-        parts[0] += 1
-        return train_prepared(prepared, pack)
-
-    def save_then_die(self, trainer, module) -> None:
-        save(self, trainer, module)
-        saves[0] += parts[0] == 2
-        if saves[0] == 2:
-            raise Killed
-
-    with monkeypatch.context() as m:
-        m.setattr(mdl.run.pack, "_train_prepared", counted)
-        m.setattr(SaveLastCheckpoint, "on_train_epoch_end", save_then_die)
-        with pytest.raises(Killed):
-            run_pack(listed(tmp_path / "run"))
-    caplog.clear()
-    assert (pack_folder(listed(tmp_path / "run")) / "parts.json").exists()
-    with caplog.at_level("INFO"):
-        resumed = run_pack(listed(tmp_path / "run", share="1.0"))
-    assert sum(r.get("skipped", False) for r in resumed) == 2 and "resuming fit from" in caplog.text
-    assert not pack_folder(listed(tmp_path / "run")).exists()  # the split's record goes with the pack
-    for one, other in zip(reference, resumed):
-        for key in NUMBERS:
-            assert other[key] == one[key], key
-
-
-def test_the_memory_a_pack_may_fill_with_data_is_a_share_of_the_devices_or_slurms(monkeypatch) -> None:
-    import torch
-
-    from mdl.engine.memory import memory_bytes, plan_parts
-
-    cpu = torch.device("cpu")
-    for name in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1024")  # MiB, as Slurm sets it
-    assert memory_bytes(cpu) == 2**30
-    groups = [["a", "b"], ["c"], ["d"]]  # runs by their data: a and b share one data module
-    assert plan_parts(groups, 2**28, cpu, 0.5) == [[["a", "b"], ["c"]], [["d"]]]  # 2 data sets in 512 MiB
-    assert plan_parts(groups, 2**31, cpu, 0.5) == [[g] for g in groups]  # at least one at a time
-    assert plan_parts(groups, 2**31, cpu, 0.5, at_once=3) == [groups]  # as an earlier launch recorded
-    monkeypatch.delenv("SLURM_MEM_PER_NODE")
-    monkeypatch.setenv("SLURM_MEM_PER_CPU", "256")  # --mem-per-cpu
-    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "2")
-    assert memory_bytes(cpu) == 2**29
-    monkeypatch.delenv("SLURM_MEM_PER_CPU")
-    assert memory_bytes(cpu) > 2**30  # the host's total (this machine has more than 1 GiB)
-    with pytest.raises(ValueError, match="mdl.pack_data_fraction=0"):
-        plan_parts(groups, 1, cpu, 0)
+    assert packs([0, 1, 2, 3, 4], 40) == [[0, 1, 2, 3], [4]]  # another width: another pack key
+    one_each = packs([0, 1, 2, 3, 4], 1.5 * digits_gb)
+    assert one_each == [[0, 1], [2], [3], [4]]  # the two seeds of eraser=none share their data
+    assert packs([4, 3, 2, 1, 0], 1.5 * digits_gb) == one_each  # relaunched in another order
+    two_each = packs([0, 1, 2, 3, 4], 2.5 * digits_gb)
+    assert sorted(map(len, two_each)) == [1, 1, 3] or sorted(map(len, two_each)) == [1, 2, 2]
+    assert packs([2, 4, 0, 3, 1], 2.5 * digits_gb) == two_each
+    assert pack_key(compose_config([*BASE, "mdl.pack_data_gb=1e-9"], tmp_path)) == pack_key(
+        compose_config(BASE, tmp_path)
+    )  # bookkeeping
 
 
 @pytest.mark.parametrize(

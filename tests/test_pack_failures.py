@@ -132,20 +132,22 @@ def test_a_sigterm_in_a_sweeps_guard_is_not_cleared_by_the_next_run() -> None:
     )
 
 
-@pytest.mark.parametrize("value", ["0", "2", "x", "nan", "-0.5", "true"])
-def test_pack_data_fraction_is_refused_before_the_data_load_in_every_run(tmp_path: Path, value: str) -> None:
-    """A single run does not use the key, but a value a pack would refuse (after its data load and eraser fit) is
-    refused in every run, so no run records it."""
-    with pytest.raises(ValueError, match="mdl.pack_data_fraction=.*share of the memory in \\(0, 1\\]"):
-        validate_config(compose_config([*FAST, f"mdl.pack_data_fraction={value}"], tmp_path))
-    validate_config(compose_config([*FAST, "mdl.pack_data_fraction=1"], tmp_path))
+@pytest.mark.parametrize("value", ["0", "x", "nan", "inf", "-0.5", "true"])
+def test_pack_data_gb_is_refused_before_the_data_load_in_every_run(tmp_path: Path, value: str) -> None:
+    """A single run does not use the key, but a value a packed sweep would refuse is refused in every run, so no
+    run records it; the retired share of the device's memory names its replacement."""
+    with pytest.raises(ValueError, match="mdl.pack_data_gb=.*a number > 0"):
+        validate_config(compose_config([*FAST, f"mdl.pack_data_gb={value}"], tmp_path))
+    validate_config(compose_config([*FAST, "mdl.pack_data_gb=0.001"], tmp_path))
+    with pytest.raises(ValueError, match="mdl.pack_data_fraction is gone.*mdl.pack_data_gb"):
+        validate_config(compose_config([*FAST, "+mdl.pack_data_fraction=0.5"], tmp_path))
 
 
 @pytest.mark.parametrize(
     "args, named",
     [
         (["-m", "seed=abc"], "seed='abc'"),
-        (["-m", "seed=0,1", "mdl.pack_data_fraction=2"], "mdl.pack_data_fraction=2"),
+        (["-m", "seed=0,1", "mdl.pack_data_gb=0"], "mdl.pack_data_gb=0"),
         (["-m", "seed=0,1", "data_seed=x"], "data_seed='x'"),
     ],
 )
@@ -180,7 +182,7 @@ def _sweep_results(root: Path) -> dict[str, dict]:
 
 
 def _checkpointed_after_results(root: Path) -> bool:
-    """A pack checkpoint newer than every results.json of the sweep: a later part's (the first part's own checkpoint,
+    """A pack checkpoint newer than every results.json of the sweep: a later pack's (the first pack's own checkpoint,
     written before its results, stays a moment after them, until its folder is removed)."""
     try:
         results = [p.stat().st_mtime_ns for p in root.glob("multirun/*/*/*/results.json")]
@@ -206,13 +208,10 @@ def _wait_for(condition, process, timeout: float = 300) -> None:
     "sweep, killed_in",
     [
         (["seed=0,1", "width=16,32"], "first of two packs"),
-        (
-            ["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"],
-            "first part",
-        ),  # a part per eraser, 2 runs each
-        (["seed=0,1", "eraser=none,leace", "mdl.pack_data_fraction=1e-12"], "second part"),
+        (["seed=0,1", "eraser=none,leace", "mdl.pack_data_gb=1e-9"], "first of two packs"),  # a pack per data set
+        (["seed=0,1", "eraser=none,leace", "mdl.pack_data_gb=1e-9"], "second of two packs"),
     ],
-    ids=["two-packs", "part-1", "part-2"],
+    ids=["two-packs", "data-1", "data-2"],
 )
 def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and_resumes_exactly(
     tmp_path: Path, sweep: list[str], killed_in: str
@@ -229,7 +228,7 @@ def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and
     root = tmp_path / "preempted"
     run = launch(args, root)
     checkpoints = lambda: list(root.glob("store/packs/*/checkpoints/*.ckpt"))  # noqa: E731
-    if killed_in == "second part":  # the first part's results are written, the second part has checkpointed
+    if killed_in == "second of two packs":  # the first pack's results are written, the second has checkpointed
         _wait_for(lambda: _checkpointed_after_results(root), run)
     else:
         _wait_for(checkpoints, run)
@@ -256,43 +255,12 @@ def test_sigterm_to_a_packed_sweep_checkpoints_starts_nothing_more_exits_143_and
 
 # --- a pack's own records and room -------------------------------------------------------------------------------
 
-TIGHT = [*FAST, "trainer.kwargs.max_epochs=2", "trainer.torch_threads=1", "mdl.pack_data_fraction=1e-12"]
+SHORT = [*FAST, "trainer.kwargs.max_epochs=2", "trainer.torch_threads=1"]
 
 
-def _pack_jobs(root: Path, extra=()) -> list[Job]:
+def _pack_jobs(root: Path) -> list[Job]:
     variants = [["eraser=none"], ["eraser=none", "seed=1"], ["eraser=leace"], ["eraser=leace", "seed=1"]]
-    return [Job.checked(compose_config([*TIGHT, *extra, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
-
-
-@pytest.mark.parametrize(
-    "damage", ["{", "[]", '{"data_sets_at_once": "x"}', '{"data_sets_at_once": 0}', '{"x": 1}', "a folder"]
-)
-def test_a_damaged_parts_record_is_named_and_discarded(tmp_path: Path, caplog, damage: str) -> None:
-    """Before: a traceback that never named the file, and the pack could not go on until it was deleted by hand."""
-    from mdl.run.pack import recorded_split
-
-    record = tmp_path / "parts.json"
-    if damage == "a folder":
-        (record / "inside").mkdir(parents=True)
-    else:
-        record.write_text(damage)
-    assert recorded_split(record) is None  # split again, as with no record
-    assert str(record) in caplog.text and "damaged" in caplog.text and not record.exists()
-    record.write_text('{"data_sets_at_once": 2}')
-    assert recorded_split(record) == 2
-
-
-def test_a_pack_with_a_damaged_parts_record_splits_again_and_trains(tmp_path: Path, caplog) -> None:
-    from mdl.run.pack import PARTS_FILE, pack_folder, run_pack
-
-    jobs = _pack_jobs(tmp_path)
-    record = pack_folder(jobs) / PARTS_FILE
-    record.parent.mkdir(parents=True)
-    record.write_text("{")
-    results = run_pack(jobs)
-    assert len(results) == 4 and all(r["paper_mdl"] > 0 for r in results)
-    assert str(record) in caplog.text and "damaged" in caplog.text
-    assert "trains in 2 parts" in caplog.text
+    return [Job.checked(compose_config([*SHORT, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
 
 
 def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monkeypatch) -> None:
@@ -305,7 +273,7 @@ def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monk
     from mdl.run.experiment import checkpoint_bytes, job_data
     from mdl.run.pack import run_pack
 
-    jobs = _pack_jobs(tmp_path, ["mdl.pack_data_fraction=1"])
+    jobs = _pack_jobs(tmp_path)
     dm = job_data(jobs[0])
     one_run = checkpoint_bytes(jobs[0].cfg, make_model_factory(jobs[0].cfg, dm.num_classes, dm.input_shape))
     usage = namedtuple("usage", "total used free")

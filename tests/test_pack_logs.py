@@ -329,7 +329,7 @@ def test_a_packs_shared_data_is_logged_to_each_run_it_serves_and_each_runs_start
     ]  # a and b share their data (they differ only in the seed), c has its own
     files = {job.key: (LogFile(tmp_path / f"{job.key}.log", logging.Formatter("%(message)s")),) for job in jobs}
     with job_log_files(files):
-        prepared = pack._prepare_sharing_data(jobs, {})
+        prepared = pack._prepare_sharing_data(jobs)
     assert [run.data.made_for for run in prepared] == ["a", "a", "c"]
     assert {key: (tmp_path / f"{key}.log").read_text().splitlines() for key in files} == {
         "a": ["data of a's eraser", "data of a", "run a"],

@@ -1,4 +1,4 @@
-"""``python -m mdl.runs --rehash``: a store written by older code, moved so that relaunches find its runs done.
+"""``python scripts/rehash_store.py <store>``: a store written by older code, moved so that relaunches find its runs done.
 
 tests/reference/store_2797eff is a store that commit 2797eff wrote (``python launch.py debug=fast device=cpu
 paths.output_root=/tmp/oldstore`` with the overrides in ``OLD_RUNS``; the seed=1 entry kept only its config.json, as a
@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import FAST, compose_config
+from conftest import FAST, REPO, compose_config
 from mdl.results import RESULTS_FILE, RUN_CONFIG_FILE, read_checked_json
 from mdl.run import identity
 from mdl.run.experiment import run_experiment
 from mdl.run.identity import config_hash, identity_hash
-from mdl.run.rehash import current_form
-from mdl.runs import list_runs, main
+from mdl.runs import list_runs
+
+sys.path.insert(0, str(REPO / "scripts"))
+import rehash_store  # noqa: E402
+from rehash_store import current_form, main  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "reference" / "store_2797eff"
 WRITTEN_AT = "/tmp/oldstore"  # the output root the fixture was written under (its records name it)
@@ -59,11 +63,11 @@ def test_a_migrated_store_has_every_run_under_today_s_hash_and_relaunches_skip(o
     new = {old: config_hash(compose_config([*COMMON, *overrides], old_store)) for old, overrides in OLD_RUNS.items()}
     assert not set(new.values()) & {p.name for p in store.iterdir()}  # before: no relaunch finds them
 
-    assert main([f"paths.output_root={old_store}", "--rehash", "--dry-run"]) == 0
+    assert main([str(old_store / "store"), "--dry-run"]) == 0
     assert {p.name for p in store.iterdir()} == set(OLD_RUNS)  # a dry run moves nothing
     assert "4 would move, 0 in place, 0 left" in capsys.readouterr().out
 
-    assert main([f"paths.output_root={old_store}", "--rehash"]) == 0
+    assert main([str(old_store / "store")]) == 0
     printed = capsys.readouterr().out
     assert {p.name for p in store.iterdir()} == set(new.values())
     for old, key in new.items():
@@ -77,7 +81,7 @@ def test_a_migrated_store_has_every_run_under_today_s_hash_and_relaunches_skip(o
     (run_folder,) = old_store.glob(f"runs/*/*/{RESULTS_FILE}")
     assert read_checked_json(run_folder)["config_hash"] == new["093bf4759004a35d"]  # its run folder's reference too
 
-    assert main([f"paths.output_root={old_store}", "--rehash"]) == 0  # idempotent
+    assert main([str(old_store / "store")]) == 0  # idempotent
     assert "0 moved, 4 in place, 0 left" in capsys.readouterr().out
 
     for old, overrides in OLD_RUNS.items():
@@ -95,7 +99,7 @@ def test_a_run_whose_folder_is_taken_is_left_and_said(old_store: Path, capsys) -
     taken = config_hash(compose_config(COMMON, old_store))
     (store / taken).mkdir()  # e.g. a relaunch made before the migration, killed at once
     (store / taken / "run.lock").touch()
-    assert main([f"paths.output_root={old_store}", "--rehash"]) == 1
+    assert main([str(old_store / "store")]) == 1
     printed = capsys.readouterr().out
     assert f"left 093bf4759004a35d: it is run {taken}, whose folder already exists" in printed
     assert (store / "093bf4759004a35d" / RESULTS_FILE).exists() and "3 moved, 0 in place, 1 left" in printed
@@ -144,7 +148,7 @@ def test_a_damaged_store_record_is_left_and_its_run_folder_untouched(old_store: 
     (run_folder,) = old_store.glob(f"runs/*/*/{RESULTS_FILE}")
     before = run_folder.read_bytes()
 
-    assert main([f"paths.output_root={old_store}", "--rehash"]) == 1
+    assert main([str(old_store / "store")]) == 1
     printed = capsys.readouterr().out
     why = "records disagree" if damage == "seed" else "config lacks"
     assert f"left {old}: " in printed and why in printed and "3 moved, 0 in place, 1 left" in printed
@@ -156,17 +160,15 @@ def test_a_read_only_store_is_one_clear_error(old_store: Path, capsys, monkeypat
     so the store's permission is what ``os.access`` answers for this user."""
     import os
 
-    from mdl.run import rehash
-
     store = old_store / "store"
     store.chmod(0o555)
     real = os.access
-    monkeypatch.setattr(rehash.os, "access", lambda p, mode: False if Path(p) == store else real(p, mode))
+    monkeypatch.setattr(rehash_store.os, "access", lambda p, mode: False if Path(p) == store else real(p, mode))
     try:
-        assert main([f"paths.output_root={old_store}", "--rehash"]) == 2
+        assert main([str(old_store / "store")]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: the run store {store} is read-only") and "Traceback" not in err
-        assert main([f"paths.output_root={old_store}", "--rehash", "--dry-run"]) == 0  # reads only
+        assert main([str(old_store / "store"), "--dry-run"]) == 0  # reads only
     finally:
         store.chmod(0o755)
 
@@ -178,6 +180,6 @@ def test_a_lock_that_cannot_be_taken_leaves_the_run_with_a_line(old_store: Path,
         raise PermissionError(13, "Permission denied", self.lock_file)
 
     monkeypatch.setattr(FileLock, "acquire", denied)
-    assert main([f"paths.output_root={old_store}", "--rehash"]) == 1
+    assert main([str(old_store / "store")]) == 1
     printed = capsys.readouterr().out
     assert "its lock cannot be taken (PermissionError" in printed and "0 moved, 0 in place, 4 left" in printed

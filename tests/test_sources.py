@@ -211,3 +211,22 @@ def test_data_configs_mirror_digits(name: str, monkeypatch: pytest.MonkeyPatch, 
         full = OmegaConf.create({"paths": paths, "data": cfg})
         assert full.data.options.root == str(tmp_path)
         assert full.data.options.download is False
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("digits", {}),
+        ("synthetic", {"shape": [2, 3, 3], "n_train": 50, "n_test": 20}),
+        ("single_index", {"d": 5, "n_train": 40, "n_test": 10}),
+        ("multiscale_linear", {"d": 6, "p": 3, "n_train": 40, "n_test": 0}),
+    ],
+)
+def test_a_source_declares_the_bytes_it_loads(name: str, options: dict) -> None:
+    """What a packed sweep sizes its packs by (mdl.run.pack.plan_packs), known without loading, is what loading
+    gives: every split's float32 images and int64 labels."""
+    from datamodules.sources import declared_bytes
+
+    source = load_source(name, **options)
+    loaded = sum(t.nbytes for s in (source.train, source.test) if s is not None for t in (s.x, s.y))
+    assert declared_bytes(name, options) == loaded

@@ -4,9 +4,10 @@ members of one fit.
     python launch.py -m seed=0,1,2,3,4 eraser=none,leace width=64,128 hydra/launcher=packed
 
 Every job is composed and checked first (its folder, .hydra/ files and callbacks as with Hydra's basic
-launcher); then the jobs are grouped by ``mdl.run.pack.pack_key`` (equal configs but for ``seed``, ``eraser``
-and ``data_seed``, all members in one fit) and each group is trained as one pack (mdl.run.pack): the
-sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of ``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
+launcher); then the jobs are grouped into packs by ``mdl.run.pack.plan_packs`` (equal configs but for ``seed``, ``eraser``
+and ``data_seed``, all members in one fit, at most ``mdl.pack_data_gb`` of data each) and each pack is trained
+(mdl.run.pack): the sweep above is 2 packs (one per width) of 10 runs each, each one fit (or fits of
+``mdl.members_per_fit``). A job that cannot be packed runs alone. Each job
 still gets its own results.json, store entry and loggers, with the numbers it has alone. Jobs run in this
 process, one pack after another; their log lines go to this process's log, labelled by what varies, and each job's
 to its own folder's log file, which ends with its summary.
@@ -78,14 +79,6 @@ def check_job(
     )
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)  # off the job's log file, as Hydra's basic launcher
     return ret
-
-
-def group_into_packs(keys: Sequence[Any]) -> list[list[int]]:
-    """Job indices grouped by pack key (None: a job alone), in order of first appearance."""
-    packs: dict[Any, list[int]] = {}
-    for i, key in enumerate(keys):
-        packs.setdefault(key if key is not None else ("alone", i), []).append(i)
-    return list(packs.values())
 
 
 def check_jobs(
@@ -178,7 +171,7 @@ class PackedLauncher(Launcher):
         """Hydra's entry: check every job first (a refused job stops the sweep before any training), group
         the checked ones into packs and train the packs one after another in this process. One SIGTERM guard spans
         the whole sweep, so a preemption checkpoints the pack in training and starts no other."""
-        from mdl.run.pack import pack_key, packs_line
+        from mdl.run.pack import packs_line, plan_packs
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
@@ -191,9 +184,7 @@ class PackedLauncher(Launcher):
             ]
             checked = check_jobs(self.hydra_context, self.config, jobs)
             ok = [i for i, ret in enumerate(checked) if ret.status == JobStatus.COMPLETED]
-            packs = [
-                [ok[j] for j in pack] for pack in group_into_packs([pack_key(checked[i].return_value.cfg) for i in ok])
-            ]
+            packs = [[ok[j] for j in pack] for pack in plan_packs([checked[i].return_value.cfg for i in ok])]
             log.info("packed launcher: %s", packs_line(len(job_overrides), len(packs)))
             done = list(checked)
             for members in packs:

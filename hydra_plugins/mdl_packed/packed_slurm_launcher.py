@@ -3,7 +3,7 @@ submitted through hydra-submitit-launcher's Slurm launcher, one array task per p
 
     python launch.py -m +experiment=paper/appendix_c hydra/launcher=packed_slurm
 
-The jobs are composed here and grouped by ``mdl.run.pack.pack_key``; each pack is one task of one sbatch
+The jobs are composed here and grouped into packs by ``mdl.run.pack.plan_packs``; each pack is one task of one sbatch
 array, with the resources of ``hydra/launcher=slurm`` (conf/hydra/launcher/slurm.yaml: the same keys and
 environment variables). On its node a task makes its jobs' folders and .hydra/ files, checks them and
 trains them as one fit; each job keeps its own results.json, store entry and loggers. A preempted or
@@ -25,7 +25,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from hydra_plugins.mdl_packed.packed_launcher import check_jobs, group_into_packs, train_checked
+from hydra_plugins.mdl_packed.packed_launcher import check_jobs, train_checked
 from mdl.engine.preemption import sigterm_guard
 from mdl.run.exits import ends_like_a_run
 
@@ -55,18 +55,20 @@ class PackedSlurmLauncher(SlurmLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """Hydra's entry: compose every job here only to group them into packs, then submit one array task per
         pack (``__call__`` checks and trains it on its node) and collect each job's return in the sweep's order."""
-        from mdl.run.pack import pack_key, packs_line
+        from mdl.run.pack import packs_line, plan_packs
 
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
-        keys = []
+        cfgs = []
         for i, overrides in enumerate(job_overrides):  # composed as on the node, to group them
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(cfg):
                 cfg.hydra.job.num = initial_job_idx + i
             HydraConfig.instance().set_config(cfg)
-            keys.append(pack_key(cfg))
-        packs = group_into_packs(keys)
+            job = OmegaConf.to_container(cfg, resolve=False)
+            del job["hydra"]  # resolved while its job's Hydra config is set (values may interpolate it)
+            cfgs.append(OmegaConf.create(OmegaConf.to_container(OmegaConf.create(job), resolve=True)))
+        packs = plan_packs(cfgs)
         log.info(
             "packed Slurm launcher: %s, one array task each; sweep output dir: %s",
             packs_line(len(job_overrides), len(packs)),

@@ -7,7 +7,7 @@ One ``RunCheckpointIO`` per fit (a Lightning CheckpointIO plugin):
 - writes atomically, through a temporary file whose name is unique to the writer, then a rename:
   a kill leaves either the old file or the new one, and two writers never share a temporary;
 - stores a SHA-256 of the payload in a short header and checks it on every read, so a truncated or
-  bit-flipped checkpoint is detected (``is_intact``) and never silently changes a result;
+  bit-flipped checkpoint is detected (``read_checksummed`` raises ``DamagedCheckpoint``) and never silently changes a result;
 - records in that header the identity of what wrote it (the code version and the run's config hash,
   ``run_identity``): a checkpoint left by other code or another run is never resumed (``resumable``).
 """
@@ -64,14 +64,6 @@ def _read(path: Path) -> tuple[str, bytes]:
         raise DamagedCheckpoint(f"{path}: checksum mismatch ({len(body)} bytes); the file is damaged")
     n = int.from_bytes(body[:IDENTITY_LEN_BYTES], "big")
     return body[IDENTITY_LEN_BYTES : IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n :]
-
-
-def is_intact(path: Path) -> bool:
-    try:
-        read_checksummed(path)
-    except (DamagedCheckpoint, OSError):
-        return False
-    return True
 
 
 def run_identity(run_dir: Path) -> str:

@@ -1,16 +1,14 @@
-"""How much trains at once, planned in two steps, data first: the parts of a pack and the fits of each part.
+"""How many members train at once: the fits of the runs trained together (a pack's, or a run's alone).
 
-A pack's runs that need their own data (another eraser or data seed) train in parts whose data modules fit in
-``mdl.pack_data_fraction`` of the device's memory (``plan_parts``, measured on the first data module loaded); the
-members of a part's runs then train in fits (``plan_fits``) that fit in what its resident data leaves. A run alone is
-a pack of one part. Each run's members go in the fits it has alone (``mdl.members_per_fit``: all, k, or ``auto``), the
-j-th fit of every run trained together. With ``auto`` the count is measured, not guessed: on a GPU one optimizer step
+Each run's members go in the fits it has alone (``mdl.members_per_fit``: all, k, or ``auto``), the j-th fit of every
+run trained together (``plan_fits``). With ``auto`` the count is measured, not guessed: on a GPU one optimizer step
 of a stack of one member and of two, each on a real training batch, gives the memory of the fixed part and of each
-further member (peak allocated bytes: parameters, gradients, optimizer state, activations), measured with the part's
+further member (peak allocated bytes: parameters, gradients, optimizer state, activations), measured with the runs'
 data already resident, so the count is what the memory left beside the data holds, with a margin; on a CPU
 the host's memory is the limit and a stack of these models is small beside it: every member goes in one fit. A
-fit that still runs out of memory goes on as two of half as many (``halved``), with a warning. Neither step changes
-a number: every run's members train as they do alone, whatever part and fit they are in.
+fit that still runs out of memory goes on as two of half as many (``halved``), with a warning. Neither changes
+a number: every run's members train as they do alone, whatever fit they are in. How much data a pack holds is
+decided before, when its sweep is launched (mdl.run.pack.plan_packs).
 """
 
 from __future__ import annotations
@@ -18,13 +16,11 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from mdl.engine.members import AUTO, check_pack_data_fraction
+from mdl.engine.members import AUTO
 from mdl.engine.protocol import LoopRules, fits_of
 
 if TYPE_CHECKING:
@@ -32,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Member = tuple[int, int]  # (run, block) in the runs trained together
-T = TypeVar("T")
 MEMORY_MARGIN = 0.8  # our choice: use at most this share of the free memory (fragmentation, the allocator's cache)
 
 
@@ -176,52 +171,3 @@ def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, pre
     batch = dm.stacked_train_loader([dm.num_train] * members, 1).next(1)
     module.train_group(batch, optimizer)
     del module, optimizer, batch
-
-
-def memory_bytes(device: torch.device) -> int:
-    """The memory a run on ``device`` has: the GPU's total; on a CPU the host's total, or less where Slurm (its
-    allocation: SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE, in MiB) or the cgroup limit the
-    process. Totals, not what is free now, so a relaunch on the same kind of machine splits a pack the same way."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    limits = [os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")]
-    env = {k: os.environ.get(k, "") for k in ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_CPUS_ON_NODE")}
-    if env["SLURM_MEM_PER_NODE"].isdigit():
-        limits.append(int(env["SLURM_MEM_PER_NODE"]) * 2**20)
-    elif env["SLURM_MEM_PER_CPU"].isdigit() and env["SLURM_CPUS_ON_NODE"].isdigit():
-        limits.append(int(env["SLURM_MEM_PER_CPU"]) * int(env["SLURM_CPUS_ON_NODE"]) * 2**20)
-    for cgroup in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):  # v2, v1
-        value = cgroup.read_text().strip() if cgroup.exists() else ""
-        if value.isdigit():
-            limits.append(int(value))
-    return min(limit for limit in limits if limit > 0)
-
-
-def plan_parts(
-    groups: Sequence[Sequence[T]],
-    bytes_per_group: int,
-    device: torch.device,
-    fraction: float,
-    at_once: int | None = None,
-) -> list[list[Sequence[T]]]:
-    """The pack's data groups (runs sharing one data module) in parts of as many as ``fraction`` of the device's
-    memory holds at once (``at_once``: a split recorded by an earlier launch of the pack), trained one part after
-    another; each part's fits are then planned by ``plan_fits`` with its data resident."""
-    if at_once is None:
-        fraction = check_pack_data_fraction(fraction)
-        at_once = max(1, int(memory_bytes(device) * fraction) // max(bytes_per_group, 1))
-    parts = [list(groups[a : a + at_once]) for a in range(0, len(groups), at_once)]
-    if len(parts) > 1:
-        log.warning(
-            "pack of %d runs with %d data sets of %.2f GB each trains in %d parts of at most %d data sets "
-            "(mdl.pack_data_fraction=%s of %.1f GB on %s), one after another",
-            sum(len(g) for g in groups),
-            len(groups),
-            bytes_per_group / 1e9,
-            len(parts),
-            at_once,
-            fraction,
-            memory_bytes(device) / 1e9,
-            device,
-        )
-    return parts

@@ -121,7 +121,6 @@ class MemberState:
     val_loss_curve: list[float] = field(default_factory=list)
     train_loss_curve: list[float] = field(default_factory=list)
     val_accuracy_curve: list[float] = field(default_factory=list)
-    finished_at: float | None = None
 
     def judge(self, mean: float, epoch: int, exact: bool = False) -> bool:
         """One validation of the weights after ``epoch`` (-1: untrained): whether they are the best

@@ -15,8 +15,7 @@ with their own data (``data_of``) are validated on their own validation split, o
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Sequence
 
 import lightning as L
@@ -28,6 +27,8 @@ from mdl.engine.protocol import MemberOutcome, MemberState, max_epochs_of, requi
 from mdl.engine.progress_display import EpochHook
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
+
+STATE_FIELDS = [f.name for f in fields(MemberState)]  # a checkpoint's others (finished_at, dropped) are left out
 
 
 def build_members(make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device) -> StackedModel:
@@ -88,7 +89,6 @@ class StackedProtocol(L.Callback):
         self.labels = dict(members.labels)
         self.best: dict[int, dict[str, Tensor]] = {}  # member -> its best epoch's weights
         self.outcomes: dict[int, MemberOutcome] = {}
-        self.started = time.monotonic()
 
     @property
     def active(self) -> list[int]:
@@ -220,7 +220,6 @@ class StackedProtocol(L.Callback):
                 train_loss_curve=list(state.train_loss_curve),
                 val_accuracy_curve=list(state.val_accuracy_curve),
             )
-            state.finished_at = time.monotonic() - self.started
             self.outcomes[m] = outcome
             del self.best[m]
             self.loader.remove(m)
@@ -247,7 +246,9 @@ class StackedProtocol(L.Callback):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.members = {int(m): MemberState(**s) for m, s in state["members"].items()}
+        self.members = {
+            int(m): MemberState(**{k: s[k] for k in STATE_FIELDS if k in s}) for m, s in state["members"].items()
+        }
         device = self.loader.device
         self.best = {int(m): {n: t.to(device) for n, t in w.items()} for m, w in state["best"].items()}
         self.outcomes = {int(m): MemberOutcome(**o) for m, o in state["outcomes"].items()}

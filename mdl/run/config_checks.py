@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.codelength import check_paper_loss
-from mdl.engine.members import check_pack_data_fraction
 from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
@@ -57,6 +56,8 @@ RETIRED_KEYS = {
     "mdl.members_per_fit; override it with mdl.members_per_fit=all or mdl.members_per_fit=1",
     "trainer.threads_by_engine": "trainer.threads_by_engine is gone: trainer.threads_by_members_per_fit holds the "
     "default thread counts; or set trainer.torch_threads=N",
+    "mdl.pack_data_fraction": "mdl.pack_data_fraction is gone: a packed sweep's packs are sized when it is launched, "
+    "by the data their sources declare, against mdl.pack_data_gb (GB of data per pack, e.g. mdl.pack_data_gb=40)",
 }
 
 
@@ -243,7 +244,12 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(
             f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"
         )
-    check_pack_data_fraction(cfg.mdl.get("pack_data_fraction"))  # used only by packs, refused in any run: one rule
+    budget = cfg.mdl.get("pack_data_gb")  # used only by packed sweeps, refused in any run: one rule
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise ValueError(
+            f"mdl.pack_data_gb={budget!r}: give the most GB of data one pack of hydra/launcher=packed holds, a "
+            "number > 0; e.g. mdl.pack_data_gb=40"
+        )
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
     lr = cfg.optimizer.get("lr")

@@ -42,7 +42,7 @@ BOOKKEEPING_KEYS = (
     "eraser.checkpoint_every_s",
     "mdl.steps_per_group",
     "mdl.lock_lease_s",
-    "mdl.pack_data_fraction",
+    "mdl.pack_data_gb",
     "mdl.reuse_across_environments",
     "trainer.torch_threads",
     "trainer.threads_by_members_per_fit",
@@ -162,7 +162,7 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def identity_hash(config: dict[str, Any], cpu_threads: int | None) -> str:
-    """``config_hash`` of a resolved config as a plain dict (a stored run's, mdl.run.rehash), with the CPU thread
+    """``config_hash`` of a resolved config as a plain dict (a stored run's, scripts/rehash_store.py), with the CPU thread
     count it trains with (None: it trains on a GPU)."""
     data = without_bookkeeping(copy.deepcopy(config))  # where and how, not what
     if isinstance(data.get("mdl"), dict) and "members_per_fit" in data["mdl"]:

@@ -4,7 +4,9 @@
 (and bookkeeping keys), so with equal input shapes, classes and block schedules, whose members train stacked
 (``mdl.members_per_fit`` all, auto or k > 1: a pack is trained in fits of as many members; 1 trains plain models,
 which a pack cannot), without a profiler. Runs that differ
-only in their seed share one data module (``data_key``); the others each bring their own erased data.
+only in their seed share one data module (``data_key``); the others each bring their own erased data, so a pack holds
+at most ``mdl.pack_data_gb`` of data as the sources declare them (``plan_packs``, when the sweep is launched: a
+relaunch makes the same packs).
 ``run_pack`` takes every run's lock, skips the finished ones (as ``run_experiment`` does), and trains
 the others together; each still gets its own run folder, results.json, store entry and loggers, with
 the numbers it would have alone. Its log lines name it (``run_label``: what varies in the pack), go to its
@@ -13,9 +15,8 @@ job's own log file (mdl.run.job_logs), and end with its summary, as launch.py pr
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
+import math
 import shutil
 from contextlib import ExitStack
 from dataclasses import replace
@@ -23,15 +24,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from datamodules.datamodule import ErasedDataModule
 from datamodules.splits import size_follows_data_seed
-from erasure.files import atomic_write_bytes, sha256_hex
+from datamodules.sources import declared_bytes
+from erasure.files import sha256_hex
 from mdl.engine.checkpoints import run_identity
 from mdl.engine.driver import train_runs
-from mdl.engine.memory import plan_parts
 from mdl.engine.preemption import sigterm_guard
 from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
@@ -52,7 +52,6 @@ from mdl.run.storage import require_space, run_lock
 
 log = logging.getLogger(__name__)
 PACKS_DIR = "packs"  # under paths.store_dir: one folder per pack in progress (its checkpoint)
-PARTS_FILE = "parts.json"  # in a pack's folder while it trains in parts (mdl.pack_data_fraction): how it was split
 
 
 PACKED_ERASER = {"name": "packed"}  # stands for any eraser in a pack key
@@ -74,6 +73,41 @@ def pack_key(cfg: DictConfig) -> str | None:
         return data_key(cfg)
     free = {"seed": 0} if size_follows_data_seed(cfg.data.get("balance")) else {"seed": 0, "data_seed": 0}
     return _hash_with(cfg, free, eraser=PACKED_ERASER)
+
+
+def plan_packs(cfgs: Sequence[DictConfig]) -> list[list[int]]:
+    """The sweep's jobs (their configs, in the sweep's order) as packs of job indices: jobs of one ``pack_key`` (None:
+    a job alone), their data sets (``data_key``: one per eraser and data seed) in packs of as many as
+    ``mdl.pack_data_gb`` holds as their source declares them (``declared_bytes``; at least one each). Decided from the
+    configs alone, in the order of the data keys, so a relaunch of the sweep makes the same packs (each pack's folder
+    is named by its runs: a killed pack resumes) on any device."""
+    by_key: dict[Any, list[int]] = {}
+    for i, cfg in enumerate(cfgs):
+        key = pack_key(cfg)
+        by_key.setdefault(key if key is not None else ("alone", i), []).append(i)
+    packs = []
+    for jobs in by_key.values():
+        by_data: dict[str, list[int]] = {}
+        for i in jobs:
+            by_data.setdefault(data_key(cfgs[i]), []).append(i)
+        data = [by_data[k] for k in sorted(by_data)]
+        cfg = cfgs[jobs[0]]
+        each = declared_bytes(cfg.data.source, OmegaConf.to_container(cfg.data.options, resolve=True))
+        at_once = max(1, math.floor(cfg.mdl.pack_data_gb * 1e9 / each))
+        packs += [sorted(i for group in data[a : a + at_once] for i in group) for a in range(0, len(data), at_once)]
+        if len(data) > at_once:
+            log.warning(
+                "%d runs with %d data sets of %.3g GB each (as data=%s declares them) make %d packs of at most %d data "
+                "sets (mdl.pack_data_gb=%s)",
+                len(jobs),
+                len(data),
+                each / 1e9,
+                cfg.data.source,
+                math.ceil(len(data) / at_once),
+                at_once,
+                cfg.mdl.pack_data_gb,
+            )
+    return sorted(packs)
 
 
 def data_key(cfg: DictConfig) -> str:
@@ -172,67 +206,9 @@ def pack_identity(folder: Path, jobs: Sequence[Job]) -> str:
 
 def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
     """``jobs`` (in key order) of ``pack`` (every run of the pack, finished ones included: its folder's name), trained
-    together; runs with equal data share one data module. When the pack's data modules do not fit in
-    ``mdl.pack_data_fraction`` of the device's memory at once (e.g. the paper presets' CIFARNet runs, each seed its
-    own data: 9.3 GB each), it trains in parts that do, one after another, each part a pack of its own named by its
-    runs (made from the whole pack, so a relaunch finds the same parts); every run's numbers are the same either way."""
-    by_data: dict[str, list[Job]] = {}
-    for job in sorted(pack, key=lambda job: job.key):
-        by_data.setdefault(data_key(job.cfg), []).append(job)
-    groups = list(by_data.values())
-    todo = {job.key for job in jobs}
-    measured = next(job for group in groups for job in group if job.key in todo)  # in the first part that trains
-    with own_lines(*_sharing_data(measured, jobs)):
-        first: ErasedDataModule | None = job_data(measured)
-    record = pack_folder(pack) / PARTS_FILE  # the first launch's split, kept until the pack is done
-    recorded = recorded_split(record)
-    split = plan_parts(groups, first.resident_bytes(), first.device, measured.cfg.mdl.pack_data_fraction, recorded)
-    parts = [[job for group in part for job in group] for part in split]
-    if len(parts) > 1 and recorded is None:  # a relaunch (another GPU, another allocation) splits as this launch did
-        record.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(record, json.dumps({"data_sets_at_once": len(split[0])}).encode())
-    results: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        in_part = {job.key for job in part}
-        part_jobs = [job for job in jobs if job.key in in_part]
-        if not part_jobs:  # finished before a relaunch
-            continue
-        modules = {data_key(measured.cfg): first} if first is not None else {}
-        first = None  # held only as long as its part: each part's data is freed before the next is loaded
-        prepared = _prepare_sharing_data(part_jobs, modules)
-        name = [job.key for job in (part if len(parts) > 1 else pack)]
-        results.update(zip([job.key for job in part_jobs], _train_prepared(prepared, name)))
-        del prepared, modules
-        gc.collect()  # the fit's trainer, loaders and callbacks hold the data in reference cycles
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    if len(parts) > 1:  # every part is done: the split is no longer needed
-        shutil.rmtree(record.parent, ignore_errors=True)
-    return [results[job.key] for job in jobs]
-
-
-def recorded_split(record: Path) -> int | None:
-    """The data sets at once that the first launch of a pack in parts recorded; None when there is no record, or a
-    damaged one (named in a warning, then made again: the split only groups runs, every run's numbers are the same)."""
-    if not record.exists():
-        return None
-    try:
-        at_once = json.loads(record.read_text())["data_sets_at_once"]
-        if isinstance(at_once, bool) or not isinstance(at_once, int) or at_once < 1:
-            raise ValueError(f"data_sets_at_once={at_once!r} is not a count >= 1")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        log.warning(
-            "the pack's split record %s is damaged (%s: %s): splitting the pack again and rewriting it",
-            record,
-            type(err).__name__,
-            err,
-        )
-        if record.is_dir():  # e.g. made by hand: not a record, and in the way of the new one
-            shutil.rmtree(record)
-        else:
-            record.unlink(missing_ok=True)
-        return None
-    return at_once
+    together; runs with equal data share one data module."""
+    prepared = _prepare_sharing_data(jobs)
+    return _train_prepared(prepared, [job.key for job in pack])
 
 
 def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -244,9 +220,10 @@ def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> li
         return [finish_run(*train_alone(prepared[0]))]
 
 
-def _prepare_sharing_data(jobs: list[Job], modules: dict[str, ErasedDataModule]) -> list[PreparedRun]:
-    """Each run prepared; runs with equal data (``data_key``) share one data module (``modules``: those made already)."""
-    prepared = []
+def _prepare_sharing_data(jobs: list[Job]) -> list[PreparedRun]:
+    """Each run prepared; runs with equal data (``data_key``) share one data module."""
+    prepared: list[PreparedRun] = []
+    modules: dict[str, ErasedDataModule] = {}
     for job in jobs:
         dm = modules.get(data_key(job.cfg))
         if dm is None:

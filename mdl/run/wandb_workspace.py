@@ -100,19 +100,6 @@ SECTIONS = (
 )
 
 
-def referenced_keys() -> tuple[list[str], list[str]]:
-    """(exact keys, regexes) the panels read, for the test that the runs log them."""
-    keys, regexes = [], []
-    for section in SECTIONS:
-        for panel in section.panels:
-            keys += [k for k in panel.keys if panel.kind != "scatter" or k != panel.keys[0]]
-            if panel.regex:
-                regexes.append(panel.regex)
-            if panel.kind == "line":
-                keys.append(panel.x)
-    return keys, regexes
-
-
 def build(entity: str, project: str, name: str = "Slowing learning: the paper's questions") -> Any:
     """The workspace object (nothing is sent until ``.save()``). Panels group by ``wr.Config``, the runset by
     ``expr.Config``: the library's two config-key types."""
@@ -167,4 +154,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["SECTIONS", "build", "describe", "referenced_keys"]
+__all__ = ["SECTIONS", "build", "describe"]

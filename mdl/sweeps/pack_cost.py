@@ -1,7 +1,9 @@
 """The cost of a packed sweep (``hydra/launcher=packed`` or ``packed_slurm``): its runs grouped into packs as the
-launchers group them (``mdl.run.pack.pack_key``), each pack one job: its members' steps at a stack's rate where one
-is measured (mdl.sweeps.rates), plus the pack's own overheads (one job, compilation once, its fits); a run that
-cannot be packed is a job of its own. Printed by mdl.sweeps.cost."""
+launchers group them by ``mdl.run.pack.pack_key``, each pack one job: its members' steps at a stack's rate where
+one is measured (mdl.sweeps.rates), plus the pack's own overheads (one job, compilation once, its fits); a run that
+cannot be packed is a job of its own. Runs of one key whose data exceed ``mdl.pack_data_gb`` are counted as one pack
+here; the launchers make several of them (mdl.run.pack.plan_packs), each with its own overheads. Printed by
+mdl.sweeps.cost."""
 
 from __future__ import annotations
 

@@ -1,27 +1,35 @@
-"""``python -m mdl.runs --rehash [--dry-run]``: every stored run moved to the folder its config hash names today.
+"""Once, on a store written by older code: every stored run moved to the folder its config hash names today.
+
+    python scripts/rehash_store.py outputs/store [--dry-run]
 
 A run's store folder is named by its config hash (mdl.run.identity), which decides skip-if-done and resume. When
-the config's keys or the hash change, the runs already stored would be trained again. This rewrites a store once,
+the config's keys or the hash changed, the runs already stored would be trained again. This rewrites a store once,
 so that a relaunch finds each run where it looks: the stored config is written as today's conf composes the same run
 (``current_form``), its hash recomputed from that, its records and its run folder's results.json say so (and name
 its grouping ``fits``, formerly ``engine``), and its
 folder is renamed (one atomic rename per run, after its records are rewritten, so a rerun finishes a cut-short one).
-Run it while nothing else writes to the store.
+Run it while nothing else writes to the store. One line per run moved or left; exit status 1 when a run that should
+move was left, 2 when the store cannot be read or written.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from mdl.results import (
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mdl.results import (  # noqa: E402
     CHECKSUM_KEY,
     RESULTS_FILE,
     RUN_CONFIG_FILE,
@@ -31,11 +39,11 @@ from mdl.results import (
     read_json,
     write_checked_json,
 )
-from mdl.run.environment import ENVIRONMENT_KEY
-from mdl.run.identity import identity_hash, without_bookkeeping
-from mdl.run.storage import LOCK_FILE
+from mdl.run.environment import ENVIRONMENT_KEY  # noqa: E402
+from mdl.run.identity import identity_hash, without_bookkeeping  # noqa: E402
+from mdl.run.storage import LOCK_FILE  # noqa: E402
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = REPO / "conf"
 FORMER_GROUPINGS = {"stacked": "all", "sequential": 1}  # a stored mdl.engine -> its mdl.members_per_fit
 FORMER_RESULT_KEY = "engine"  # results.json's name for its grouping (stacked, fits of k, ...) before ``fits``
 POOLED_BY_DEFAULT = ("leace", "qleace", "alf_qleace")  # erasers stored without eraser.fit_scope fitted on the split
@@ -266,10 +274,10 @@ def rehash_store(store: Path, dry_run: bool = False) -> tuple[list[str], int]:
     """Move every run of ``store`` to its folder by today's hash: (one line per entry, how many were left that should
     have moved). Idempotent: a second pass finds every run in place."""
     if not store.is_dir():
-        raise FileNotFoundError(f"no run store at {store} (set paths.output_root=... or paths.store_dir=...)")
+        raise FileNotFoundError(f"no run store at {store} (give the store folder, e.g. outputs/store)")
     if not dry_run and not os.access(store, os.W_OK):
         raise PermissionError(
-            f"the run store {store} is read-only here: --rehash rewrites its records and renames its folders; run it "
+            f"the run store {store} is read-only here: this script rewrites its records and renames its folders; run it "
             "as the store's owner (--dry-run says what would move)"
         )
     lines, counts = [], {"moved": 0, "in place": 0, "left": 0}
@@ -322,3 +330,23 @@ def move(entry: Entry, dry_run: bool) -> tuple[str, str]:
     finally:
         lock.release()
     return "moved", f"moved {what}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: one line per run moved or left; exit status 1 when a run that should move was left, 2 with
+    one ``error:`` line when the store cannot be read or written."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("store", type=Path, help="the run store (paths.store_dir; outputs/store by default)")
+    parser.add_argument("--dry-run", action="store_true", help="say what would move, move nothing")
+    args = parser.parse_args(argv)
+    try:
+        lines, left = rehash_store(args.store, args.dry_run)
+    except (FileNotFoundError, PermissionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
