@@ -16,6 +16,7 @@ split, where no eraser looks at it, stops the run at load time.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -64,6 +65,16 @@ SourceLoader = Callable[..., ImageSource]
 SourceSize = Callable[..., tuple[int, tuple[int, ...]]]  # a source's options -> (images in all its splits, their shape)
 _SOURCES: dict[str, SourceLoader] = {}
 _SIZES: dict[str, SourceSize] = {}
+# The shipped sources' modules, imported when their name is first used (a digits run imports none of the CIFAR, SVHN
+# or synthetic loaders). Importing a module registers its sources; digits is registered below.
+SHIPPED = {
+    "cifar10": "datamodules.cifar10",
+    "cifarnet": "datamodules.cifarnet",
+    "multiscale_linear": "datamodules.teacher_student",
+    "single_index": "datamodules.teacher_student",
+    "svhn": "datamodules.svhn",
+    "synthetic": "datamodules.synthetic",
+}
 
 
 def register_source(name: str, size: SourceSize) -> Callable[[SourceLoader], SourceLoader]:
@@ -77,19 +88,26 @@ def register_source(name: str, size: SourceSize) -> Callable[[SourceLoader], Sou
 def declared_bytes(name: str, options: dict[str, Any]) -> int:
     """The bytes the source's images (float32) and labels (int64) take in memory, every split together, as its
     ``size`` declares them from ``options`` (nothing is loaded): what one data module of it holds, at most."""
-    if name not in _SIZES:
+    if not is_registered(name):
         load_source(name, **options)  # the error naming the known sources
     images, shape = _SIZES[name](**options)
     return images * (math.prod(shape) * 4 + 8)
 
 
 def available_sources() -> list[str]:
-    return sorted(_SOURCES)
+    return sorted(set(_SOURCES) | set(SHIPPED))
+
+
+def is_registered(name: str) -> bool:
+    """Whether ``name`` is a source, its module imported (registering it) if it is a shipped one."""
+    if name not in _SOURCES and name in SHIPPED:
+        importlib.import_module(SHIPPED[name])
+    return name in _SOURCES
 
 
 def load_source(name: str, **options: Any) -> ImageSource:
     """Load the data set registered as ``name`` with the options of its conf/data yaml."""
-    if name not in _SOURCES:
+    if not is_registered(name):
         raise ValueError(
             f"unknown data source {name!r} (data.source); choose one of {available_sources()} "
             f"with data=<name>, e.g. `data=digits`"
@@ -102,6 +120,7 @@ def load_source(name: str, **options: Any) -> ImageSource:
 
 def source_options(name: str) -> list[str]:
     """The options a registered source takes (its loader's named parameters)."""
+    is_registered(name)
     parameters = inspect.signature(_SOURCES[name]).parameters.values()
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 

@@ -195,6 +195,38 @@ def test_every_source_is_registered() -> None:
     assert {"digits", "cifar10", "svhn", "cifarnet", "synthetic"} <= set(available_sources())
 
 
+ONE_SOURCE = """
+import sys
+from datamodules import available_sources, load_source
+from datamodules.sources import SHIPPED
+load_source("digits")
+print(len(available_sources()), sorted(m for m in set(SHIPPED.values()) if m in sys.modules))
+load_source("synthetic", n_train=20, n_test=10)
+print("datamodules.synthetic" in sys.modules)
+"""
+
+
+def test_a_run_imports_only_its_own_sources_code_and_every_name_is_listed() -> None:
+    """datamodules.sources.SHIPPED: a source's module is imported when its name is first used, so a digits run
+    imports none of the CIFAR, SVHN or synthetic loaders; every shipped name is listed before that."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, python_path
+
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_SOURCE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["7 []", "True"], proc.stdout
+
+
 @pytest.mark.parametrize("name", ["cifar10", "svhn", "cifarnet", "synthetic"])
 def test_data_configs_mirror_digits(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each conf/data yaml has the keys of digits.yaml, names its source, and roots data in the env var."""
