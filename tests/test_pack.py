@@ -67,6 +67,7 @@ def test_packed_runs_give_each_run_its_own_numbers_to_the_bit(tmp_path: Path, al
     assert not pack_folder(jobs(tmp_path / "b")).exists()  # the pack's checkpoint is gone once every result is written
 
 
+@pytest.mark.slow
 def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path) -> None:
     first = run_experiment(compose_config([*BASE, "seed=1"], tmp_path), tmp_path / "alone")
     packed = run_pack(jobs(tmp_path))
@@ -74,6 +75,7 @@ def test_a_finished_run_in_a_pack_is_skipped_and_the_rest_trained(tmp_path: Path
     assert not packed[0].get("skipped") and not packed[2].get("skipped")
 
 
+@pytest.mark.slow
 def test_a_job_repeating_a_run_in_its_pack_is_skipped_as_the_basic_launcher_skips_it(tmp_path: Path) -> None:
     """Jobs that differ only in bookkeeping keys are one run: the pack trains it once; the repeat, after it, is skipped
     as done with the same numbers and its own folder's results.json (before: the whole pack failed)."""
@@ -87,6 +89,7 @@ def test_a_job_repeating_a_run_in_its_pack_is_skipped_as_the_basic_launcher_skip
     assert json.loads((tmp_path / "job1" / "results.json").read_text())["paper_mdl"] == results[0]["paper_mdl"]
 
 
+@pytest.mark.slow
 def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path) -> None:
     key = lambda *o: pack_key(compose_config([*BASE, *o], tmp_path))  # noqa: E731
     assert key("seed=0") == key("seed=5") == key("seed=5", "logger=csv")
@@ -116,6 +119,7 @@ def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_pat
     assert key("eraser=none") != key("eraser=leace") and key("eraser=none") == key("eraser=qleace")  # 5e-4: the default
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fits",
     [[], ["mdl.members_per_fit=3"], ["mdl.members_per_fit=2"]],
@@ -168,6 +172,7 @@ def test_a_sweeps_packs_hold_at_most_pack_data_gb_as_declared_and_a_relaunch_mak
     )  # bookkeeping
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model", ["lenet", pytest.param("convnext", marks=pytest.mark.slow), pytest.param("swin", marks=pytest.mark.slow)]
 )
@@ -284,6 +289,7 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
             assert other[key] == one[key], key
 
 
+@pytest.mark.slow
 def test_the_cost_estimate_counts_the_packs_of_a_packed_sweep(capsys) -> None:
     from mdl.sweeps.cost import main
 
