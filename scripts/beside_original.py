@@ -219,28 +219,29 @@ def project_pool(eraser: str, seed: int, lr: float, b1: float):
 
 
 def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: int, out: Path) -> Side:
-    """``launch.py -m protocol=original`` with docs/paper.md's overrides on these seeds; its results.json files read."""
-    command = [
-        sys.executable,
-        str(ROOT / "launch.py"),
-        "-m",
-        *project_overrides(lr, b1),
-        f"eraser={eraser}",
-        f"seed={','.join(map(str, seeds))}",
-        f"trainer.torch_threads={threads}",
-        f"paths.output_root={out}",
-    ]
-    before = cpu_of_children()
-    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    cpu_seconds = cpu_of_children() - before
-    runs = sorted(out.glob("multirun/*/*/*/results.json"))
-    records = {r["config"]["seed"]: r for r in (json.loads(p.read_text()) for p in runs)}
-    side = Side(cpu_seconds=cpu_seconds)
+    """``launch.py protocol=original`` with docs/paper.md's overrides, one process per seed as the original runs one
+    (so each side's CPU seconds are those of a run: start-up, data, eraser, fits); its results.json files read."""
+    side = Side()
     for seed in seeds:
-        if seed not in records:
-            raise SystemExit(f"launch.py left no results.json for seed {seed} under {out}")
-        side.mdl.append(records[seed]["paper_mdl"])
-        side.untrained.extend(b["best_after_epochs"] == 0 for b in records[seed]["blocks"])
+        root = out / f"seed{seed}"
+        command = [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            *project_overrides(lr, b1),
+            f"eraser={eraser}",
+            f"seed={seed}",
+            f"trainer.torch_threads={threads}",
+            f"paths.output_root={root}",
+        ]
+        before = cpu_of_children()
+        subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        side.cpu_seconds += cpu_of_children() - before
+        found = sorted(root.glob("runs/*/*/results.json"))
+        if not found:
+            raise SystemExit(f"launch.py left no results.json for seed {seed} under {root}")
+        record = json.loads(found[-1].read_text())
+        side.mdl.append(record["paper_mdl"])
+        side.untrained.extend(b["best_after_epochs"] == 0 for b in record["blocks"])
     return side
 
 

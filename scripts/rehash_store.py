@@ -94,6 +94,7 @@ def options_present(config: dict[str, Any]) -> None:
     if isinstance(protocol, dict):  # both loops compared the float32 rounding before exact_stopping existed
         protocol.setdefault("exact_stopping", False)
         protocol.setdefault("batch_mean_validation", False)  # nor added up validation per batch in bits before it
+        protocol.setdefault("final_fit", True)  # every run trained a final fit before protocol.final_fit existed
         protocol.setdefault("redraw_per_block", False)  # one order of the pool for every block before it existed
         protocol.setdefault("eraser_fit_dtype", "float64")
     options = eraser.get("options")

@@ -54,6 +54,7 @@ class Run:
     on_block: BlockHook | None = None
     on_epoch: EpochHook | None = None
     final_curves: Any = None  # a callback of the final member only (mdl.engine.final_fit_curves)
+    final_fit: bool = True  # False: the blocks' members only (protocol.final_fit; the paper MDL never uses the final)
     label: str = ""  # its name in log lines and the progress display where it trains with other runs
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = unwrapped  # wraps the hooks called for this run alone
     # (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file

@@ -92,9 +92,8 @@ class Ledger:
 
     def results(self, paper_loss: str) -> dict[str, Any]:
         blocks = [BlockResult(**self.recorded[m]) for m in range(self.final)]
-        return prequential_results(
-            self.run.boundaries, self.run.data.num_classes, blocks, self.outcomes[self.final], paper_loss
-        )
+        final = self.outcomes[self.final] if self.run.final_fit else None
+        return prequential_results(self.run.boundaries, self.run.data.num_classes, blocks, final, paper_loss)
 
 
 def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, run: str = "") -> None:
@@ -128,10 +127,11 @@ def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = 
 
 
 def prequential_results(
-    boundaries: Sequence[int], k: int, blocks: list[BlockResult], final: MemberOutcome, paper_loss: str
+    boundaries: Sequence[int], k: int, blocks: list[BlockResult], final: MemberOutcome | None, paper_loss: str
 ) -> dict[str, Any]:
     """The results.json fields of a prequential run. Both estimates of the paper MDL are recorded;
-    ``paper_mdl`` is the one ``paper_loss`` names."""
+    ``paper_mdl`` is the one ``paper_loss`` names. Without a final fit (``protocol.final_fit=false``) its fields are
+    null and its curves empty."""
     n_total = boundaries[-1]
     online = online_codelength(boundaries, k, [b.eval_bits for b in blocks])
     estimates = {
@@ -150,12 +150,12 @@ def prequential_results(
         "paper_loss": paper_loss,
         "paper_mdl_last_block": estimates["last_block"],
         "paper_mdl_val_min": estimates["val_min"],
-        "final_val_loss": final.best_val_loss,
-        "final_epochs": final.epochs,
+        "final_val_loss": final.best_val_loss if final else None,
+        "final_epochs": final.epochs if final else None,
         "final_test_bits_per_example": final.scored_bits / final.scored_count
-        if final.scored_count
+        if final and final.scored_count
         else None,  # None without a test split
-        "val_loss_curve": final.val_loss_curve,
-        "train_loss_curve": final.train_loss_curve,
-        "val_accuracy_curve": final.val_accuracy_curve,
+        "val_loss_curve": final.val_loss_curve if final else [],
+        "train_loss_curve": final.train_loss_curve if final else [],
+        "val_accuracy_curve": final.val_accuracy_curve if final else [],
     }

@@ -354,6 +354,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
         on_block=on_block,
         on_epoch=on_epoch,
         final_curves=final_curves,
+        final_fit=cfg.protocol.final_fit,
         label=job.label,
     )
     fitting = Fitting(
@@ -469,6 +470,13 @@ def discard_resume_state(store: Path) -> None:
     (store / PROGRESS_FILE).unlink(missing_ok=True)
 
 
+def final_line(results: dict[str, Any]) -> str:
+    """The summary's line on the final fit (none under ``protocol.final_fit=false``)."""
+    if results.get("final_val_loss") is None:
+        return "final fit: none (protocol.final_fit=false: the blocks' fits only)"
+    return f"final val loss: {results['final_val_loss']:.4f} nats"
+
+
 def summary(results: dict[str, Any], path: Path) -> str:
     k = results["num_classes"]
     estimate = results.get("paper_loss", "val_min")  # a results.json without paper_loss measured val_min
@@ -480,7 +488,7 @@ def summary(results: dict[str, Any], path: Path) -> str:
         f"chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
         f"online code length: {results['online_codelength_bits']:.1f} bits = "
         f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
-        f"final val loss: {results['final_val_loss']:.4f} nats\n"
+        f"{final_line(results)}\n"
         f"fits: {fits} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
         f"results: {path}"
     )
