@@ -65,6 +65,11 @@ def grouping_as_one_key(config: dict[str, Any]) -> None:
         mdl["members_per_fit"] = FORMER_GROUPINGS[engine]
 
 
+def pack_size_at_launch(config: dict[str, Any]) -> None:
+    """``mdl.pack_data_fraction`` split a pack at train time; packs are sized at launch (``mdl.pack_data_gb``)."""
+    (config.get("mdl") or {}).pop("pack_data_fraction", None)
+
+
 def lr_in_optimizer(config: dict[str, Any]) -> None:
     """``data.lr`` held the data set's default lr; ``optimizer.lr`` holds the lr the run trained with."""
     (config.get("data") or {}).pop("lr", None)
@@ -111,6 +116,7 @@ UPGRADES: tuple[Callable[[dict[str, Any]], None], ...] = (
     lr_in_optimizer,
     groups_present,
     options_present,
+    pack_size_at_launch,
 )
 
 

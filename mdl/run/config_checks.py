@@ -265,6 +265,11 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"optimizer.lr={lr!r}{why}: must be a positive number; e.g. optimizer.lr=5e-4")
     if probes_enabled(cfg):
         require_int("probes.n_per_class", 1, "200", allowed=(None,))
+        if not OmegaConf.select(cfg, "protocol.final_fit", default=True):
+            raise ValueError(
+                "probes=maxent scores every epoch of the final fit, which protocol.final_fit=false does not train "
+                f"(protocol={cfg.protocol.name}): set protocol.final_fit=true, or leave probes=none"
+            )
 
 
 def check_trainer_config(cfg: DictConfig) -> torch.device:
