@@ -546,3 +546,34 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     trainer.fit(module, train_dataloaders=loader)
     assert [protocol.members[m].epoch for m in (0, 1)] == [4, 4]
     assert reads == [(1, ["Tensor.tolist"]), (2, ["Tensor.tolist"])] * 2 + [(1, ["Tensor.tolist"])] * 2
+
+
+def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> None:
+    """A fit of one member is a stack of one: it runs the plain model (not its stacked form), so what only a lone
+    model can have works there, bit for bit: batch norm (its running statistics updated in the stack's buffers, eval
+    mode under no_grad) and dropout; a stack of two still refuses them."""
+    from models.stacking import StackedModel
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.Flatten(),
+            torch.nn.Dropout(0.5),
+            torch.nn.Linear(64, 3),
+        )
+
+    plain, stack = make(), StackedModel([make()])
+    x = torch.rand(5, 1, 6, 6)
+    torch.manual_seed(1)
+    expected = plain(x)
+    torch.manual_seed(1)
+    assert torch.equal(stack(x[None])[0], expected)
+    assert torch.equal(stack.buffer_dict()["1.running_mean"][0], plain[1].running_mean)
+    plain.eval()
+    with torch.no_grad():
+        scored = stack.run(stack.param_dict(), stack.buffer_dict(), x, shared_input=True)[0]
+    assert torch.equal(scored, plain(x))
+    with pytest.raises(ValueError, match="BatchNorm2d.*cannot be stacked"):
+        StackedModel([make(), make()])

@@ -58,7 +58,7 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
     pending = deque(f for f in fits if f not in finished)
     while pending:
         members = pending.popleft()
-        if not is_stacked(members):  # one member of each run: each a plain model's fit
+        if not is_stacked(members) and needs_plain_fit(fitting):
             for r, m in members:
                 if not ledgers[r].done(m):
                     if r not in makers:
@@ -66,6 +66,9 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
                             runs[r].model, fitting.precision, fitting.channels_last, fitting.compile_backend
                         )
                     fit_single(ledgers[r], m, makers[r], fitting)
+            continue
+        if not is_stacked(members) and len(members) > 1:  # one member of each run: each a stack of one, as alone
+            pending.extendleft([[(r, m)] for r, m in reversed(members) if not ledgers[r].done(m)])
             continue
         try:
             run_stacked_fit(ledgers, members, fitting)
@@ -116,6 +119,20 @@ def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier
     if not is_final:
         ckpt.unlink(missing_ok=True)
     ledger.keep({member: outcome})
+
+
+def needs_plain_fit(fitting: Fitting) -> bool:
+    """What only the plain model's fit (mdl.engine.single_fit) honours yet: protocol=original's loop rules and
+    trainer settings that need one optimizer step per Lightning step."""
+    rules = fitting.rules
+    return (
+        rules.one_member_per_fit
+        or rules.evaluate_as_trained
+        or not rules.reshuffle
+        or rules.augment_per_batch
+        or bool(settings_needing_single_steps(fitting.trainer_kwargs))
+        or fitting.trainer_kwargs.get("min_epochs") not in (None, 0)
+    )
 
 
 def is_stacked(members: list[Member]) -> bool:

@@ -30,13 +30,16 @@ from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
 
 
-def build_members(make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device) -> StackedModel:
-    """The members' models, each built under its own seed as a fit of one member builds it, stacked."""
+def build_members(
+    make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device, channels_last: bool = False
+) -> StackedModel:
+    """The members' models, each built under its own seed as a fit of one member builds it, stacked
+    (``channels_last``: a stack of one's, ``trainer.channels_last``)."""
     members = []
     for s in seeds:
         L.seed_everything(s, verbose=False)
         members.append(make_model().to(device))
-    return StackedModel(members)
+    return StackedModel(members, channels_last)
 
 
 @dataclass

@@ -65,7 +65,9 @@ def fit_stack(
     seeds = [run.seeds() for run in runs]
     recipe = first.model
     module = StackedClassifier(
-        build_members(recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device),
+        build_members(
+            recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device, fitting.channels_last
+        ),
         recipe.optimizer,
         recipe.lr,
         fitting.precision,
