@@ -228,11 +228,14 @@ class ErasedDataModule(L.LightningDataModule):
         seeds: list[int] | None = None,
         others: Sequence[ErasedDataModule] = (),
         source_of: list[int] | None = None,
+        reshuffle: bool = True,
+        augment_per_batch: bool = False,
     ) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
         groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
-        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
+        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1]; ``reshuffle``,
+        ``augment_per_batch``: protocol=original's, ``mdl.engine.protocol.LoopRules``)."""
         assert self.train_set is not None, "call setup() first"
         sources = [TrainSource(d.train_set.x, d.train_set.y, d._batch_eraser) for d in (self, *others)]
         return StackedBatches(
@@ -246,6 +249,8 @@ class ErasedDataModule(L.LightningDataModule):
             member_ids=member_ids,
             seeds=seeds,
             source_of=source_of,
+            reshuffle=reshuffle,
+            augment_per_batch=augment_per_batch,
         )
 
     def val_dataloader(self, batch_size: int | None = None) -> DeviceBatches:

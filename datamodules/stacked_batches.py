@@ -71,10 +71,15 @@ class MemberStream:
         pads: tuple[int, int],
         flip: bool,
         weights: Tensor | None = None,
+        shuffle: bool = True,
+        per_batch: bool = False,
     ):
+        """``shuffle`` False: every epoch the prefix in its order; ``per_batch``: one crop and flip per batch (both
+        protocol=original, ``mdl.engine.protocol.LoopRules``)."""
         self.n, self.batch_size, self.seed, self.device = n, batch_size, seed, device
         self.weights = weights  # class-balanced sampling weights of the prefix (data.balance=rwy), or None
         self.augment, self.pads, self.flip = augment, pads, flip
+        self.shuffle, self.per_batch = shuffle, per_batch
         self.steps_per_epoch = -(-n // batch_size)
         self.epoch, self.step = 0, 0  # the next batch to draw
         self._start_epoch()
@@ -82,7 +87,11 @@ class MemberStream:
     def _start_epoch(self) -> None:
         """This epoch's shuffle, laid out as (steps, batch_size) rows padded with example 0."""
         self.generator = epoch_generator(self.seed, self.epoch, self.device)
-        order = epoch_order(self.n, self.generator, self.device, self.weights)
+        order = (
+            epoch_order(self.n, self.generator, self.device, self.weights)
+            if self.shuffle
+            else torch.arange(self.n, device=self.device)
+        )
         padded = self.steps_per_epoch * self.batch_size
         self.rows = torch.zeros(padded, dtype=torch.long, device=self.device)
         self.rows[: self.n] = order
@@ -91,7 +100,11 @@ class MemberStream:
             (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
         )
         self.crops = None  # the epoch's crop/flip draws as DeviceBatches draws them, laid out as the rows
-        if self.augment:
+        if self.augment and self.per_batch:  # one draw per batch, for each of its images
+            drawn = crop_flip_params(self.steps_per_epoch, *self.pads, self.flip, self.generator, self.device)
+            shape = (self.steps_per_epoch, self.batch_size)
+            self.crops = CropFlip(*(t[:, None].expand(shape) for t in (drawn.dy, drawn.dx, drawn.flip)))
+        elif self.augment:
             drawn = _pad(crop_flip_params(self.n, *self.pads, self.flip, self.generator, self.device), padded)
             self.crops = CropFlip(
                 *(t.view(self.steps_per_epoch, self.batch_size) for t in (drawn.dy, drawn.dx, drawn.flip))
@@ -138,8 +151,10 @@ class StackedBatches:
         member_ids: list[int] | None = None,
         seeds: list[int] | None = None,
         source_of: list[int] | None = None,
+        reshuffle: bool = True,
+        augment_per_batch: bool = False,
     ) -> None:
-        """``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
+        """``reshuffle``, ``augment_per_batch``: as ``MemberStream``'s ``shuffle`` and ``per_batch``. ``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
         into ``sources``; default: every member from the first); ``member_ids``: each prefix's member id (default
         0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (default ``seed`` for all:
         the members of one run; packed runs each have theirs); ``augment``: the crop and flip (None: none)."""
@@ -157,6 +172,10 @@ class StackedBatches:
         if augment is not None and x.ndim != 4:
             raise ValueError(
                 f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false"
+            )
+        if class_balance is not None and not reshuffle:
+            raise ValueError(
+                "class-balanced sampling (data.balance=rwy) draws every epoch anew: not with protocol.reshuffle=false"
             )
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
@@ -177,7 +196,18 @@ class StackedBatches:
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
         self.streams = {
-            m: MemberStream(n, batch_size, s, x.device, augment is not None, pads, flip, weights(n, source))
+            m: MemberStream(
+                n,
+                batch_size,
+                s,
+                x.device,
+                augment is not None,
+                pads,
+                flip,
+                weights(n, source),
+                reshuffle,
+                augment_per_batch,
+            )
             for m, n, s, source in zip(ids, prefixes, seeds, source_of)
         }
         self.source_of = dict(zip(ids, source_of))
