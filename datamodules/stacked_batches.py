@@ -1,9 +1,8 @@
 """Batches for a stack of models, each drawing from its own prefix of a training set.
 
 Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
-n_m class-balanced draws with replacement) and crop/flip draws
-from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules.loader),
-so a member sees the batches the model of that prefix fitted alone sees. One global
+n_m class-balanced draws with replacement) and crop/flip draws from its own generator, seeded by its seed and e
+alone (datamodules.loader ``epoch_generator``), so a member sees the batches it sees in a fit of its own. One global
 step takes the next batch of every member still training; the batches are padded to a common
 batch size with per-example weights 0 where a member's last batch is short.
 
@@ -59,7 +58,7 @@ class StackedBatch:
 
 
 class MemberStream:
-    """One member's endless sequence of epochs over train[:n], as ``DeviceBatches`` would draw them."""
+    """One member's endless sequence of epochs over train[:n]."""
 
     def __init__(
         self,
@@ -99,7 +98,7 @@ class MemberStream:
         self.valid = (
             (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
         )
-        self.crops = None  # the epoch's crop/flip draws as DeviceBatches draws them, laid out as the rows
+        self.crops = None  # the epoch's crop/flip draws, laid out as the rows
         if self.augment and self.per_batch:  # one draw per batch, for each of its images
             drawn = crop_flip_params(self.steps_per_epoch, *self.pads, self.flip, self.generator, self.device)
             shape = (self.steps_per_epoch, self.batch_size)

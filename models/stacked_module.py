@@ -164,7 +164,7 @@ class StackedClassifier(L.LightningModule):
         ``with_correct``: also each member's count of examples its argmax classifies right (same pass).
         ``chunks``: ``self.chunks(rows)`` of the rows the weights are of (a pack's runs apart). ``batch_means``: each
         batch's float32 mean in bits times its size, summed in float64, as the original added them up
-        (``LoopRules.batch_mean_validation``); the sums are still in nats."""
+        (``LoopRules.batch_mean_validation``): these sums are in bits (``validation_means`` makes means in nats)."""
         params, buffers = weights
         members = len(next(iter(params.values())))
         total, count, correct = None, 0, None
@@ -176,20 +176,25 @@ class StackedClassifier(L.LightningModule):
                 hits = (logits.argmax(-1) == y).sum(1)
                 correct = hits if correct is None else correct + hits
             logits = logits.double() if float64 else logits.float()
-            nats = F.cross_entropy(logits.flatten(0, 1), y.repeat(m), reduction="none").view(m, -1)
-            if batch_means:  # the original's (cross_entropy / log 2).item() * len (mdl/probe.py@5e66bb9)
-                nats = (nats.mean(1) / math.log(2)).double() * y.shape[0]  # bits: nats after the sum
+            if batch_means:  # bits: the original's (cross_entropy / log 2).item() * len (mdl/probe.py@5e66bb9)
+                means = torch.stack([F.cross_entropy(row, y) for row in logits])
+                nats = (means / math.log(2)).double() * y.shape[0]
             else:
-                nats = nats.sum(1).double()
+                nats = F.cross_entropy(logits.flatten(0, 1), y.repeat(m), reduction="none").view(m, -1).sum(1).double()
             total = nats if total is None else total + nats
             count += y.shape[0]
         if total is None:
             total = torch.zeros(members, dtype=torch.float64, device=self.train_sums.device)
-        elif batch_means:
-            total = total * math.log(2)
         if not with_correct:
             return total, count
         return total, count, (torch.zeros_like(total) if correct is None else correct.double())
+
+    @staticmethod
+    def validation_means(sums: Tensor, count: int, batch_means: bool = False) -> Tensor:
+        """Mean losses in nats from ``loss_sums``' sums (``batch_means``: in bits, the mean then times log 2, as the
+        original's)."""
+        means = sums / max(count, 1)
+        return means * math.log(2) if batch_means else means
 
     @torch.no_grad()
     def correct_counts(self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any) -> tuple[Tensor, int]:

@@ -145,7 +145,8 @@ class StackedProtocol(L.Callback):
             chunks=module.chunks(rows),
             batch_means=self.rules.batch_mean_validation,
         )
-        for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
+        means = module.validation_means(val_sums, count, self.rules.batch_mean_validation)
+        for j, (m, mean) in enumerate(zip(members, means.tolist())):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
             state.initial_val_loss = mean
@@ -192,7 +193,11 @@ class StackedProtocol(L.Callback):
             batch_means=self.rules.batch_mean_validation,
         )
         train_sums, val_means, accuracy = torch.stack(  # the one read
-            [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]
+            [
+                module.take_train_sums(rows),
+                module.validation_means(val_sums, count, self.rules.batch_mean_validation),
+                correct / max(count, 1),
+            ]
         ).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
