@@ -278,12 +278,12 @@ def cuda_only(reason: str = "needs a CUDA GPU"):
 
 
 def assert_members_equal_singles(stack, singles, atol: float = 1e-12) -> None:
-    """Every member of a StackedClassifier holds the weights of its independently trained Classifier."""
+    """Every member of a StackedClassifier holds the weights of its independently trained stack of one."""
     import torch
 
     for m, single in enumerate(singles):
-        for name, p in single.model.named_parameters():
-            assert torch.allclose(stack.stack.member_state(m)[name], p.detach(), rtol=0, atol=atol), (m, name)
+        for name, p in single.stack.member_state(0).items():
+            assert torch.allclose(stack.stack.member_state(m)[name], p, rtol=0, atol=atol), (m, name)
 
 
 @pytest.fixture
