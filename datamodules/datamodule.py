@@ -18,6 +18,8 @@ eraser is then fitted on transformed data) or after it (fitted on the erased tra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import functools
 import logging
 import warnings
@@ -205,19 +207,18 @@ class ErasedDataModule(L.LightningDataModule):
         ``augment_per_batch``: protocol=original's, ``mdl.engine.protocol.LoopRules``)."""
         assert self.train_set is not None, "call setup() first"
         sources = [TrainSource(d.train_set.x, d.train_set.y, d._batch_eraser) for d in (self, *others)]
+        augment = self.options.augmentation()
         return StackedBatches(
             sources,
             prefixes,
             self.options.batch_size,
-            seed=self.seed,
-            augment=self.options.augmentation(),
+            seeds=self.seed if seeds is None else seeds,
+            augment=None if augment is None else replace(augment, per_batch=augment_per_batch),
             steps_per_group=steps_per_group,
             class_balance=self._class_balance(),
             member_ids=member_ids,
-            seeds=seeds,
             source_of=source_of,
             reshuffle=reshuffle,
-            augment_per_batch=augment_per_batch,
         )
 
     def val_dataloader(self, batch_size: int | None = None) -> EvalBatches:

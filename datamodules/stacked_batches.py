@@ -143,19 +143,17 @@ class StackedBatches:
         sources: Sequence[TrainSource],
         prefixes: list[int],
         batch_size: int,
-        seed: int = 0,
+        seeds: int | list[int] = 0,
         augment: Augmentation | None = None,
         steps_per_group: int = 1,
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
-        seeds: list[int] | None = None,
         source_of: list[int] | None = None,
         reshuffle: bool = True,
-        augment_per_batch: bool = False,
     ) -> None:
-        """``reshuffle``, ``augment_per_batch``: as ``MemberStream``'s ``shuffle`` and ``per_batch``. ``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
+        """``reshuffle`` False: every epoch each prefix in its order (protocol=original). ``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
         into ``sources``; default: every member from the first); ``member_ids``: each prefix's member id (default
-        0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (default ``seed`` for all:
+        0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (one int: the same for all,
         the members of one run; packed runs each have theirs); ``augment``: the crop and flip (None: none)."""
         self.sources = list(sources)
         x, y = self.sources[0].x, self.sources[0].y
@@ -191,7 +189,7 @@ class StackedBatches:
         ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
         if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
             raise ValueError(f"member ids {ids} must name each of the {len(prefixes)} prefixes once")
-        seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
+        seeds = [seeds] * len(prefixes) if isinstance(seeds, int) else list(seeds)
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
         self.streams = {
@@ -205,7 +203,7 @@ class StackedBatches:
                 flip,
                 weights(n, source),
                 reshuffle,
-                augment_per_batch,
+                augment is not None and augment.per_batch,
             )
             for m, n, s, source in zip(ids, prefixes, seeds, source_of)
         }

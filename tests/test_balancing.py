@@ -38,7 +38,7 @@ def test_rwy_stores_the_split_as_it_is() -> None:
 
 def rwy_epochs(y: torch.Tensor, epochs: int, seed: int = 0) -> list[torch.Tensor]:
     x = torch.zeros(len(y), 1)
-    loader = StackedBatches([TrainSource(x, y)], [len(y)], len(y), seed=seed, class_balance=4)
+    loader = StackedBatches([TrainSource(x, y)], [len(y)], len(y), seeds=seed, class_balance=4)
     return [loader.next().y[0, 0] for _ in range(epochs)]  # one batch per epoch
 
 
@@ -59,8 +59,8 @@ def test_rwy_draws_each_members_batches_from_its_own_prefix() -> None:
     y = imbalanced_labels()
     x = torch.arange(len(y), dtype=torch.float32)[:, None]
     prefix, batch = 700, 128
-    single = StackedBatches([TrainSource(x[:prefix], y[:prefix])], [prefix], batch, seed=3, class_balance=4)
-    stacked = StackedBatches([TrainSource(x, y)], [prefix, len(y)], batch, seed=3, class_balance=4)
+    single = StackedBatches([TrainSource(x[:prefix], y[:prefix])], [prefix], batch, seeds=3, class_balance=4)
+    stacked = StackedBatches([TrainSource(x, y)], [prefix, len(y)], batch, seeds=3, class_balance=4)
     for _ in range(2 * single.steps_per_pass):
         alone, group = single.next(), stacked.next()
         rows = group.weight[0, 0] > 0

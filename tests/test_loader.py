@@ -77,18 +77,18 @@ def test_protocol_original_draws_one_crop_and_flip_per_batch() -> None:
     batch's one crop offset and flip; batches draw their own, and the default draws per image."""
     x = images(1, side=16).expand(64, -1, -1, -1).contiguous()
     y = torch.zeros(64, dtype=torch.long)
-    per_batch = one_member(x, y, 16, augment=Augmentation(), seed=3, augment_per_batch=True)
+    per_batch = one_member(x, y, 16, augment=Augmentation(per_batch=True), seeds=3)
     batches = [xb for xb, _ in epoch(per_batch)]
     assert all(torch.equal(xb[i], xb[0]) for xb in batches for i in range(16))
     assert len({tuple(xb[0].flatten().tolist()) for xb in batches}) > 1
-    per_image = epoch(one_member(x, y, 16, augment=Augmentation(), seed=3))[0][0]
+    per_image = epoch(one_member(x, y, 16, augment=Augmentation(), seeds=3))[0][0]
     assert len({tuple(img.flatten().tolist()) for img in per_image}) > 1
 
 
 def test_protocol_original_keeps_the_prefix_order() -> None:
     """reshuffle False (protocol=original): the same order every epoch, the prefix's own."""
     x, y = images(40), torch.arange(40)
-    loader = one_member(x, y, 16, reshuffle=False, augment=Augmentation(), seed=1, augment_per_batch=True)
+    loader = one_member(x, y, 16, reshuffle=False, augment=Augmentation(per_batch=True), seeds=1)
     for number in (0, 5):
         assert torch.equal(torch.cat([yb for _, yb in epoch(loader, number)]), y)
 
@@ -98,7 +98,7 @@ def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> N
     x, y = images(100, device=device), torch.arange(100, device=device)
 
     def epoch_batches(seed: int, number: int) -> list[Tensor]:
-        loader = one_member(x, y, 32, augment=Augmentation(), seed=seed)
+        loader = one_member(x, y, 32, augment=Augmentation(), seeds=seed)
         return [torch.cat([xb.flatten(1), yb[:, None].to(xb.dtype)], 1) for xb, yb in epoch(loader, number)]
 
     first, again = epoch_batches(0, 3), epoch_batches(0, 3)
@@ -109,7 +109,7 @@ def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> N
 
 def test_loader_serves_every_example_once_per_epoch() -> None:
     x, y = images(70), torch.arange(70)
-    batches = epoch(one_member(x, y, 32, seed=5))
+    batches = epoch(one_member(x, y, 32, seeds=5))
     assert len(batches) == 3
     ys = torch.cat([yb for _, yb in batches])
     assert sorted(ys.tolist()) == list(range(70))
@@ -129,7 +129,7 @@ def test_no_host_reads_or_transfers_per_batch(device: str) -> None:
     CPU-only machine the device check is trivially met and the scalar-read check is the content.
     """
     x, y = images(256, device=device), torch.arange(256, device=device)
-    loader = one_member(x, y, 64, augment=Augmentation(), seed=0)
+    loader = one_member(x, y, 64, augment=Augmentation(), seeds=0)
     pointer = x.data_ptr()
     with RecordOps() as record:
         batches = [(g.x, g.y) for g in loader]
@@ -147,7 +147,7 @@ def test_an_epochs_crops_and_flips_are_drawn_at_once() -> None:
     draw per batch would be tiny kernels between a GPU's steps (per model, in the stacked engine)."""
     x, y = images(256), torch.arange(256)
     for batch_size in (128, 16):
-        loader = one_member(x, y, batch_size, augment=Augmentation(), seed=0)  # epoch 0 drawn when made
+        loader = one_member(x, y, batch_size, augment=Augmentation(), seeds=0)  # epoch 0 drawn when made
         with RecordOps() as record:
             batches = list(loader)  # and epoch 1 once epoch 0's last batch is drawn
         draws = [name for name in record.kernels if "rand" in name]
@@ -204,7 +204,7 @@ def test_augment_then_erase_erases_each_augmented_batch() -> None:
     before = data_module("leace", augment=True, augment_order="augment_then_erase")
     after = data_module("leace", augment=True, augment_order="erase_then_augment")
     raw_x, raw_y = before.train_set.x, before.train_set.y  # kept raw in this order
-    plain = one_member(raw_x, raw_y, 50, augment=Augmentation(), seed=0)
+    plain = one_member(raw_x, raw_y, 50, augment=Augmentation(), seeds=0)
     served = [epoch(dm.stacked_train_loader([dm.num_train])) for dm in (before, after)]
     for (xa, ya), (xr, yr), (xe, _) in zip(served[0], epoch(plain), served[1]):
         assert torch.equal(ya, yr)

@@ -58,12 +58,12 @@ def test_each_member_sees_the_batches_it_sees_alone(augment: bool) -> None:
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
     stacked = StackedBatches(
-        [TrainSource(x, y)], prefixes, batch, seed=7, augment=crop_flip(augment), steps_per_group=4
+        [TrainSource(x, y)], prefixes, batch, seeds=7, augment=crop_flip(augment), steps_per_group=4
     )
     steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
-        alone = StackedBatches([TrainSource(x[:n], y[:n])], [n], batch, seed=7, augment=crop_flip(augment))
+        alone = StackedBatches([TrainSource(x[:n], y[:n])], [n], batch, seeds=7, augment=crop_flip(augment))
         expected[m] = []
         for _ in range(3 * alone.steps_per_pass):
             group = alone.next()
@@ -180,7 +180,7 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
     kernels = {}
     for members in (2, 7):
         batches = StackedBatches(
-            [TrainSource(x, y)], [640] * members, 32, seed=0, augment=crop_flip(augment), steps_per_group=4
+            [TrainSource(x, y)], [640] * members, 32, seeds=0, augment=crop_flip(augment), steps_per_group=4
         )
         groups = iter(batches)
         next(groups)  # past the epoch's start (its shuffle and draws)
@@ -193,7 +193,10 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
 
 def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> None:
     x, y = torch.rand(300, 3, 8, 8), torch.randint(0, 10, (300,))
-    make = lambda: StackedBatches([TrainSource(x, y)], [70, 300], 32, seed=5, augment=Augmentation(), steps_per_group=3)  # noqa: E731
+
+    def make() -> StackedBatches:
+        return StackedBatches([TrainSource(x, y)], [70, 300], 32, seeds=5, augment=Augmentation(), steps_per_group=3)
+
     uninterrupted, resumed = make(), make()
     for _ in range(4):
         uninterrupted.next()
@@ -218,7 +221,7 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
     )
     alone = {
         m: StackedBatches(
-            [own[sources[m]]], [prefixes[m]], 16, seed=seeds[m], augment=crop_flip(augment), steps_per_group=3
+            [own[sources[m]]], [prefixes[m]], 16, seeds=seeds[m], augment=crop_flip(augment), steps_per_group=3
         )
         for m in range(5)
     }

@@ -104,6 +104,8 @@ class StackedProtocol(L.Callback):
         return [m for m in self.members if m not in self.outcomes]
 
     def on_train_start(self, trainer: L.Trainer, module: StackedClassifier) -> None:
+        """Before the first step (or the first after a resume): hand a resumed fit's earlier epochs to the logger,
+        validate the untrained members when they are candidates, and set up what the loop rules need."""
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
         if self.rules.backtrack and len(module.members) > 1:
