@@ -182,8 +182,10 @@ class StackedModel(nn.Module):
             self.template.train(training)
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        return functional_call(
-            self.template, ({n: t[0] for n, t in params.items()}, {n: t[0] for n, t in buffers.items()}), (x,)
+        return functional_call(  # squeeze, not [0]: its backward is a view, select's a zeroed copy per parameter
+            self.template,
+            ({n: t.squeeze(0) for n, t in params.items()}, {n: t.squeeze(0) for n, t in buffers.items()}),
+            (x,),
         )
 
     def keep(self, rows: Tensor) -> dict[nn.Parameter, nn.Parameter]:
