@@ -7,7 +7,7 @@ Both paths serve shuffled batches of CIFAR-shaped float32 images with a random c
 round(0.125 * side)) and a horizontal flip per image. The DataLoader path is the usual one:
 a TensorDataset on the host, torchvision's RandomCrop + RandomHorizontalFlip per sample, worker
 processes, and (for a GPU) pinned memory and a copy of every batch to the device. The device path
-is ``datamodules.loader.DeviceBatches`` with the split already on the device. Prints one line per
+is ``datamodules.stacked_batches.StackedBatches`` of one member with the split already on the device. Prints one line per
 setting and the ratio (device path / DataLoader); not a test.
 """
 
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from datamodules.augment import Augmentation, crop_padding  # noqa: E402
-from datamodules.loader import DeviceBatches  # noqa: E402
+from datamodules.stacked_batches import StackedBatches, TrainSource  # noqa: E402
 
 
 class AugmentedTensors(Dataset):
@@ -46,6 +46,16 @@ class AugmentedTensors(Dataset):
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Pairs:
+    """A one-member ``StackedBatches`` pass as (x, y) batches, as often as iterated."""
+
+    def __init__(self, loader: StackedBatches) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        return ((group.x, group.y) for group in self.loader)
 
 
 def rate(batches, device: torch.device, epochs: int, to_device: bool = False) -> float:
@@ -92,10 +102,9 @@ def main() -> None:
     for name in devices:
         device = torch.device(name)
         x, y = x_host.to(device), y_host.to(device)
-        ours = rate(
-            DeviceBatches(x, y, args.batch_size, shuffle=True, augment=Augmentation(), seed=0), device, args.epochs
-        )
-        print(f"[{name}] device path (DeviceBatches): {ours:10.1f} batches/s")
+        one = StackedBatches([TrainSource(x, y)], [len(y)], args.batch_size, augment=Augmentation())  # a fit of one
+        ours = rate(Pairs(one), device, args.epochs)
+        print(f"[{name}] device path (StackedBatches, one member): {ours:10.1f} batches/s")
         for workers in args.workers:
             loader = DataLoader(
                 AugmentedTensors(x_host, y_host, padding),

@@ -4,7 +4,7 @@
         [--skip-engines] [--kernels-only]
 
 Part 0 counts the kernel launches (aten ops that are not views) per optimizer step of all S
-models of the run: S models one after the other (sequential) against one stack (stacked). On a
+models of the run: S stacks of one after the other (sequential) against one stack of S (stacked). On a
 GPU a small model's step is bound by them; on a CPU they can be counted exactly.
 
 Part 1 runs the same configured run (default: the embedded default, digits + LEACE + MLP) with
@@ -13,10 +13,8 @@ set-up (so neither pays for fitting the eraser), and prints each wall time, the 
 MDL numbers; and the sequential engine as it was before time-based checkpoints (one every epoch).
 
 Part 2 trains one model on the full training set for ``--epochs`` epochs (no early stopping)
-through a hand-written loop (the same batches, steps, schedule-free modes and per-epoch
-validation), through the sequential engine (``fit_prefix``: Lightning, the Classifier,
-``mdl.steps_per_group`` steps per Lightning step, in-place validation, best-weight snapshots) and
-through the stacked engine's path with that one member (one fit, the StackedProtocol
+through a hand-written loop on the plain model (the same batches, steps, schedule-free modes and per-epoch
+validation) and through the engine's path with that one member (one fit of a stack of one, the StackedProtocol
 validating in place), and prints the ratios. The stacked engine is also timed against a hand
 loop doing its identical work (the stacked model's batched kernels, the padded-batch loss), which
 separates the framework's overhead from the cost of the stacked form itself.
@@ -46,17 +44,15 @@ from omegaconf import OmegaConf  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mdl.engine.trainer import make_trainer  # noqa: E402
-from mdl.engine.single_fit import fit_prefix  # noqa: E402
-from mdl.engine.fitting import Fitting  # noqa: E402
 from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
 from mdl.run.components import (  # noqa: E402
     make_datamodule,
     make_model_factory,
-    make_module_factory,
     make_optimizer,
     run_lr,
 )
 from mdl.run.experiment import quiet_lightning, run_experiment  # noqa: E402
+from models import mup_param_groups  # noqa: E402
 from models.stacked_module import StackedClassifier  # noqa: E402
 
 
@@ -83,30 +79,30 @@ def time_engine(overrides: list[str], engine: str, root: str) -> tuple[float, di
     return time.perf_counter() - start, results
 
 
-def hand_loop(make_module, dm, epochs: int) -> float:
-    """The framework's work without the framework: the same model built, the same batches, steps,
-    modes and validation."""
+def hand_loop(make_model, optimizer_factory, lr: float, dm, epochs: int) -> float:
+    """The framework's work without the framework: the same model built, the same batches (a fit of one member's),
+    steps, modes and validation."""
     sync(dm.device)
     start = time.perf_counter()
-    module = make_module().to(dm.device)
-    optimizer = module.configure_optimizers()
-    dm.use_prefix(None)  # ungrouped batches
-    train, val = dm.train_dataloader(), dm.val_dataloader()
-    for epoch in range(epochs):
+    model = make_model().to(dm.device)
+    optimizer = optimizer_factory(mup_param_groups(model, lr))
+    train, val = dm.stacked_train_loader([dm.num_train]), dm.val_dataloader()
+    for _ in range(epochs):
         optimizer.train()
-        train.set_epoch(epoch)
         total = torch.zeros((), dtype=torch.float64, device=dm.device)
-        for x, y in train:
-            loss = F.cross_entropy(module(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            total += loss.detach().double() * y.shape[0]
+        for group in train:  # one pass: one epoch of the one member
+            for x, y, w in zip(group.x[:, 0], group.y[:, 0], group.weight[:, 0]):
+                nats = F.cross_entropy(model(x), y, reduction="none") * w
+                loss = nats.sum() / w.sum()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total += nats.detach().sum().double()
         optimizer.eval()
-        module.eval()  # as any correct validation (dropout, normalisation statistics)
+        model.eval()  # as any correct validation (dropout, normalisation statistics)
         with torch.no_grad():
-            v = sum(F.cross_entropy(module(x), y, reduction="sum").double() for x, y in val)
-        module.train()
+            v = sum(F.cross_entropy(model(x), y, reduction="sum").double() for x, y in val)
+        model.train()
         float(total), float(v)  # the one read per epoch the framework also makes
     sync(dm.device)
     return time.perf_counter() - start
@@ -135,25 +131,15 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
     cfg = compose_run(overrides, root)
     dm = make_datamodule(cfg)
     torch.set_num_threads(cfg.trainer.torch_threads or torch.get_num_threads())
-    make = make_module_factory(cfg, dm.num_classes, dm.input_shape)
     kwargs = {**OmegaConf.to_container(cfg.trainer.kwargs, resolve=True), "max_epochs": epochs}
     make_model = make_model_factory(cfg, dm.num_classes, dm.input_shape)
-    timings = {"hand": [], "sequential": [], "stacked": [], "hand stacked": []}
+    timings = {"hand": [], "stacked": [], "hand stacked": []}
     for _ in range(rounds):  # interleaved; each form's fastest round counts (noise only ever adds time)
         L.seed_everything(0, verbose=False)
-        timings["hand"].append(hand_loop(make, dm, epochs))
+        timings["hand"].append(hand_loop(make_model, make_optimizer(cfg), run_lr(cfg), dm, epochs))
         L.seed_everything(0, verbose=False)
         start = time.perf_counter()
-        fit_prefix(
-            dm,
-            None,
-            make,
-            Fitting(kwargs, 10**6, Path(root), steps_per_group=cfg.mdl.steps_per_group, paper_loss="val_min"),
-        )
-        sync(dm.device)
-        timings["sequential"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        stacked_single_fit(dm, make_model, make_optimizer(cfg), run_lr(cfg), kwargs, epochs, cfg.mdl.steps_per_group)
+        one_member_fit(dm, make_model, make_optimizer(cfg), run_lr(cfg), kwargs, epochs, cfg.mdl.steps_per_group)
         sync(dm.device)
         timings["stacked"].append(time.perf_counter() - start)
 
@@ -164,13 +150,12 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
             return dm.stacked_train_loader([dm.num_train], cfg.mdl.steps_per_group)
 
         timings["hand stacked"].append(hand_loop_stacked(make_stacked, make_loader, dm.val_dataloader(), epochs))
-    hand, hand_stacked, seq, stk = (min(timings[k]) for k in ("hand", "hand stacked", "sequential", "stacked"))
+    hand, hand_stacked, stk = (min(timings[k]) for k in ("hand", "hand stacked", "stacked"))
     steps = epochs * math.ceil(dm.num_train / dm.batch_size)
     print(
         f"single model, {epochs} epochs ({steps} steps, {cfg.mdl.steps_per_group} per group): hand loop {hand:.2f} s | "
-        f"sequential engine {seq:.2f} s (framework/hand = {seq / hand:.2f}) | stacked engine with one member "
-        f"{stk:.2f} s, hand loop of the same stacked work {hand_stacked:.2f} s (framework/hand = "
-        f"{stk / hand_stacked:.2f}; stacked engine/plain hand loop = {stk / hand:.2f})"
+        f"the engine with one member {stk:.2f} s (framework/hand = {stk / hand:.2f}), hand loop of the same work "
+        f"through the stack of one {hand_stacked:.2f} s (framework/that = {stk / hand_stacked:.2f})"
     )
 
 
@@ -190,21 +175,22 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     """Kernel launches per optimizer step of every model of a run: S models one after the other
     (sequential) against one stack of S members. A small model's GPU step is bound by launches, so
     this ratio, counted here on the CPU, is what the stacked engine can save there."""
-    from datamodules.loader import BatchGroup
     from mdl.schedule import block_boundaries
 
     cfg = compose_run(overrides, root)
     dm = make_datamodule(cfg)
     members = len(block_boundaries(dm.num_train, cfg.mdl.num_blocks, cfg.mdl.first_block))
     steps = 4
-    dm.use_prefix(None)
-    batches = [batch for batch, _ in zip(dm.train_dataloader(), range(steps))]
-    single = make_module_factory(cfg, dm.num_classes, dm.input_shape)().to(dm.device)
+    make_model = make_model_factory(cfg, dm.num_classes, dm.input_shape)
+    single = StackedClassifier(build_members(make_model, [0], dm.device), make_optimizer(cfg), run_lr(cfg))
+    single.to(dm.device)
+    batches = iter(dm.stacked_train_loader([dm.num_train], steps))
     optimizer = single.configure_optimizers()
     optimizer.train()
-    single.train_group(BatchGroup(batches), optimizer)  # the first steps create the optimizer's state
+    single.train_group(next(batches), optimizer)  # the first steps create the optimizer's state
+    first = next(batches)
     with CountKernels() as one:
-        single.train_group(BatchGroup(batches), optimizer)
+        single.train_group(first, optimizer)
     stack = StackedClassifier(
         build_members(make_model_factory(cfg, dm.num_classes, dm.input_shape), list(range(members)), dm.device),
         make_optimizer(cfg),
@@ -218,7 +204,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     group = next(loader)  # gathered outside the count: the steps alone, as above
     with CountKernels() as stacked:
         stack.train_group(group, optimizer)
-    per_model, stk = one.kernels / len(batches), stacked.kernels / group.steps
+    per_model, stk = one.kernels / first.steps, stacked.kernels / group.steps
     print(
         f"kernels per optimizer step of all {members} models of a run ({cfg.model.name}): sequential "
         f"{members} x {per_model:.0f} = {members * per_model:.0f} | stacked {stk:.0f} | sequential/stacked = "
@@ -226,7 +212,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     )
 
 
-def stacked_single_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
+def one_member_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
     """The stacked engine's path (one Trainer.fit, the StackedProtocol) with the final model alone."""
     loader = dm.stacked_train_loader([dm.num_train], steps_per_group)
     module = StackedClassifier(build_members(make_model, [0], dm.device), optimizer, lr)

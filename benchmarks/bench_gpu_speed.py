@@ -3,11 +3,10 @@ compile), each as a ratio to plain fp32 measured in the same process.
 
     python benchmarks/bench_gpu_speed.py [--model convnext --width 128 --depth 1 --batch 128 --steps 60]
 
-One training step = the framework's own Classifier.training_step + backward + schedule-free AdamW
-step, on CIFAR-10-shaped random data already on the device (as the data module serves it).
-Compile is timed after its warm-up; the warm-up (compile) time is printed separately, and again
-for a second, freshly initialised model adopted by the same CompiledModel (what every later
-prequential block pays).
+One training step = the framework's own StackedClassifier.step_loss of a stack of one (a fit of one member: its
+plain model) + backward + schedule-free AdamW step, on CIFAR-10-shaped random data already on the device (as the
+data module serves it). Compile is timed after its warm-up; the warm-up (compile) time is printed separately, and
+again for a second, freshly initialised stack of one (what every later fit of one member pays).
 """
 
 from __future__ import annotations
@@ -22,8 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import schedulefree  # noqa: E402
 import torch  # noqa: E402
 
-from models import Classifier, create_model  # noqa: E402
-from models.precision import CompiledModel, set_float32_precision  # noqa: E402
+from models import create_model  # noqa: E402
+from models.precision import set_float32_precision  # noqa: E402
+from models.stacked_module import StackedClassifier  # noqa: E402
+from models.stacking import StackedModel  # noqa: E402
 
 SETTINGS = {
     "fp32 (highest)": dict(precision="fp32", matmul="highest", channels_last=False, compile=False),
@@ -36,29 +37,27 @@ SETTINGS = {
 }
 
 
-def build(
-    args: argparse.Namespace, setting: dict, compiled: CompiledModel | None
-) -> tuple[Classifier, torch.optim.Optimizer]:
+def build(args: argparse.Namespace, setting: dict) -> tuple[StackedClassifier, torch.optim.Optimizer]:
     model = create_model(args.model, args.width, args.depth, 10, (3, 32, 32), base_width=args.base_width)
-    if compiled is not None:
-        model = compiled.adopt(model)
-    module = Classifier(
-        model,
+    module = StackedClassifier(
+        StackedModel([model], channels_last=setting["channels_last"]),
         lambda g: schedulefree.AdamWScheduleFree(g, warmup_steps=0),
-        lr=1e-3,
+        1e-3,
         precision=setting["precision"],
-        channels_last=setting["channels_last"],
     ).cuda()
+    if setting["compile"]:
+        module.stack.compile("inductor")
     optimizer = module.configure_optimizers()
     optimizer.train()
     return module, optimizer
 
 
-def run_steps(module: Classifier, optimizer: torch.optim.Optimizer, batches: list, steps: int) -> float:
+def run_steps(module: StackedClassifier, optimizer: torch.optim.Optimizer, batches: list, steps: int) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i in range(steps):
-        loss = module.training_step(batches[i % len(batches)], i)
+        x, y = batches[i % len(batches)]
+        loss = module.step_loss(x[None], y[None], torch.ones(1, y.shape[0], device=y.device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -90,15 +89,14 @@ def main() -> None:
     reference = None
     for name, setting in SETTINGS.items():
         set_float32_precision(setting["matmul"])
-        compiled = CompiledModel("inductor") if setting["compile"] else None
-        module, optimizer = build(args, setting, compiled)
+        module, optimizer = build(args, setting)
         warm = run_steps(module, optimizer, batches, 5)
         seconds = run_steps(module, optimizer, batches, args.steps)
         rate = args.steps * args.batch / seconds
         reference = reference or rate
         extra = ""
-        if compiled is not None:  # what the next prequential block pays: a fresh model, same compiled code
-            module2, optimizer2 = build(args, setting, compiled)
+        if setting["compile"]:  # what the next fit of one member pays: a fresh stack of one
+            module2, optimizer2 = build(args, setting)
             warm2 = run_steps(module2, optimizer2, batches, 5)
             extra = f"  warm-up (compile) {warm:.1f}s, next block's warm-up {warm2:.2f}s"
         print(f"{name:46s} {rate:10.0f} ex/s  {rate / reference:5.2f}x{extra}", flush=True)

@@ -5,7 +5,7 @@ one member; ConvNeXt w64, 10 members, bf16 + compile at least 2x one member with
     python benchmarks/bench_stacked_speed.py --model convnext --width 64 --members 10
     python benchmarks/bench_stacked_speed.py --model mlp --width 1024 --members 10 --settings fp32
 
-A step is the framework's own (benchmarks/step_timing.py): Classifier.train_group (one member, channels-last for
+A step is the framework's own (benchmarks/step_timing.py): StackedClassifier.train_group (a stack of one, channels-last for
 conv nets as trainer=gpu sets it) or StackedClassifier.train_group (M members, each its own batch), backward and
 schedule-free AdamW, on CIFAR-10-shaped random data already on the device; the fastest of --steps steps after
 three of warm-up. Throughput counts every member's examples. Compiled steps' warm-up time is printed. Runs on a

@@ -1,5 +1,5 @@
-"""The framework's own training step and validation batch, timed: one member (``Classifier``) or a stack of M
-members (``StackedClassifier``, each member its own batch), as a fit of ``mdl.members_per_fit`` members runs them.
+"""The framework's own training step and validation batch, timed: a stack of M >= 1 members (``StackedClassifier``,
+each member its own batch; a stack of one runs its plain model), as a fit of ``mdl.members_per_fit`` members runs them.
 
 Used by bench_stacked_speed.py (one member against a stack, per speed setting) and bench_epoch_times.py (the cost
 table's rows). A step is ``train_group``: forward, backward and the optimizer step, on random data already on the
@@ -16,9 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from datamodules.loader import BatchGroup
 from datamodules.stacked_batches import StackedBatch
-from models import Classifier
 from models.stacked_module import StackedClassifier
 from models.precision import set_float32_precision
 from models.stacking import StackedModel
@@ -41,7 +39,7 @@ class Timed:
     """A module ready to step: its batch (one per member) and its optimizer in training mode."""
 
     module: nn.Module
-    batch: BatchGroup | StackedBatch
+    batch: StackedBatch
     optimizer: torch.optim.Optimizer
     members: int
     x: torch.Tensor  # one member's batch of inputs (for validation timing)
@@ -61,8 +59,8 @@ def build(
     backend: str = "inductor",
     num_classes: int = 10,
 ) -> Timed:
-    """One member's Classifier (``members`` 1) or the stack of ``members`` freshly built models, set up as a fit
-    of that many members sets them up (precision, compile, channels-last for one member's conv nets)."""
+    """The stack of ``members`` freshly built models, set up as a fit of that many members sets them up (precision,
+    compile, channels-last for a stack of one's conv nets; ``mup`` is read from the models themselves)."""
     if setting not in SETTINGS:
         raise ValueError(f"unknown speed setting {setting!r}; choose from {sorted(SETTINGS)}")
     precision, compiled, matmul_precision = SETTINGS[setting]
@@ -71,20 +69,11 @@ def build(
         torch._dynamo.reset()  # stacks reaches dynamo's recompile limit and silently times the later ones uncompiled
     x = torch.rand(members, batch, *shape, device=device)
     y = torch.randint(0, num_classes, (members, batch), device=device)
-    if members == 1:
-        module = Classifier(
-            make_model(), optimizer, lr=lr, precision=precision, channels_last=channels_last, mup=mup
-        ).to(device)
-        if compiled:
-            module.model.compile(backend=backend)
-        group: BatchGroup | StackedBatch = BatchGroup([(x[0], y[0])])
-    else:
-        module = StackedClassifier(
-            StackedModel([make_model().to(device) for _ in range(members)]), optimizer, lr, precision=precision
-        ).to(device)
-        if compiled:
-            module.stack.compile(backend)
-        group = StackedBatch(x[None], y[None], torch.ones(1, members, batch, device=device), list(range(members)))
+    stack = StackedModel([make_model().to(device) for _ in range(members)], channels_last=channels_last)
+    module = StackedClassifier(stack, optimizer, lr, precision=precision).to(device)
+    if compiled:
+        module.stack.compile(backend)
+    group = StackedBatch(x[None], y[None], torch.ones(1, members, batch, device=device), list(range(members)))
     opt = module.configure_optimizers()
     opt.train()
     return Timed(module, group, opt, members, x[0])
@@ -122,7 +111,7 @@ def seconds_per_eval_batch(timed: Timed, eval_batch: int, device: torch.device, 
         for _ in range(repeats + 1):  # the first pass warms up
             _synchronize(device)
             start = time.perf_counter()
-            module(x)
+            module.stack(x[None])
             _synchronize(device)
             best = min(best, time.perf_counter() - start)
     return best

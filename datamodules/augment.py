@@ -31,11 +31,13 @@ def crop_padding(side: int, fraction: float) -> int:
 class Augmentation:
     """How training batches are augmented (``data.augment``): a random crop of the image padded by
     round(padding_fraction * side) on each side (filled as ``pad_mode`` says) and, with ``flip``, a random
-    horizontal flip."""
+    horizontal flip; ``per_batch``: one crop offset and one flip for a whole batch (protocol=original's
+    ``augment_per_batch``), else one per image."""
 
     flip: bool = True
     padding_fraction: float = 0.125
     pad_mode: str = "constant"
+    per_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.pad_mode not in PAD_MODES:

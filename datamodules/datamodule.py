@@ -4,8 +4,8 @@
 names -> erase and diagnose (datamodules.erasing), the fitted eraser and the erased splits each cached on disk
 (datamodules.cache) under the keys of ``DataOptions`` (datamodules.options). Every job of a sweep that shares
 those reuses them; a cache hit does not even load the source. Afterwards every split is one tensor on the training
-device and batches come from ``DeviceBatches``. The training split is stored in its (seeded) shuffled order, which is
-also the prequential order: ``use_prefix(n)`` makes the loaders serve its first n examples.
+device: training batches come from ``stacked_train_loader`` (each member its prefix), evaluation batches from
+``EvalBatches``. The training split is stored in its (seeded) shuffled order, which is also the prequential order.
 
 Two optional steps around the eraser (both off by default, both part of the cache keys):
 ``balance`` (the gradient-starvation thesis, ch. 8): suby subsamples the training split by class before
@@ -17,6 +17,8 @@ eraser is then fitted on transformed data) or after it (fitted on the erased tra
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import functools
 import logging
@@ -33,7 +35,7 @@ from datamodules.erasing import erase_splits, fit_on_scope, fit_options
 from datamodules.erasure_checks import eraser_on, erasure_warnings
 from datamodules.fit_progress import PartialFit
 from datamodules.interrupts import interruptible, saved_if_abandoned
-from datamodules.loader import BatchTransform, DeviceBatches, GroupedBatches
+from datamodules.loader import BatchTransform, EvalBatches
 from datamodules.options import DataOptions, EraserOptions
 from datamodules.redraw import pool_rows, redrawn_orders
 from datamodules.sources import ImageSet
@@ -56,9 +58,6 @@ class ErasedDataModule(L.LightningDataModule):
         self.options = options
         self.seed = seed
         self.cache = ErasureCache(options.cache_dir)
-        self.prefix: int | None = None
-        self.reshuffle, self.augment_per_batch = True, False  # the training loop's (use_prefix)
-        self.steps_per_group = 1  # training batches per Lightning step (use_prefix)
         self.eraser: Eraser | None = None
         self.train_set: ImageSet | None = None
         self.diagnostics: dict[str, Any] = {}
@@ -186,36 +185,6 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         return len(self.train_set)
 
-    def use_prefix(
-        self, n: int | None, steps_per_group: int = 1, reshuffle: bool = True, augment_per_batch: bool = False
-    ) -> None:
-        """Serve only the first n training examples (the prequential prefix; None = all), in groups
-        of ``steps_per_group`` batches per Lightning step when that is more than 1. ``reshuffle`` False:
-        the prefix in its order every epoch; ``augment_per_batch``: one crop and flip per batch (both
-        protocol=original, ``mdl.engine.protocol.LoopRules``)."""
-        if n is not None and not 0 < n <= self.num_train:
-            raise ValueError(f"prefix {n} outside 1..{self.num_train}")
-        if steps_per_group < 1:
-            raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
-        self.prefix, self.steps_per_group = n, steps_per_group
-        self.reshuffle, self.augment_per_batch = reshuffle, augment_per_batch
-
-    def train_dataloader(self) -> DeviceBatches | GroupedBatches:
-        assert self.train_set is not None, "call setup() first"
-        n = self.prefix or self.num_train
-        batches = DeviceBatches(
-            self.train_set.x[:n],
-            self.train_set.y[:n],
-            self.options.batch_size,
-            shuffle=self.reshuffle,
-            augment=self.options.augmentation(),
-            seed=self.seed,
-            transform=self._batch_eraser,
-            class_balance=self._class_balance(),
-            augment_per_batch=self.augment_per_batch,
-        )
-        return GroupedBatches(batches, self.steps_per_group) if self.steps_per_group > 1 else batches
-
     def _class_balance(self) -> int | None:
         """The class count the training batches are balanced over (data.balance=rwy), else None."""
         return self.num_classes if self.options.balance == "rwy" else None
@@ -228,38 +197,42 @@ class ErasedDataModule(L.LightningDataModule):
         seeds: list[int] | None = None,
         others: Sequence[ErasedDataModule] = (),
         source_of: list[int] | None = None,
+        reshuffle: bool = True,
+        augment_per_batch: bool = False,
     ) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
         groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
-        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1])."""
+        packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1]; ``reshuffle``,
+        ``augment_per_batch``: protocol=original's, ``mdl.engine.protocol.LoopRules``)."""
         assert self.train_set is not None, "call setup() first"
         sources = [TrainSource(d.train_set.x, d.train_set.y, d._batch_eraser) for d in (self, *others)]
+        augment = self.options.augmentation()
         return StackedBatches(
             sources,
             prefixes,
             self.options.batch_size,
-            seed=self.seed,
-            augment=self.options.augmentation(),
+            seeds=self.seed if seeds is None else seeds,
+            augment=None if augment is None else replace(augment, per_batch=augment_per_batch),
             steps_per_group=steps_per_group,
             class_balance=self._class_balance(),
             member_ids=member_ids,
-            seeds=seeds,
             source_of=source_of,
+            reshuffle=reshuffle,
         )
 
-    def val_dataloader(self, batch_size: int | None = None) -> DeviceBatches:
+    def val_dataloader(self, batch_size: int | None = None) -> EvalBatches:
         """Validation batches of ``batch_size`` (None: data.eval_batch_size; protocol.batch_mean_validation: the
         training batch size, as the original validated)."""
-        return DeviceBatches(self.val_set.x, self.val_set.y, batch_size or self.options.eval_batch_size)
+        return EvalBatches(self.val_set.x, self.val_set.y, batch_size or self.options.eval_batch_size)
 
-    def test_dataloader(self) -> DeviceBatches:
-        return DeviceBatches(self.test_set.x, self.test_set.y, self.options.eval_batch_size)
+    def test_dataloader(self) -> EvalBatches:
+        return EvalBatches(self.test_set.x, self.test_set.y, self.options.eval_batch_size)
 
-    def eval_loader(self, start: int, stop: int) -> DeviceBatches:
+    def eval_loader(self, start: int, stop: int) -> EvalBatches:
         """Unaugmented batches of training examples [start, stop): the next prequential block."""
         assert self.train_set is not None, "call setup() first"
-        return DeviceBatches(
+        return EvalBatches(
             self.train_set.x[start:stop],
             self.train_set.y[start:stop],
             self.options.eval_batch_size,

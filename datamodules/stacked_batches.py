@@ -1,9 +1,8 @@
 """Batches for a stack of models, each drawing from its own prefix of a training set.
 
 Member m trains on train[:n_m]. Its epoch e is a shuffle ``randperm(n_m)`` (with ``class_balance``,
-n_m class-balanced draws with replacement) and crop/flip draws
-from its own generator seeded exactly as ``DeviceBatches`` seeds epoch e (datamodules.loader),
-so a member sees the batches the model of that prefix fitted alone sees. One global
+n_m class-balanced draws with replacement) and crop/flip draws from its own generator, seeded by its seed and e
+alone (datamodules.loader ``epoch_generator``), so a member sees the batches it sees in a fit of its own. One global
 step takes the next batch of every member still training; the batches are padded to a common
 batch size with per-example weights 0 where a member's last batch is short.
 
@@ -59,7 +58,7 @@ class StackedBatch:
 
 
 class MemberStream:
-    """One member's endless sequence of epochs over train[:n], as ``DeviceBatches`` would draw them."""
+    """One member's endless sequence of epochs over train[:n]."""
 
     def __init__(
         self,
@@ -71,10 +70,15 @@ class MemberStream:
         pads: tuple[int, int],
         flip: bool,
         weights: Tensor | None = None,
+        shuffle: bool = True,
+        per_batch: bool = False,
     ):
+        """``shuffle`` False: every epoch the prefix in its order; ``per_batch``: one crop and flip per batch (both
+        protocol=original, ``mdl.engine.protocol.LoopRules``)."""
         self.n, self.batch_size, self.seed, self.device = n, batch_size, seed, device
         self.weights = weights  # class-balanced sampling weights of the prefix (data.balance=rwy), or None
         self.augment, self.pads, self.flip = augment, pads, flip
+        self.shuffle, self.per_batch = shuffle, per_batch
         self.steps_per_epoch = -(-n // batch_size)
         self.epoch, self.step = 0, 0  # the next batch to draw
         self._start_epoch()
@@ -82,7 +86,11 @@ class MemberStream:
     def _start_epoch(self) -> None:
         """This epoch's shuffle, laid out as (steps, batch_size) rows padded with example 0."""
         self.generator = epoch_generator(self.seed, self.epoch, self.device)
-        order = epoch_order(self.n, self.generator, self.device, self.weights)
+        order = (
+            epoch_order(self.n, self.generator, self.device, self.weights)
+            if self.shuffle
+            else torch.arange(self.n, device=self.device)
+        )
         padded = self.steps_per_epoch * self.batch_size
         self.rows = torch.zeros(padded, dtype=torch.long, device=self.device)
         self.rows[: self.n] = order
@@ -90,8 +98,12 @@ class MemberStream:
         self.valid = (
             (torch.arange(padded, device=self.device) < self.n).float().view(self.steps_per_epoch, self.batch_size)
         )
-        self.crops = None  # the epoch's crop/flip draws as DeviceBatches draws them, laid out as the rows
-        if self.augment:
+        self.crops = None  # the epoch's crop/flip draws, laid out as the rows
+        if self.augment and self.per_batch:  # one draw per batch, for each of its images
+            drawn = crop_flip_params(self.steps_per_epoch, *self.pads, self.flip, self.generator, self.device)
+            shape = (self.steps_per_epoch, self.batch_size)
+            self.crops = CropFlip(*(t[:, None].expand(shape) for t in (drawn.dy, drawn.dx, drawn.flip)))
+        elif self.augment:
             drawn = _pad(crop_flip_params(self.n, *self.pads, self.flip, self.generator, self.device), padded)
             self.crops = CropFlip(
                 *(t.view(self.steps_per_epoch, self.batch_size) for t in (drawn.dy, drawn.dx, drawn.flip))
@@ -131,17 +143,17 @@ class StackedBatches:
         sources: Sequence[TrainSource],
         prefixes: list[int],
         batch_size: int,
-        seed: int = 0,
+        seeds: int | list[int] = 0,
         augment: Augmentation | None = None,
         steps_per_group: int = 1,
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
-        seeds: list[int] | None = None,
         source_of: list[int] | None = None,
+        reshuffle: bool = True,
     ) -> None:
-        """``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
+        """``reshuffle`` False: every epoch each prefix in its order (protocol=original). ``sources``: the training sets members draw from (of one shape), each prefix from ``source_of``'s (index
         into ``sources``; default: every member from the first); ``member_ids``: each prefix's member id (default
-        0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (default ``seed`` for all:
+        0, 1, ...), e.g. a run's block indices; ``seeds``: each prefix's batch-order seed (one int: the same for all,
         the members of one run; packed runs each have theirs); ``augment``: the crop and flip (None: none)."""
         self.sources = list(sources)
         x, y = self.sources[0].x, self.sources[0].y
@@ -158,6 +170,10 @@ class StackedBatches:
             raise ValueError(
                 f"augmentation needs images (n, c, h, w), got shape {tuple(x.shape)}; set data.augment=false"
             )
+        if class_balance is not None and not reshuffle:
+            raise ValueError(
+                "class-balanced sampling (data.balance=rwy) draws every epoch anew: not with protocol.reshuffle=false"
+            )
         if steps_per_group < 1:
             raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
         self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, steps_per_group
@@ -173,11 +189,22 @@ class StackedBatches:
         ids = list(range(len(prefixes))) if member_ids is None else list(member_ids)
         if len(ids) != len(prefixes) or len(set(ids)) != len(ids):
             raise ValueError(f"member ids {ids} must name each of the {len(prefixes)} prefixes once")
-        seeds = [seed] * len(prefixes) if seeds is None else list(seeds)
+        seeds = [seeds] * len(prefixes) if isinstance(seeds, int) else list(seeds)
         if len(seeds) != len(prefixes):
             raise ValueError(f"{len(seeds)} batch-order seeds for {len(prefixes)} prefixes")
         self.streams = {
-            m: MemberStream(n, batch_size, s, x.device, augment is not None, pads, flip, weights(n, source))
+            m: MemberStream(
+                n,
+                batch_size,
+                s,
+                x.device,
+                augment is not None,
+                pads,
+                flip,
+                weights(n, source),
+                reshuffle,
+                augment is not None and augment.per_batch,
+            )
             for m, n, s, source in zip(ids, prefixes, seeds, source_of)
         }
         self.source_of = dict(zip(ids, source_of))

@@ -1,4 +1,4 @@
-"""Model builders (a registry), muP set-up and the LightningModule that trains them."""
+"""Model builders (a registry) and muP set-up; the LightningModule that trains them is models.stacked_module."""
 
 from models.dependencies import check_dependencies
 
@@ -6,18 +6,15 @@ check_dependencies()  # before timm's builders: an old stack gets a message, not
 
 from models.registry import available_models, create_model, register_model
 from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_shapes
-from models.module import Classifier, total_bits
 
 # Importing a module registers its models; convnext and swin (timm) register when first asked for (models.registry).
 from models import lenet, mlp  # noqa: E402,F401
 
 __all__ = [
-    "Classifier",
     "available_models",
     "create_model",
     "depth_scaled_lr",
     "mup_param_groups",
     "register_model",
     "restore_base_shapes",
-    "total_bits",
 ]

@@ -1,7 +1,6 @@
-"""What the LightningModules need of a batch that is more than one (x, y) pair.
+"""What the LightningModule needs of a training batch: the stacked members' batches of a group of steps.
 
-The data side (``datamodules.loader.BatchGroup``, ``datamodules.stacked_batches.StackedBatch``)
-builds them; models only say what they read, so models import nothing from datamodules (docs/architecture.md's
+The data side (``datamodules.stacked_batches.StackedBatch``) builds them; models only say what they read, so models import nothing from datamodules (docs/architecture.md's
 layers: mdl -> (models, datamodules) -> erasure).
 """
 
@@ -11,15 +10,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-
-
-@runtime_checkable
-class StepGroup(Protocol):
-    """Consecutive (x, y) batches of one epoch, trained in one Lightning step (models.manual_steps)."""
-
-    batches: list[tuple[Tensor, Tensor]]
-
-    def to(self, device: torch.device) -> StepGroup: ...
 
 
 @runtime_checkable

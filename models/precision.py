@@ -1,8 +1,7 @@
 """Speed settings of a run: one mixed-precision switch, channels-last memory, reusable torch.compile.
 
 They are settings of the training run (``trainer.precision``, ``trainer.channels_last``,
-``trainer.compile``; conf/trainer/), not of a model's shapes, and ``models.module.Classifier``
-applies them:
+``trainer.compile``; conf/trainer/), not of a model's shapes; the stacked model (``models.stacking``) applies them:
 
 - ``precision``: ``fp32`` (default; exact, and on CUDA TF32 in matmuls and convolutions only if
   ``trainer.matmul_precision`` allows it: set_float32_precision) or ``bf16`` (every forward pass under bf16 autocast: training, validation and the
@@ -10,11 +9,9 @@ applies them:
   in float64 whatever the compute dtype, so bf16 changes the numbers only through the rounding of
   the forward pass (about 3 significant digits per activation). It is the one switch: Lightning's
   own ``precision`` argument stays at 32-true.
-- ``channels_last``: model and image batches in channels-last memory (faster convolutions on
+- ``channels_last``: a stack of one's weights and image batches in channels-last memory (faster convolutions on
   GPUs with bf16; same math).
-- ``compile``: torch.compile. The prequential driver builds a fresh model per block, so a
-  ``CompiledModel`` compiles the first one and loads each later block's freshly initialised
-  weights into that same compiled module: the compiled code is reused, not rebuilt per block.
+- ``compile``: torch.compile of the stacked computation, once per fit (``StackedModel.compile``).
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import os
 from typing import Any, ContextManager
 
 import torch
-from torch import nn
 
 PRECISIONS = ("fp32", "bf16")
 COMMON_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # built into torch (torch._dynamo.list_backends)
@@ -84,31 +80,3 @@ def share_compile_cache(folder: str | None) -> None:
     folder the environment names (TORCHINDUCTOR_CACHE_DIR) wins; null leaves torch's default (under /tmp)."""
     if folder and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-
-
-class CompiledModel:
-    """One compiled module per run, re-initialised for every prequential block.
-
-    ``adopt(fresh)`` compiles the first model it sees in place and returns it; for every later
-    (freshly built and initialised) model of the same architecture it copies the fresh weights
-    and buffers into the compiled one and returns that, so dynamo's cache is hit instead of
-    tracing and compiling again. Same initial weights as building fresh, same numbers.
-    """
-
-    def __init__(self, backend: str) -> None:
-        self.backend = backend
-        self.model: nn.Module | None = None
-
-    def adopt(self, fresh: nn.Module) -> nn.Module:
-        if self.model is None:
-            fresh.compile(backend=self.backend)
-            self.model = fresh
-            return fresh
-        target = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
-        source = dict(fresh.named_parameters()) | dict(fresh.named_buffers())
-        if {k: v.shape for k, v in target.items()} != {k: v.shape for k, v in source.items()}:
-            raise ValueError("CompiledModel.adopt: the new model's architecture differs from the compiled one")
-        with torch.no_grad():
-            for name, tensor in source.items():
-                target[name].data = tensor.data  # same Parameter objects: guards and muP shapes hold
-        return self.model

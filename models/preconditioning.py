@@ -37,10 +37,7 @@ class PreconditionFirstLayer(L.Callback):
         self.name = name
 
     def weight(self, pl_module: L.LightningModule) -> Tensor:
-        stack = getattr(pl_module, "stack", None)
-        if stack is not None:  # a stacked fit: parameters are replaced as members leave
-            return stack.param_dict()[self.name]
-        return pl_module.model.get_parameter(self.name)
+        return pl_module.stack.param_dict()[self.name]  # looked up each step: members leaving replace it
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:

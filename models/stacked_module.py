@@ -17,6 +17,7 @@ afterwards.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -135,10 +136,12 @@ class StackedClassifier(L.LightningModule):
     # --- evaluation ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def eval_weights(self, rows: list[int]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The weights to evaluate for these rows: schedule-free's x, or the parameters themselves."""
+    def eval_weights(self, rows: list[int], as_trained: bool = False) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The weights to evaluate for these rows: schedule-free's x, or the parameters themselves (``as_trained``:
+        schedule-free's y, ``LoopRules.evaluate_as_trained``)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.stack.stacked[0].device)
         opt = self.trainer.optimizers[0] if self._trainer is not None and self.trainer.optimizers else None
+        opt = None if as_trained else opt
         params = {}
         for name, p in self.stack.param_dict().items():
             params[name] = _eval_weight(opt, p, index)
@@ -153,12 +156,15 @@ class StackedClassifier(L.LightningModule):
         float64: bool = True,
         with_correct: bool = False,
         chunks: list[int] | None = None,
+        batch_means: bool = False,
     ) -> tuple[Tensor, int] | tuple[Tensor, int, Tensor]:
         """Per member, the sum of cross-entropies (nats) over ``batches`` (accumulated in float64) and
         the count. ``float64=False`` computes each batch's sum in float32 from float32 logits, as the
         validation of a fit of one member does (so early stopping compares the same numbers).
         ``with_correct``: also each member's count of examples its argmax classifies right (same pass).
-        ``chunks``: ``self.chunks(rows)`` of the rows the weights are of (a pack's runs apart)."""
+        ``chunks``: ``self.chunks(rows)`` of the rows the weights are of (a pack's runs apart). ``batch_means``: each
+        batch's float32 mean in bits times its size, summed in float64, as the original added them up
+        (``LoopRules.batch_mean_validation``): these sums are in bits (``validation_means`` makes means in nats)."""
         params, buffers = weights
         members = len(next(iter(params.values())))
         total, count, correct = None, 0, None
@@ -170,7 +176,11 @@ class StackedClassifier(L.LightningModule):
                 hits = (logits.argmax(-1) == y).sum(1)
                 correct = hits if correct is None else correct + hits
             logits = logits.double() if float64 else logits.float()
-            nats = F.cross_entropy(logits.flatten(0, 1), y.repeat(m), reduction="none").view(m, -1).sum(1).double()
+            if batch_means:  # bits: the original's (cross_entropy / log 2).item() * len (mdl/probe.py@5e66bb9)
+                means = torch.stack([F.cross_entropy(row, y) for row in logits])
+                nats = (means / math.log(2)).double() * y.shape[0]
+            else:
+                nats = F.cross_entropy(logits.flatten(0, 1), y.repeat(m), reduction="none").view(m, -1).sum(1).double()
             total = nats if total is None else total + nats
             count += y.shape[0]
         if total is None:
@@ -178,6 +188,13 @@ class StackedClassifier(L.LightningModule):
         if not with_correct:
             return total, count
         return total, count, (torch.zeros_like(total) if correct is None else correct.double())
+
+    @staticmethod
+    def validation_means(sums: Tensor, count: int, batch_means: bool = False) -> Tensor:
+        """Mean losses in nats from ``loss_sums``' sums (``batch_means``: in bits, the mean then times log 2, as the
+        original's)."""
+        means = sums / max(count, 1)
+        return means * math.log(2) if batch_means else means
 
     @torch.no_grad()
     def correct_counts(self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any) -> tuple[Tensor, int]:

@@ -35,18 +35,29 @@ from models.mup_setup import mup_param_groups, restore_base_shapes
 class StackedModel(nn.Module):
     """M models with identical architecture; ``forward(x)`` takes x of shape (M, B, ...)."""
 
-    def __init__(self, models: Sequence[nn.Module]) -> None:
+    def __init__(self, models: Sequence[nn.Module], channels_last: bool = False) -> None:
+        """``channels_last``: a stack of one keeps its image weights and inputs channels-last (``trainer.channels_last``)."""
         super().__init__()
         if not models:
             raise ValueError("StackedModel needs at least one model")
-        _require_stackable(models[0])
+        # a stack of one runs its plain model (batch norm, dropout, stochastic depth and channels-last work there);
+        # decided once: a larger stack whose members left keeps its stacked form (its members' bits stay its own)
+        self.single = len(models) == 1
+        self.channels_last = channels_last and self.single
+        if not self.single:
+            _require_stackable(models[0])
         shapes = {n: p.shape for n, p in models[0].named_parameters()}
         for m in models[1:]:
             if {n: p.shape for n, p in m.named_parameters()} != shapes:
                 raise ValueError("every stacked model must have the same architecture")
         # Not a submodule: it holds no tensors, and .to()/.cpu() (Lightning's teardown) must not touch it.
         self.__dict__["template"] = _weightless_template(models[0])
-        params, buffers = stack_module_state(list(models))
+        if self.single:  # the member axis added as a view: a channels-last weight stays channels-last
+            model = models[0].to(memory_format=torch.channels_last) if self.channels_last else models[0]
+            params = {n: p.detach().unsqueeze(0) for n, p in model.named_parameters()}
+            buffers = {n: b.unsqueeze(0) for n, b in model.named_buffers()}
+        else:
+            params, buffers = stack_module_state(list(models))
         self.names = list(params)
         self.buffer_names = list(buffers)
         self.stacked = nn.ParameterList([nn.Parameter(params[n].detach()) for n in self.names])
@@ -66,6 +77,8 @@ class StackedModel(nn.Module):
     def buffer_dict(self) -> dict[str, Tensor]:
         return {n: getattr(self, f"stacked_buffer_{i}") for i, n in enumerate(self.buffer_names)}
 
+    as_trained = False  # a stack of one scores in train mode (LoopRules.evaluate_as_trained)
+
     def train(self, mode: bool = True) -> StackedModel:
         """The template is no submodule, so its mode follows the stack's here (stochastic depth in a model's
         ``forward_stacked`` reads it)."""
@@ -82,7 +95,9 @@ class StackedModel(nn.Module):
         per size; training and evaluation (autograd on or off, one batch per member or one shared) and a stack
         of one member (which dynamo specialises) get their own graphs (tests/test_one_engine.py counts them)."""
         regional = getattr(self.template, "compile_stacked", None)
-        if regional is not None:  # the model compiles its repeated block itself (models.convnext_stacked)
+        if (
+            regional is not None and not self.single
+        ):  # the model compiles its repeated block itself (models.convnext_stacked)
             regional(backend)
             return
         import torch._dynamo
@@ -146,7 +161,8 @@ class StackedModel(nn.Module):
         return self._run(params, buffers, x, shared_input=True)
 
     def _run(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, shared_input: bool) -> Tensor:
-
+        if self.single:
+            return self._run_plain(params, buffers, x if shared_input else x[0])[None]
         batched = getattr(self.template, "forward_stacked", None)
         if batched is not None:  # the model's own batched form (e.g. the MLP as batched matmuls)
             if shared_input:
@@ -157,6 +173,20 @@ class StackedModel(nn.Module):
             return functional_call(self.template, (p, b), (xi,))
 
         return vmap(one, in_dims=(0, 0, None if shared_input else 0))(params, buffers, x)
+
+    def _run_plain(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The one member's plain model on x (B, ...). Scored under no_grad as a lone model is: in eval mode (batch
+        norm's running statistics, no dropout), unless ``as_trained`` (protocol=original's train-mode scoring)."""
+        training = self.training and (torch.is_grad_enabled() or self.as_trained)
+        if self.template.training != training:
+            self.template.train(training)
+        if self.channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return functional_call(  # squeeze, not [0]: its backward is a view, select's a zeroed copy per parameter
+            self.template,
+            ({n: t.squeeze(0) for n, t in params.items()}, {n: t.squeeze(0) for n, t in buffers.items()}),
+            (x,),
+        )
 
     def keep(self, rows: Tensor) -> dict[nn.Parameter, nn.Parameter]:
         """Keep only the members at ``rows``; returns old -> new parameter (for the optimizer)."""
@@ -173,7 +203,8 @@ class StackedModel(nn.Module):
     def resize(self, members: int) -> None:
         """Empty stacked tensors for ``members`` members (before loading a checkpoint of that size)."""
         for i, old in enumerate(self.stacked):
-            self.stacked[i] = nn.Parameter(old.detach().new_empty(members, *old.shape[1:]))
+            same = old.shape[0] == members  # keeps its layout (a stack of one's channels-last weights)
+            self.stacked[i] = nn.Parameter(torch.empty_like(old) if same else old.new_empty(members, *old.shape[1:]))
         for i in range(len(self.buffer_names)):
             name = f"stacked_buffer_{i}"
             old = getattr(self, name)

@@ -278,13 +278,13 @@ def cuda_only(reason: str = "needs a CUDA GPU"):
 
 
 def assert_members_equal_singles(stack, singles, atol: float = 1e-12) -> None:
-    """Every member of a StackedClassifier holds the weights of its independently trained Classifier."""
+    """Every member of a StackedClassifier holds the weights of its independently trained stack of one."""
     import torch
 
     for m, single in enumerate(singles):
-        for name, p in single.model.named_parameters():
-            member = stack.stack.param_dict()[name].detach()[m]
-            assert torch.allclose(member, p.detach(), rtol=0, atol=atol), (m, name)
+        state = single.stack.param_dict()
+        for name, p in stack.stack.param_dict().items():
+            assert torch.allclose(p.detach()[m], state[name].detach()[0], rtol=0, atol=atol), (m, name)
 
 
 @pytest.fixture

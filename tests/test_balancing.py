@@ -12,7 +12,7 @@ from conftest import FAST, run_in_process
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.splits import balance_indices
-from datamodules.loader import DeviceBatches
+from datamodules.stacked_batches import StackedBatches, TrainSource
 
 
 def imbalanced_labels(seed: int = 0) -> torch.Tensor:
@@ -38,12 +38,8 @@ def test_rwy_stores_the_split_as_it_is() -> None:
 
 def rwy_epochs(y: torch.Tensor, epochs: int, seed: int = 0) -> list[torch.Tensor]:
     x = torch.zeros(len(y), 1)
-    loader = DeviceBatches(x, y, batch_size=len(y), shuffle=True, seed=seed, class_balance=4)
-    drawn = []
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        drawn.append(torch.cat([yb for _, yb in loader]))
-    return drawn
+    loader = StackedBatches([TrainSource(x, y)], [len(y)], len(y), seeds=seed, class_balance=4)
+    return [loader.next().y[0, 0] for _ in range(epochs)]  # one batch per epoch
 
 
 def test_rwy_epochs_are_class_balanced_in_expectation_and_redrawn_each_epoch() -> None:
@@ -58,21 +54,17 @@ def test_rwy_epochs_are_class_balanced_in_expectation_and_redrawn_each_epoch() -
     assert not torch.equal(epochs[0], rwy_epochs(y, 1, seed=1)[0])
 
 
-def test_rwy_draws_the_same_batches_in_both_engines() -> None:
-    """A stacked member draws exactly the sequential engine's class-balanced batches of its prefix."""
-    from datamodules.stacked_batches import StackedBatches, TrainSource
-
+def test_rwy_draws_each_members_batches_from_its_own_prefix() -> None:
+    """A member of a stack draws the class-balanced batches of its prefix that it draws in a stack of one."""
     y = imbalanced_labels()
     x = torch.arange(len(y), dtype=torch.float32)[:, None]
     prefix, batch = 700, 128
-    single = DeviceBatches(x[:prefix], y[:prefix], batch, shuffle=True, seed=3, class_balance=4)
-    stacked = StackedBatches([TrainSource(x, y)], [prefix, len(y)], batch, seed=3, class_balance=4)
-    for epoch in range(2):
-        single.set_epoch(epoch)
-        for xb, _ in single:
-            group = stacked.next()
-            rows = group.weight[0, 0] > 0
-            assert torch.equal(group.x[0, 0][rows], xb)
+    single = StackedBatches([TrainSource(x[:prefix], y[:prefix])], [prefix], batch, seeds=3, class_balance=4)
+    stacked = StackedBatches([TrainSource(x, y)], [prefix, len(y)], batch, seeds=3, class_balance=4)
+    for _ in range(2 * single.steps_per_pass):
+        alone, group = single.next(), stacked.next()
+        rows = group.weight[0, 0] > 0
+        assert torch.equal(group.x[0, 0][rows], alone.x[0, 0][alone.weight[0, 0] > 0])
 
 
 def test_unknown_method_is_named() -> None:
@@ -133,15 +125,17 @@ def test_rwy_never_scores_a_copy_of_a_training_example(tmp_path: Path, monkeypat
     from mdl.run.experiment import run_experiment
 
     served: list[tuple[int, torch.Tensor]] = []  # (prefix size, a batch's rows)
-    original = DeviceBatches.__iter__
+    original = StackedBatches.next
 
-    def record(self):
-        for xb, yb in original(self):
-            if self.sample_weights is not None:
-                served.append((len(self.x), xb.flatten(1).clone()))
-            yield xb, yb
+    def record(self, steps: int = 1):
+        group = original(self, steps)
+        for row, m in enumerate(group.members):
+            for step in range(group.steps):
+                real = group.weight[step, row] > 0
+                served.append((self.streams[m].n, group.x[step, row][real].flatten(1).clone()))
+        return group
 
-    monkeypatch.setattr(DeviceBatches, "__iter__", record)
+    monkeypatch.setattr(StackedBatches, "next", record)
     cfg = compose_config(
         [*FAST, "data.balance=rwy", "eraser=none", "mdl.members_per_fit=1", "skip_if_done=false"], tmp_path
     )

@@ -4,15 +4,16 @@ model's, and a step of many members launches about the kernels of one model's st
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import schedulefree
 import torch
 from mup import MuReadout
 
 from conftest import RecordOps
-from datamodules.loader import BatchGroup
 from datamodules.stacked_batches import StackedBatch
-from models import Classifier, create_model
+from models import create_model
 from models.convnext import StackableConvNeXt
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
@@ -69,15 +70,16 @@ def test_the_conv_mlp_variant_is_stacked_by_vmap_with_the_same_results() -> None
 
 
 def _step_kernels(models: list[torch.nn.Module], shape: tuple[int, ...] = SHAPE) -> tuple[int, int]:
-    """Kernels of one optimizer step (forward, backward, update) of one model, and of a stack of ``models``."""
+    """Kernels of one optimizer step (forward, backward, update) of one model (a stack of one runs it plain), and of a
+    stack of ``models``."""
     optimizer = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
     count = len(models)
-    single = Classifier(models[0], optimizer, lr=1e-2)
+    single = StackedClassifier(StackedModel([copy.deepcopy(models[0])]), optimizer, 1e-2)
     stack = StackedClassifier(StackedModel(models), optimizer, 1e-2)
     x, y = torch.rand(count, 8, *shape), torch.randint(0, 10, (count, 8))
     counts = []
     for module, group in (
-        (single, BatchGroup([(x[0], y[0])])),
+        (single, StackedBatch(x[None, :1], y[None, :1], torch.ones(1, 1, 8), [0])),
         (stack, StackedBatch(x[None], y[None], torch.ones(1, count, 8), list(range(count)))),
     ):
         opt = module.configure_optimizers()
@@ -142,13 +144,14 @@ def stack_of(model: str, seeds) -> StackedModel:
 @pytest.mark.parametrize("model", ["convnext", "lenet"])
 def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str) -> None:
     """A pack's runs (StackedModel.run's ``chunks``): the outputs and gradients of each chunk of rows are those of a
-    stack of just its members, bit for bit (one stack of all rows: only to rounding, grouped convolutions)."""
-    chunks = [2, 3, 1]
+    stack of just its members, bit for bit (one stack of all rows: only to rounding, grouped convolutions). A stack
+    of one runs its plain model, so packs train one member per run in fits of their own (mdl.engine.driver)."""
+    chunks = [2, 3, 2]
     whole, parts = (
-        stack_of(model, range(6)),
-        [stack_of(model, range(0, 2)), stack_of(model, range(2, 5)), stack_of(model, [5])],
+        stack_of(model, range(7)),
+        [stack_of(model, range(0, 2)), stack_of(model, range(2, 5)), stack_of(model, range(5, 7))],
     )
-    x = torch.rand(6, 4, *SHAPE)
+    x = torch.rand(7, 4, *SHAPE)
     out = whole(x, chunks)
     alone = [part(xi) for part, xi in zip(parts, x.split(chunks))]
     assert torch.equal(out, torch.cat(alone))

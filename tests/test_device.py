@@ -9,6 +9,8 @@ one that restores the best weights onto the training device gives the numbers of
 
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 
 import pytest
@@ -16,13 +18,14 @@ import schedulefree
 import torch
 from lightning.pytorch.strategies.strategy import Strategy
 
-from conftest import FITS, FAST, RecordOps, compose_config, host_reads
+from conftest import FITS, FAST, compose_config
 from datamodules.augment import Augmentation
-from datamodules.loader import DeviceBatches
 from mdl.engine.checkpoints import DamagedCheckpoint, RunCheckpointIO
 from mdl.engine.device import training_device
 from mdl.run.experiment import run_experiment
-from models import Classifier, create_model, total_bits
+from models import create_model
+from models.stacked_module import StackedClassifier
+from models.stacking import StackedModel
 
 NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss", "final_test_bits_per_example", "blocks")
 
@@ -48,14 +51,6 @@ def test_scoring_and_restore_do_not_trust_where_lightning_left_the_module(
     assert len(moved) == fits
     for key in NUMBERS:
         assert results[key] == reference[key], key
-
-
-def test_scoring_a_model_on_another_device_names_the_problem() -> None:
-    with torch.device("meta"):
-        model = torch.nn.Linear(4, 2)
-    batches = DeviceBatches(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long), 2)
-    with pytest.raises(RuntimeError, match="model is on meta but the data is on cpu"):
-        total_bits(model, batches)
 
 
 def test_cuda_requested_without_one_names_the_setting(monkeypatch) -> None:
@@ -95,48 +90,18 @@ def test_bad_device_and_precision_settings_are_refused_before_loading(
         run_experiment(cfg, tmp_path / "run")
 
 
-def _classifier() -> Classifier:
+def test_bf16_scoring_is_close_to_fp32_and_summed_in_float64() -> None:
     torch.manual_seed(0)
     model = create_model("mlp", 16, 2, 10, (1, 8, 8), base_width=16)
-    return Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
-
-
-def test_training_step_reads_nothing_back_to_the_host() -> None:
-    """float(loss) per step stalls a GPU's queue; losses are summed on the device, read per epoch."""
-    module = _classifier()
-    x, y = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
-    with RecordOps() as record:
-        for i in range(3):
-            module.training_step((x, y), i)
-            module.validation_step((x, y), i)
-    assert not host_reads(record), host_reads(record)
-    assert module._epoch_mean("train") > 0  # the one read, at the end of the epoch
-
-
-def test_an_epochs_training_and_validation_losses_are_read_in_one_go() -> None:
-    """The sequential engine validates at each epoch's end (mdl/engine/single_fit.py): one read of the
-    device brings both sums to the host, so a GPU's queue stalls once per epoch."""
-    module = _classifier()
-    x, y = torch.rand(32, 1, 8, 8), torch.randint(0, 10, (32,))
-    for i in range(3):
-        module.training_step((x, y), i)
-    with RecordOps() as record:
-        val_mean = module.validate([(x, y), (x, y)])
-        module.on_train_epoch_end()
-    assert host_reads(record) == ["Tensor.tolist"], host_reads(record)
-    assert module.val_loss_curve == [val_mean] and module.train_loss_curve[0] > 0
-
-
-def test_bf16_forward_gives_float32_logits_close_to_fp32() -> None:
-    module = _classifier()
     with torch.no_grad():
-        module.model.head.weight.normal_()  # the muP readout starts at zero
-    x = torch.rand(8, 1, 8, 8)
-    exact = module(x)
-    module.precision = "bf16"
-    fast = module(x)
-    assert fast.dtype == torch.float32
-    assert torch.allclose(fast, exact, atol=0.05) and not torch.equal(fast, exact)
+        model.head.weight.normal_()  # the muP readout starts at zero
+    batches = [(torch.rand(8, 1, 8, 8), torch.randint(0, 10, (8,)))]
+    sums = {}
+    for precision in ("fp32", "bf16"):
+        module = StackedClassifier(StackedModel([copy.deepcopy(model)]), torch.optim.SGD, 0.1, precision=precision)
+        sums[precision] = module.loss_sums(module.eval_weights([0]), batches)[0]
+    assert sums["bf16"].dtype == torch.float64
+    assert torch.allclose(sums["bf16"], sums["fp32"], rtol=0.05) and not torch.equal(sums["bf16"], sums["fp32"])
 
 
 def test_checkpoints_are_checksummed_and_load_onto_the_training_device(tmp_path: Path) -> None:
@@ -157,23 +122,12 @@ def test_checkpoints_are_checksummed_and_load_onto_the_training_device(tmp_path:
 
 
 def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() -> None:
-    """Both engines replace Lightning's generic batch transfer with a direct one; it must still move
+    """The module replaces Lightning's generic batch transfer with a direct one; it must still move
     a batch that is elsewhere (here to ``meta``, which a batch returned unchanged would not be on)."""
-    from datamodules.loader import BatchGroup
     from datamodules.stacked_batches import StackedBatch
-    from models.stacked_module import StackedClassifier
-    from models.stacking import StackedModel
 
     meta = torch.device("meta")
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    module = Classifier(create_model("mlp", 16, 1, 10, (1, 8, 8)), torch.optim.SGD, lr=0.1)
-    moved = module.transfer_batch_to_device((x, y), meta, 0)
-    assert all(t.device == meta for t in moved)
-    group = module.transfer_batch_to_device(
-        BatchGroup([(x, y), (x[:2], y[:2])]), meta, 0
-    )  # the sequential engine's groups
-    assert isinstance(group, BatchGroup) and [b[0].shape[0] for b in group.batches] == [4, 2]
-    assert all(t.device == meta for batch in group.batches for t in batch)
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
     group = stack.transfer_batch_to_device(
         StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), meta, 0
@@ -183,30 +137,20 @@ def test_batch_transfer_hooks_move_batches_to_the_device_they_are_asked_for() ->
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet"])  # the MLP's batched form; torch.func's vmap
-def test_both_engines_train_where_the_data_is(name: str, monkeypatch) -> None:
+def test_a_fit_trains_where_the_data_is(name: str, monkeypatch) -> None:
     """``meta`` stands in for a GPU: like CUDA it refuses to mix its tensors with CPU ones (0-dim
     ones aside) and holds no values to read, so a tensor made on the default device, or a read of a
     value, anywhere in batching, augmentation, a group of steps, the optimizer, a member leaving or
     the stacked validation sums fails here. Meta has no random generator: the epochs draw from the
     global one (placement is what is checked)."""
-    from datamodules import loader, stacked_batches
-    from datamodules.loader import BatchGroup
+    from datamodules import stacked_batches
     from mdl.engine.stacked_fit import build_members
-    from models.stacked_module import StackedClassifier
 
-    monkeypatch.setattr(loader, "epoch_generator", lambda seed, epoch, device: None)
     monkeypatch.setattr(stacked_batches, "epoch_generator", lambda seed, epoch, device: None)
     meta = torch.device("meta")
     x, y = torch.rand(64, 3, 8, 8, device=meta), torch.randint(0, 10, (64,), device=meta)
     make_model = lambda: create_model(name, 16, 2, 10, (3, 8, 8), base_width=8)  # noqa: E731
     optimizer = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
-
-    single = Classifier(make_model().to(meta), optimizer, lr=1e-2)
-    opt = single.configure_optimizers()
-    opt.train()
-    batches = list(DeviceBatches(x, y, 16, shuffle=True, augment=Augmentation()))
-    single.train_group(BatchGroup(batches), opt)
-    assert single._sums["train"][0].device == meta
 
     stack = StackedClassifier(build_members(make_model, [0, 1, 2], meta), optimizer, lr=1e-2)
     stack.train_sums = stack.train_sums.to(meta)  # as on_train_start does

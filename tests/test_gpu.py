@@ -22,7 +22,7 @@ import torch
 from conftest import FITS, FAST, compose_config, cuda_only, python_path, run_launch
 from erasure import fit_eraser
 from mdl.run.experiment import run_experiment
-from models import Classifier, create_model
+from models import create_model
 from test_sources import write_cifar10
 
 pytestmark = cuda_only()
@@ -169,30 +169,31 @@ def test_eraser_fitted_on_cuda_equals_cpu_fit(name: str) -> None:
 
 
 def test_training_step_makes_no_host_synchronisation() -> None:
-    from datamodules.loader import BatchGroup
+    """A group of steps of a stack of one (every fit of one member) and of a stack of three."""
+    from datamodules.stacked_batches import StackedBatch
+    from mdl.engine.stacked_fit import build_members
+    from models.stacked_module import StackedClassifier
 
-    torch.manual_seed(0)
-    model = create_model("mlp", 64, 2, 10, (1, 8, 8), base_width=64).cuda()
-    module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
-    optimizer = module.configure_optimizers()
-    optimizer.train()
-    x, y = torch.rand(64, 1, 8, 8, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
-    for warm in range(2):  # first calls may allocate state and initialise kernels
-        module.training_step((x, y), warm).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for i in range(5):
-            loss = module.training_step((x, y), i)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        module.train_group(BatchGroup([(x, y)] * 4), optimizer)  # the sequential engine's grouped steps
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert module._epoch_mean("train") > 0
+    make = lambda: create_model("mlp", 64, 2, 10, (1, 8, 8), base_width=64)  # noqa: E731
+    for members in (1, 3):
+        module = StackedClassifier(
+            build_members(make, list(range(members)), torch.device("cuda")),
+            lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0),
+            1e-2,
+        ).cuda()
+        optimizer = module.configure_optimizers()
+        optimizer.train()
+        x = torch.rand(4, members, 64, 1, 8, 8, device="cuda")
+        y = torch.randint(0, 10, (4, members, 64), device="cuda")
+        group = StackedBatch(x, y, torch.ones(4, members, 64, device="cuda"), list(range(members)))
+        module.train_group(group, optimizer)  # first calls may allocate state and initialise kernels
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            module.train_group(group, optimizer)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert float(module.train_sums.sum()) > 0
 
 
 @pytest.mark.parametrize("rows", [128, 1000, 8192])  # CUDA's stable sort takes a different path in each range
@@ -240,18 +241,12 @@ def test_eraser_fitted_on_gpu_is_drawn_on_a_cpu_only_machine(tmp_path: Path) -> 
 
 
 def test_batch_transfer_hooks_move_a_host_batch_onto_the_gpu() -> None:
-    from datamodules.loader import BatchGroup
     from datamodules.stacked_batches import StackedBatch
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
     cuda = torch.device("cuda")
     x, y = torch.rand(4, 1, 8, 8), torch.randint(0, 10, (4,))
-    module = Classifier(create_model("mlp", 16, 1, 10, (1, 8, 8)), torch.optim.SGD, lr=0.1)
-    moved = module.transfer_batch_to_device((x, y), cuda, 0)
-    assert all(t.is_cuda for t in moved) and torch.equal(moved[1].cpu(), y)
-    group = module.transfer_batch_to_device(BatchGroup([(x, y), (x[:2], y[:2])]), cuda, 0)
-    assert all(t.is_cuda for batch in group.batches for t in batch) and torch.equal(group.batches[1][0].cpu(), x[:2])
     stack = StackedClassifier(StackedModel([create_model("mlp", 16, 1, 10, (1, 8, 8))]), torch.optim.SGD, lr=0.1)
     group = stack.transfer_batch_to_device(
         StackedBatch(x[None, None], y[None, None], torch.ones(1, 1, 4), [0]), cuda, 0

@@ -15,7 +15,7 @@ from conftest import RecordOps, cuda_only, host_reads
 from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params, crop_padding
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
-from datamodules.loader import DeviceBatches
+from datamodules.stacked_batches import StackedBatches, TrainSource
 from erasure import Eraser, available_erasers, register_eraser
 
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only())]
@@ -23,6 +23,22 @@ DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only())]
 
 def images(n: int = 64, c: int = 3, side: int = 16, seed: int = 0, device: str = "cpu") -> Tensor:
     return torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def one_member(x: Tensor, y: Tensor, batch: int, **options: Any) -> StackedBatches:
+    """The training batches of a fit of one member on all of (x, y) (a stack of one)."""
+    return StackedBatches([TrainSource(x, y)], [len(y)], batch, **options)
+
+
+def epoch(loader: StackedBatches, number: int = 0) -> list[tuple[Tensor, Tensor]]:
+    """One member's batches of epoch ``number``, the padding of the last one left out."""
+    loader.streams[0].load_state_dict({"epoch": number, "step": 0})
+    out = []
+    for group in loader:
+        for step in range(group.steps):
+            real = group.weight[step, 0] > 0
+            out.append((group.x[step, 0][real], group.y[step, 0][real]))
+    return out
 
 
 # --- augmentation --------------------------------------------------------------------------
@@ -62,31 +78,29 @@ def test_protocol_original_draws_one_crop_and_flip_per_batch() -> None:
     batch's one crop offset and flip; batches draw their own, and the default draws per image."""
     x = images(1, side=16).expand(64, -1, -1, -1).contiguous()
     y = torch.zeros(64, dtype=torch.long)
-    per_batch = DeviceBatches(x, y, 16, augment=Augmentation(), seed=3, augment_per_batch=True)
-    batches = [xb for xb, _ in per_batch]
+    per_batch = one_member(x, y, 16, augment=Augmentation(per_batch=True), seeds=3)
+    batches = [xb for xb, _ in epoch(per_batch)]
     assert all(torch.equal(xb[i], xb[0]) for xb in batches for i in range(16))
     assert len({tuple(xb[0].flatten().tolist()) for xb in batches}) > 1
-    per_image = next(iter(DeviceBatches(x, y, 16, augment=Augmentation(), seed=3)))
+    per_image = epoch(one_member(x, y, 16, augment=Augmentation(), seeds=3))[0][0]
     assert len({tuple(img.flatten().tolist()) for img in per_image}) > 1
 
 
 def test_protocol_original_keeps_the_prefix_order() -> None:
     """reshuffle False (protocol=original): the same order every epoch, the prefix's own."""
     x, y = images(40), torch.arange(40)
-    loader = DeviceBatches(x, y, 16, shuffle=False, augment=Augmentation(), seed=1, augment_per_batch=True)
-    for epoch in (0, 5):
-        loader.set_epoch(epoch)
-        assert torch.equal(torch.cat([yb for _, yb in loader]), y)
+    loader = one_member(x, y, 16, reshuffle=False, augment=Augmentation(per_batch=True), seeds=1)
+    for number in (0, 5):
+        assert torch.equal(torch.cat([yb for _, yb in epoch(loader, number)]), y)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> None:
     x, y = images(100, device=device), torch.arange(100, device=device)
 
-    def epoch_batches(seed: int, epoch: int) -> list[Tensor]:
-        loader = DeviceBatches(x, y, 32, shuffle=True, augment=Augmentation(), seed=seed)
-        loader.set_epoch(epoch)
-        return [torch.cat([xb.flatten(1), yb[:, None].to(xb.dtype)], 1) for xb, yb in loader]
+    def epoch_batches(seed: int, number: int) -> list[Tensor]:
+        loader = one_member(x, y, 32, augment=Augmentation(), seeds=seed)
+        return [torch.cat([xb.flatten(1), yb[:, None].to(xb.dtype)], 1) for xb, yb in epoch(loader, number)]
 
     first, again = epoch_batches(0, 3), epoch_batches(0, 3)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
@@ -96,11 +110,11 @@ def test_augmented_batches_are_reproducible_per_seed_and_epoch(device: str) -> N
 
 def test_loader_serves_every_example_once_per_epoch() -> None:
     x, y = images(70), torch.arange(70)
-    loader = DeviceBatches(x, y, 32, shuffle=True, seed=5)
-    assert len(loader) == 3
-    ys = torch.cat([yb for _, yb in loader])
+    batches = epoch(one_member(x, y, 32, seeds=5))
+    assert len(batches) == 3
+    ys = torch.cat([yb for _, yb in batches])
     assert sorted(ys.tolist()) == list(range(70))
-    xs = torch.cat([xb for xb, _ in loader])
+    xs = torch.cat([xb for xb, _ in batches])
     assert torch.equal(xs, x[ys])  # no augmentation: the images themselves, matched to their labels
 
 
@@ -116,10 +130,10 @@ def test_no_host_reads_or_transfers_per_batch(device: str) -> None:
     CPU-only machine the device check is trivially met and the scalar-read check is the content.
     """
     x, y = images(256, device=device), torch.arange(256, device=device)
-    loader = DeviceBatches(x, y, 64, shuffle=True, augment=Augmentation(), seed=0)
+    loader = one_member(x, y, 64, augment=Augmentation(), seeds=0)
     pointer = x.data_ptr()
     with RecordOps() as record:
-        batches = [(xb, yb) for xb, yb in loader]
+        batches = [(g.x, g.y) for g in loader]
     assert len(batches) == 4
     assert not host_reads(record), record.ops
     # a transfer (.to(other device), .cpu()) shows up as an op touching a second device
@@ -134,9 +148,9 @@ def test_an_epochs_crops_and_flips_are_drawn_at_once() -> None:
     draw per batch would be tiny kernels between a GPU's steps (per model, in the stacked engine)."""
     x, y = images(256), torch.arange(256)
     for batch_size in (128, 16):
-        loader = DeviceBatches(x, y, batch_size, shuffle=True, augment=Augmentation(), seed=0)
+        loader = one_member(x, y, batch_size, augment=Augmentation(), seeds=0)  # epoch 0 drawn when made
         with RecordOps() as record:
-            batches = list(loader)
+            batches = list(loader)  # and epoch 1 once epoch 0's last batch is drawn
         draws = [name for name in record.kernels if "rand" in name]
         assert len(batches) == 256 // batch_size
         assert draws == ["aten.randperm.generator", *["aten.randint.low_generator"] * 3], draws
@@ -191,8 +205,9 @@ def test_augment_then_erase_erases_each_augmented_batch() -> None:
     before = data_module("leace", augment=True, augment_order="augment_then_erase")
     after = data_module("leace", augment=True, augment_order="erase_then_augment")
     raw_x, raw_y = before.train_set.x, before.train_set.y  # kept raw in this order
-    plain = DeviceBatches(raw_x, raw_y, 50, shuffle=True, augment=Augmentation(), seed=0)
-    for (xa, ya), (xr, yr), (xe, _) in zip(before.train_dataloader(), plain, after.train_dataloader()):
+    plain = one_member(raw_x, raw_y, 50, augment=Augmentation(), seeds=0)
+    served = [epoch(dm.stacked_train_loader([dm.num_train])) for dm in (before, after)]
+    for (xa, ya), (xr, yr), (xe, _) in zip(served[0], epoch(plain), served[1]):
         assert torch.equal(ya, yr)
         assert torch.allclose(xa, before.eraser(xr), atol=1e-6)  # erase(augment(x)) with the same crops
         assert not torch.allclose(xa, xe, atol=1e-4)  # the orders differ (padding zeros get erased)
@@ -209,9 +224,6 @@ def test_augment_then_erase_reads_back_at_most_qleaces_class_counts_per_batch(er
     passed them when the eraser was fitted). On a GPU each read stalls the host; QLEACE's one read
     is its batch's class counts. The stacked engine erases a whole group of steps at once."""
     dm = data_module(eraser, augment=True, augment_order="augment_then_erase")
-    with RecordOps() as record:
-        batches = list(dm.train_dataloader())
-    assert len(host_reads(record)) == reads_per_call * len(batches), host_reads(record)
     stacked = dm.stacked_train_loader([dm.num_train, dm.num_train // 2], steps_per_group=4)
     with RecordOps() as record:
         groups = [stacked.next(4) for _ in range(3)]

@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 
 from models import available_models, create_model, depth_scaled_lr, mup_param_groups, restore_base_shapes
 from models.mlp import SwiGLU, mlp_param_count, swiglu_param_count
-from models.precision import CompiledModel
 from models.swin import tiling_windows
 from mdl.run.config_checks import group_file
 
@@ -162,36 +161,6 @@ def test_base_shapes_survive_checkpoint(name, tmp_path):
     assert torch.equal(loaded(x), model(x))
 
 
-def test_lightning_checkpoint_round_trip(tmp_path):
-    """Classifier checkpoint -> fresh model: same logits, muP groups intact, optimizer in eval mode."""
-    import lightning as L
-    import schedulefree
-    from functools import partial
-
-    from models import Classifier
-
-    x, y = torch.rand(32, 1, 8, 8), torch.randint(0, NUM_CLASSES, (32,))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    opt = partial(schedulefree.AdamWScheduleFree, warmup_steps=0)
-    module = Classifier(build("lenet"), opt, lr=1e-2)
-    trainer = L.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
-    trainer.fit(module, loader, loader)
-    trainer.save_checkpoint(tmp_path / "last.ckpt")
-    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["state_dict"]
-    fresh = Classifier(build("lenet"), opt, lr=1e-2)
-    fresh.load_state_dict(state)
-    module.eval(), fresh.eval()
-    assert torch.equal(fresh(x), module(x))
-    assert len(fresh.configure_optimizers().param_groups) == len(module.configure_optimizers().param_groups)
-
-
 def test_depth_scaled_lr():
     assert depth_scaled_lr(1e-3, 8, 2, 1.5) == pytest.approx(1e-3 / 8)
     assert depth_scaled_lr(1e-3, 8, 2, 0.5) == pytest.approx(1e-3 / 2)
@@ -228,37 +197,6 @@ def test_swiglu_is_gated_and_parameter_matched():
                 one_unit = swiglu_param_count(in_features, hidden + 1, depth, NUM_CLASSES) - n_glu
                 assert abs(n_glu - n_relu) <= one_unit / 2, (in_features, width, depth, n_glu, n_relu)  # nearest
                 assert abs(n_glu / n_relu - 1) < 0.02
-
-
-def test_compiled_model_is_compiled_once_and_reinitialised_per_block():
-    """The driver builds a fresh model per block; with compile on, each block's fresh weights go
-    into the one compiled module, so dynamo traces once (counted) and the numbers are unchanged."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    compiled = CompiledModel("eager")
-    x = torch.rand(4, 1, 8, 8)
-    outputs, graphs = [], []
-    for seed in range(3):
-        torch.manual_seed(seed)
-        fresh = build("mlp")
-        reference = copy.deepcopy(fresh)
-        with torch.no_grad():
-            reference.head.weight.normal_()
-            expected = reference(x)
-        model = compiled.adopt(fresh)
-        with torch.no_grad():
-            model.head.weight.copy_(reference.head.weight)
-            outputs.append(torch.allclose(model(x), expected))
-        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-        assert model is compiled.model
-    assert all(outputs)
-    assert graphs[0] >= 1 and graphs[-1] == graphs[0], graphs  # no new graph for blocks 2 and 3
-    with pytest.raises(ValueError, match="architecture differs"):
-        compiled.adopt(create_model("mlp", 64, 2, NUM_CLASSES, (1, 8, 8), base_width=32))
-
-
-# --- bad input: every message says why and what to change ------------------------------------
 
 
 def test_unknown_model_and_options():

@@ -8,11 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 from conftest import FITS, compose_config
-from mdl.engine.single_fit import EpochProtocol
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
 from mdl.run.experiment import run_experiment, summary
 
@@ -76,41 +73,3 @@ def test_val_min_keeps_only_trained_epochs_as_candidates(tmp_path: Path) -> None
     res = run(tmp_path, "val_min", "mdl.paper_loss=val_min", "optimizer.lr=1e-9", "trainer.kwargs.max_epochs=2")
     assert res["paper_loss"] == "val_min" and res["paper_mdl"] == res["paper_mdl_val_min"]
     assert all(b["best_after_epochs"] >= 1 for b in res["blocks"])
-
-
-def test_untrained_candidate_is_kept_and_restored_when_no_epoch_beats_it() -> None:
-    """EpochProtocol's untrained candidate, as Lightning would drive it: validated once before the
-    first epoch (not again after a resume), kept as best, restored at the end."""
-    losses = iter([1.0, 2.0, 3.0, 4.0])  # untrained, then three worse epochs
-
-    class Module(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = nn.Parameter(torch.zeros(()))
-            self.val_loss_curve: list[float] = []
-            self.val_accuracy_curve: list[float] = []
-
-        def validate(self, batches, as_trained: bool = False) -> float:
-            self.val_loss_curve.append(next(losses))
-            self.val_accuracy_curve.append(0.5)
-            return self.val_loss_curve[-1]
-
-    class Trainer:
-        callbacks: list = []
-        should_stop = False
-
-    module, trainer = Module(), Trainer()
-    protocol = EpochProtocol(lambda: [], patience=3, device="cpu", untrained_candidate=True)
-    protocol.on_train_start(trainer, module)
-    assert module.val_loss_curve == [] and protocol.state.initial_val_loss == 1.0 and protocol.best_epoch == -1
-    for epoch in range(3):
-        with torch.no_grad():
-            module.weight.fill_(epoch + 1.0)
-        protocol.on_train_epoch_end(trainer, module)
-    assert trainer.should_stop and protocol.best_epoch == -1 and protocol.best_val_loss == 1.0
-    protocol.restore(module)
-    assert module.weight.item() == 0.0  # the untrained weights
-    resumed = EpochProtocol(lambda: [], patience=3, device="cpu", untrained_candidate=True)
-    resumed.load_state_dict(protocol.state_dict())
-    resumed.on_train_start(trainer, module)  # would raise StopIteration if it validated again
-    assert resumed.state.initial_val_loss == 1.0

@@ -113,38 +113,12 @@ def test_every_epoch_is_handed_on_live_and_equals_the_results(engine: str, tmp_p
     assert len(accuracies) == sum(e[0] == "epoch" for e in events) and all(0.0 <= a <= 1.0 for a in accuracies)
 
 
-def test_one_model_fit_logs_a_progress_line(caplog) -> None:
-    """The sequential engine's fits (ConvNeXt, Swin) are not silent between blocks."""
-    from types import SimpleNamespace
-
-    from mdl.engine.single_fit import EpochProtocol
-    from mdl.engine.progress_display import FitProgress
-
-    protocol = EpochProtocol(lambda: [], patience=10, device="cpu")
-    protocol.state.best_val_loss, protocol.state.wait = 0.5, 3
-    module = SimpleNamespace(train_loss_curve=[], val_loss_curve=[])
-    trainer = SimpleNamespace(callbacks=[protocol])
-    seen: list = []
-    progress = FitProgress(
-        2, "block 3/9", patience=10, max_epochs=200, on_epoch=lambda *a: seen.append(a), interval=0.0
-    )
-    progress.on_train_start(trainer, module)
-    module.train_loss_curve += [0.9, 0.7]
-    module.val_loss_curve += [0.8, 0.6]
-    with caplog.at_level(logging.INFO, logger="mdl.engine.progress_display"):
-        progress.on_train_epoch_start(trainer, module)
-    assert seen == [(2, 0, 0.9, 0.8, None), (2, 1, 0.7, 0.6, None)]  # no accuracy curve in this stand-in module
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "block 3/9: epoch 2, val loss 0.6000 nats, best 0.5000, 3/10 without improving" in line and "left" in line
-
-
 def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
-    """A known answer for both engines' accuracy: logits that always favour class 0, on labels of which 3 in 10
-    are 0, are right 30% of the time (one model, and every member of a stack)."""
+    """A known answer for the accuracy: logits that always favour class 0, on labels of which 3 in 10 are 0, are
+    right 30% of the time (every member of a stack)."""
     import torch
     from torch import nn
 
-    from models.module import Classifier
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
@@ -158,9 +132,6 @@ def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
             model.bias.copy_(torch.tensor([1.0, 0, 0, 0, 0]))
         return model
 
-    single = Classifier(favours_zero(), lambda params, lr: torch.optim.SGD(params, lr=lr), lr=0.1)
-    single.validate([(x[:4], y[:4]), (x[4:], y[4:])])
-    assert single.val_accuracy_curve == [0.3]
     stacked = StackedClassifier(
         StackedModel([favours_zero(), favours_zero()]), lambda p: torch.optim.SGD(p, lr=0.1), lr=0.1
     )
@@ -168,26 +139,3 @@ def test_validation_accuracy_is_the_fraction_the_argmax_gets_right() -> None:
         stacked.eval_weights([0, 1]), [(x[:4], y[:4]), (x[4:], y[4:])], with_correct=True
     )
     assert count == 10 and (correct / count).tolist() == [0.3, 0.3]
-
-
-def test_a_fit_of_one_model_shows_the_same_table_as_a_stacked_fit() -> None:
-    """One display for every fit: a single model's fit draws the stacked fit's table, with its one row."""
-    from types import SimpleNamespace
-
-    from mdl.engine.protocol import MemberState
-    from mdl.engine.single_fit import EpochProtocol
-    from mdl.engine.progress_display import FitProgress
-
-    protocol = EpochProtocol(lambda: [], patience=10, device="cpu", state=MemberState(member=2, n_train=321))
-    protocol.state.best_val_loss, protocol.state.wait = 0.4321, 4
-    module = SimpleNamespace(train_loss_curve=[0.9, 0.7], val_loss_curve=[0.8, 0.6])
-    fit = FitProgress(2, "block 3/9", patience=10, max_epochs=200, live=False)
-    fit.on_train_start(SimpleNamespace(callbacks=[protocol]), module)
-    fit.reported = 2
-    single, stacked = io.StringIO(), io.StringIO()
-    Console(file=single, width=120).print(fit._table())
-    Console(file=stacked, width=120).print(MemberProgress(_protocol(), live=False)._table())
-    for column in ("member", "prefix", "epoch", "best val loss", "without"):  # the same columns
-        assert column in stacked.getvalue() and column in single.getvalue(), column
-    row = [line for line in single.getvalue().splitlines() if "block 3/9" in line and "321" in line]
-    assert row and "0.4321" in row[0] and "4/10" in row[0] and " 2 " in row[0]

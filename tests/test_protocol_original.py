@@ -2,8 +2,8 @@
 
 ``original_loop`` transcribes the epoch loop of EleutherAI/mdl mdl/probe.py@5e66bb9:101-155 (Probe.fit) line by
 line, with this project's validation sum in place of ``Probe.evaluate`` (the same numbers in nats, summed per
-batch) and no augmentation or eraser (identities there). The project's single fit under ``LoopRules`` of
-protocol=original must leave the same weights, optimizer state and schedule-free step count.
+batch) and no augmentation or eraser (identities there). The project's fit of one member (a stack of one) under
+``LoopRules`` of protocol=original must leave the same weights, optimizer state and schedule-free step count.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from schedulefree import AdamWScheduleFree
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
+from datamodules.stacked_batches import StackedBatches, TrainSource
 from mdl.engine.protocol import LoopRules
-from mdl.engine.single_fit import EpochProtocol
-from models.module import Classifier
+from mdl.engine.stacked_fit import StackedProtocol
+from models.stacked_module import StackedClassifier
+from models.stacking import StackedModel
 
 ORIGINAL = LoopRules(backtrack=True, evaluate_as_trained=True)
 LR, BATCH, PATIENCE, MAX_EPOCHS = 0.3, 16, 3, 200
@@ -42,11 +43,11 @@ def tiny_model() -> nn.Module:
 
 
 def val_mean(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """The project's validation number (models/module.py ``validate``): float32 sums per batch, added in float64."""
+    """The project's validation number (``StackedClassifier.loss_sums``): float32 sums per batch, added in float64."""
     total = None
     with torch.no_grad():
         for xb, yb in zip(x.split(BATCH), y.split(BATCH)):
-            s = F.cross_entropy(model(xb), yb, reduction="sum").double()
+            s = F.cross_entropy(model(xb), yb, reduction="none").sum().double()
             total = s if total is None else total + s
     return float(total) / len(x)
 
@@ -87,32 +88,41 @@ def original_loop(model: nn.Module, x, y, x_val, y_val) -> tuple[list[float], to
     return curve, opt, stopped
 
 
-def project_fit(rules: LoopRules, x, y, x_val, y_val) -> tuple[list[float], torch.optim.Optimizer, dict, Classifier]:
-    """The single-fit engine's protocol (mdl/engine/single_fit.py ``EpochProtocol``) on the same model and batches."""
-    module = Classifier(tiny_model(), make_optimizer, LR, mup=False)
-    module.evaluate_as_trained = rules.evaluate_as_trained
+def one_member(model: nn.Module) -> StackedClassifier:
+    return StackedClassifier(StackedModel([model]), make_optimizer, LR)
+
+
+def project_fit(rules: LoopRules, x, y, x_val, y_val) -> tuple[list[float], dict, dict, dict]:
+    """The protocol (``StackedProtocol``) on a stack of one of the same model, the same batches in order: its
+    validation curve, and when the member stopped, its weights, its best weights and the optimizer's state."""
+    module = one_member(tiny_model())
     val = list(zip(x_val.split(BATCH), y_val.split(BATCH)))
-    protocol = EpochProtocol(lambda: val, PATIENCE, "cpu", untrained_candidate=True, rules=rules)
-    stopped: dict = {}
+    loader = StackedBatches([TrainSource(x, y)], [len(y)], BATCH, reshuffle=False)
+    seen: dict = {}
 
-    class KeepStopped(L.Callback):  # the weights where training stopped, before the best ones are restored
-        def on_train_end(self, trainer, pl_module):
-            stopped.update({k: v.detach().clone() for k, v in pl_module.model.state_dict().items()})
+    class Stopped(StackedProtocol):  # the member's state when it stops, before it leaves the stack
+        def _finish(self, module, stopping) -> None:
+            seen["stopped"] = {n: t.detach()[0].clone() for n, t in module.stack.param_dict().items()}
+            seen["best"] = {n: t.clone() for n, t in self.best[0].items()}
+            seen["optimizer"] = deepcopy(module.trainer.optimizers[0].state_dict())
+            super()._finish(module, stopping)
 
+    protocol = Stopped(
+        loader, lambda m: val, lambda m: val, PATIENCE, MAX_EPOCHS, LR, untrained_candidate=True, rules=rules
+    )
     trainer = L.Trainer(
-        max_epochs=MAX_EPOCHS,
+        max_epochs=-1,
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[protocol, KeepStopped()],
+        callbacks=[protocol],
     )
-    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False))
-    protocol.restore(module)
-    curve = [protocol.state.initial_val_loss, *module.val_loss_curve]
-    return curve, trainer.optimizers[0], stopped, module
+    trainer.fit(module, train_dataloaders=loader)
+    state = protocol.members[0]
+    return [state.initial_val_loss, *state.val_loss_curve], seen["stopped"], seen["best"], seen["optimizer"]
 
 
 def test_backtracking_matches_the_original_loop() -> None:
@@ -121,7 +131,7 @@ def test_backtracking_matches_the_original_loop() -> None:
     x, y, x_val, y_val = toy_data()
     original = tiny_model()
     curve, opt, stopped = original_loop(original, x, y, x_val, y_val)
-    ours, our_opt, our_stopped, module = project_fit(ORIGINAL, x, y, x_val, y_val)
+    ours, our_stopped, our_best, our_opt = project_fit(ORIGINAL, x, y, x_val, y_val)
     assert len(curve) < MAX_EPOCHS  # stopped by patience
     best = [min(curve[: i + 1]) for i in range(len(curve))]
     assert sum(c > b for c, b in zip(curve[1:], best)) >= PATIENCE  # it backtracked, twice in a row at least
@@ -129,12 +139,12 @@ def test_backtracking_matches_the_original_loop() -> None:
     for name, tensor in stopped.items():
         assert torch.equal(our_stopped[name], tensor), name
     for name, tensor in original.state_dict().items():
-        assert torch.equal(module.model.state_dict()[name], tensor), name
-    assert our_opt.param_groups[0]["k"] == opt.param_groups[0]["k"]
-    assert our_opt.param_groups[0]["weight_sum"] == opt.param_groups[0]["weight_sum"]
-    for p, q in zip(module.model.parameters(), [p for g in opt.param_groups for p in g["params"]]):
+        assert torch.equal(our_best[name], tensor), name
+    assert our_opt["param_groups"][0]["k"] == opt.param_groups[0]["k"]
+    assert our_opt["param_groups"][0]["weight_sum"] == opt.param_groups[0]["weight_sum"]
+    for i, q in enumerate(p for g in opt.param_groups for p in g["params"]):
         for key in ("z", "exp_avg_sq"):
-            assert torch.equal(our_opt.state[p][key], opt.state[q][key]), key
+            assert torch.equal(our_opt["state"][i][key][0], opt.state[q][key]), key
 
 
 def test_sound_loop_does_not_backtrack() -> None:
@@ -146,16 +156,18 @@ def test_sound_loop_does_not_backtrack() -> None:
 
 
 def test_scoring_in_train_mode() -> None:
-    """protocol=original scores in train mode (dropout, drop-path active), the model's mode left as it was."""
-    from models.module import total_bits
-
+    """protocol=original scores a stack of one in train mode (dropout, drop-path active: ``as_trained``), though under
+    no_grad; otherwise in eval mode, as a lone model is scored."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5)).eval()
+    module = one_member(nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))).train()
     x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
-    eval_bits, _ = total_bits(model, [(x, y)])
-    train_bits, _ = total_bits(model, [(x, y)], train_mode=True)
-    assert train_bits != eval_bits and not model.training
-    assert total_bits(model, [(x, y)])[0] == eval_bits
+    weights = module.eval_weights([0])
+    eval_bits = module.loss_sums(weights, [(x, y)])[0]
+    module.stack.as_trained = True
+    train_bits = module.loss_sums(weights, [(x, y)])[0]
+    module.stack.as_trained = False
+    assert not torch.equal(train_bits, eval_bits) and module.training
+    assert torch.equal(module.loss_sums(weights, [(x, y)])[0], eval_bits)
 
 
 def test_protocol_groups_name_their_loops() -> None:
@@ -250,10 +262,10 @@ def test_the_original_adds_up_validation_per_batch_in_bits() -> None:
         for original in (False, True):
             state = MemberState(member=0, n_train=10)
             for epoch, model in ((-1, untrained), (0, trained)):
-                module = Classifier(model, make_optimizer, LR, mup=False)
-                module.batch_mean_validation = original
+                module = one_member(model)
                 batches = list(zip(x.split(128), y.split(128))) if original else [(x, y)]
-                mean = module.validate(batches)
+                sums, count = module.loss_sums(module.eval_weights([0]), batches, float64=False, batch_means=original)
+                mean = float(module.validation_means(sums, count, original)[0])
                 if original:
                     assert mean == original_evaluate(model, x, y, 128) * math.log(2)
                 verdicts[original] = state.judge(mean, epoch, exact=True)

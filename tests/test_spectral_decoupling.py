@@ -30,9 +30,9 @@ from conftest import (
     run_in_process,
     run_launch,
 )
-from mdl.run.components import make_loss, make_model_factory, make_optimizer
+from mdl.run.components import make_loss, make_model_factory
 from mdl.run.experiment import run_experiment
-from models import Classifier, create_model
+from models import create_model
 from models.losses import SpectralDecoupling, loss_from_options, spectral_penalty
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
@@ -79,7 +79,7 @@ def test_per_class_form_with_equal_lambdas_and_zero_targets_is_eq_6_3_17(float64
 
 
 def test_training_step_adds_exactly_the_penalty_gradient_to_the_logits() -> None:
-    """Through Classifier.training_step: grad on the logits = cross-entropy's + lambda * z / B."""
+    """Through a stack of one's training step: grad on the logits = cross-entropy's + lambda * z / B."""
 
     class Logits(nn.Module):  # a "model" whose output is a leaf, to read the gradient on the logits
         def __init__(self, z: Tensor) -> None:
@@ -91,15 +91,13 @@ def test_training_step_adds_exactly_the_penalty_gradient_to_the_logits() -> None
 
     gen = torch.Generator().manual_seed(1)
     z, y = 3 * torch.randn(16, 10, generator=gen), torch.randint(0, 10, (16,), generator=gen)
-    module = Classifier(Logits(z), torch.optim.SGD, lr=1.0, mup=False, loss=SpectralDecoupling(0.2))
-    module.training_step((torch.zeros(16, 1), y), 0).backward()
+    module = StackedClassifier(StackedModel([Logits(z)]), torch.optim.SGD, 1.0, loss=SpectralDecoupling(0.2))
+    module.step_loss(torch.zeros(1, 16, 1), y[None], torch.ones(1, 16)).backward()
     zz = z.clone().requires_grad_()
     (ce_grad,) = torch.autograd.grad(F.cross_entropy(zz, y), zz)
     expected = ce_grad + 0.2 * z / 16
-    assert torch.allclose(module.model.z.grad, expected, rtol=1e-6, atol=1e-7)
-    assert module._sums["train"][0].item() == pytest.approx(
-        16 * F.cross_entropy(z, y).item(), rel=1e-6
-    )  # curve: plain CE
+    assert torch.allclose(module.stack.param_dict()["z"].grad[0], expected, rtol=1e-6, atol=1e-7)
+    assert module.train_sums[0].item() == pytest.approx(16 * F.cross_entropy(z, y).item(), rel=1e-6)  # plain CE
 
 
 def test_loss_options_are_checked() -> None:
@@ -156,23 +154,6 @@ def _batches(steps: int, m: int | None = None) -> list[tuple[Tensor, Tensor]]:
     ]
 
 
-@pytest.mark.parametrize("zero", ZERO_LOSSES, ids=["plain", "per-class"])
-def test_lambda_zero_trains_bit_identically_sequential(float64, zero: SpectralDecoupling) -> None:
-    optimizer = make_optimizer(compose_config([]))  # the run's schedule-free AdamW
-    params = []
-    for loss in (None, zero):
-        module = Classifier(_mlp(0), optimizer, lr=3e-2, loss=loss)
-        opt = module.configure_optimizers()
-        opt.train()
-        for i, batch in enumerate(_batches(6)):
-            module.training_step(batch, i).backward()
-            opt.step()
-            opt.zero_grad()
-        params.append([p.detach().clone() for p in module.model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*params))
-    assert not all(torch.equal(a, b.detach()) for a, b in zip(params[0], _mlp(0).parameters()))  # it did train
-
-
 def _stacked(loss: SpectralDecoupling | None, lr: float = 3e-2) -> StackedClassifier:
     opt = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
     return StackedClassifier(StackedModel([_mlp(s) for s in range(3)]), opt, lr, loss=loss)
@@ -200,10 +181,11 @@ def test_lambda_zero_trains_bit_identically_stacked(float64, zero: SpectralDecou
 
 
 def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64) -> None:
-    """With lambda > 0 the stack trains each member as a Classifier on its real examples alone."""
+    """With lambda > 0 the stack trains each member as a stack of one on its real examples alone."""
     sd = SpectralDecoupling(0.5, (0.5, 1.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8), (1.0,) * 10)
     opt = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
-    stack, singles = _stacked(sd), [Classifier(_mlp(s), opt, lr=3e-2, loss=sd) for s in range(3)]
+    stack = _stacked(sd)
+    singles = [StackedClassifier(StackedModel([_mlp(s)]), opt, 3e-2, loss=sd) for s in range(3)]
     opts = [stack.configure_optimizers(), *(s.configure_optimizers() for s in singles)]
     for o in opts:
         o.train()
@@ -212,7 +194,7 @@ def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64
         stack.step_loss(x, y, w).backward()
         for m, single in enumerate(singles):
             keep = w[m] > 0
-            single.training_step((x[m][keep], y[m][keep]), i).backward()
+            single.step_loss(x[m][keep][None], y[m][keep][None], w[m][keep][None]).backward()
         for o in opts:
             o.step()
             o.zero_grad()
@@ -221,12 +203,11 @@ def test_stacked_penalty_is_each_members_own_mean_over_its_real_examples(float64
 
 def test_training_steps_with_the_penalty_read_nothing_back_to_the_host() -> None:
     sd = SpectralDecoupling(0.1, (0.1,) * 10, (1.0,) * 10)
-    stack, single = _stacked(sd), Classifier(_mlp(0), torch.optim.SGD, lr=0.1, loss=sd)
+    stack = _stacked(sd)
     ((x, y),) = _batches(1, 3)
     with RecordOps() as record:
         for i in range(3):
             stack.step_loss(x, y, _weights())
-            single.training_step((x[0], y[0]), i)
     assert not host_reads(record), host_reads(record)
 
 
@@ -285,10 +266,11 @@ def test_sd_reaches_a_larger_margin_than_erm_on_two_moons() -> None:
         for name, loss in (("erm", None), ("sd", SpectralDecoupling(0.012))):
             torch.manual_seed(seed)
             net = nn.Sequential(nn.Linear(2, 100), nn.ReLU(), nn.Linear(100, 2))
-            module = Classifier(net, sgd, lr=1e-2, mup=False, loss=loss)
+            module = StackedClassifier(StackedModel([net]), sgd, 1e-2, loss=loss)  # a stack of one: net's weights
             opt = module.configure_optimizers()
+            weight = torch.ones(1, len(y))
             for step in range(2000):
-                module.training_step((x, y), step).backward()
+                module.step_loss(x[None], y[None], weight).backward()
                 opt.step()
                 opt.zero_grad()
             with torch.no_grad():
@@ -345,30 +327,17 @@ def test_launch_sweeps_spectral_decoupling_on_digits_with_both_engines(tmp_path:
 def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: Path, monkeypatch, engine: str) -> None:
     """Capture each block's scored (best) weights; its recorded validation loss and code length
     are the plain cross-entropy of those weights, not the regularised objective (which differs)."""
-    import mdl.engine.single_fit
     from mdl.engine.stacked_fit import StackedProtocol
 
     scored: dict[int, dict[str, Tensor]] = {}  # member (block index; the final fit last) -> scored weights
-    if engine == "sequential":
-        original_bits = mdl.engine.single_fit.total_bits
+    original_finish = StackedProtocol._finish
 
-        def remember(model, batches, *args, **kwargs):  # a block's model scores its next block and the last block
-            weights = {k: v.detach().clone() for k, v in model.model.state_dict().items()}
-            last = scored.get(len(scored) - 1)
-            if last is None or any(not torch.equal(last[k], v) for k, v in weights.items()):
-                scored[len(scored)] = weights
-            return original_bits(model, batches, *args, **kwargs)
+    def remember(self, module, stopping):
+        for m in stopping:
+            scored[m] = {k: v.clone() for k, v in self.best[m].items()}
+        original_finish(self, module, stopping)
 
-        monkeypatch.setattr(mdl.engine.single_fit, "total_bits", remember)
-    else:
-        original_finish = StackedProtocol._finish
-
-        def remember(self, module, stopping):
-            for m in stopping:
-                scored[m] = {k: v.clone() for k, v in self.best[m].items()}
-            original_finish(self, module, stopping)
-
-        monkeypatch.setattr(StackedProtocol, "_finish", remember)
+    monkeypatch.setattr(StackedProtocol, "_finish", remember)
     settings = [
         *FAST,
         *SD_RUN,

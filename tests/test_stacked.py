@@ -15,15 +15,15 @@ from mup import MuReadout
 
 from conftest import FITS, FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.augment import Augmentation
-from datamodules.loader import DeviceBatches
+from datamodules.loader import EvalBatches
 from datamodules.stacked_batches import StackedBatch, StackedBatches, TrainSource
-from mdl.run.components import make_model_factory, make_module_factory
+from mdl.run.components import make_model_factory
 from mdl.run.experiment import run_experiment
 from mdl.engine.stacked_fit import StackedProtocol
 from mdl.engine.protocol import member_seeds
 from mdl.engine.stacked_fit import build_members
 from mdl.engine.trainer_settings import refuse_for_stacked
-from models import Classifier, create_model
+from models import create_model, mup_param_groups
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
 from test_resume import EXACT, assert_resumes_exactly, run_killed_after
@@ -37,39 +37,40 @@ def crop_flip(augment: bool) -> Augmentation | None:
 STACKED = [*FAST, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0"]
 
 
-def test_each_member_starts_from_the_sequential_engines_initial_weights() -> None:
+def test_each_member_starts_from_the_model_built_under_its_seed() -> None:
     cfg = compose_config(["model=lenet", "width=16", "model.base_width=8"])
     make_model = make_model_factory(cfg, 10, (1, 8, 8))
-    make_module = make_module_factory(cfg, 10, (1, 8, 8))
     seeds = member_seeds(seed=3, num_boundaries=4)
     assert seeds == [3000, 3001, 3002, 3004]  # blocks 0..2, then the final fit (prequential.py's seeds)
     stack = build_members(make_model, seeds, torch.device("cpu"))
     for row, s in enumerate(seeds):
         L.seed_everything(s, verbose=False)
-        sequential = make_module().model
+        alone = make_model()
         member = {n: p.detach()[row] for n, p in stack.param_dict().items()}
         member |= {n: b[row] for n, b in stack.buffer_dict().items()}
-        for name, tensor in sequential.state_dict().items():
+        for name, tensor in alone.state_dict().items():
             assert torch.equal(member[name], tensor), (s, name)
 
 
 @pytest.mark.parametrize("augment", [False, True])
-def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
-    """Step by step, in groups of up to 4 steps, each ending at the latest at a member's epoch end."""
+def test_each_member_sees_the_batches_it_sees_alone(augment: bool) -> None:
+    """Step by step, in groups of up to 4 steps, each ending at the latest at a member's epoch end: a member's
+    batches are those of a stack of one on its prefix."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
     stacked = StackedBatches(
-        [TrainSource(x, y)], prefixes, batch, seed=7, augment=crop_flip(augment), steps_per_group=4
+        [TrainSource(x, y)], prefixes, batch, seeds=7, augment=crop_flip(augment), steps_per_group=4
     )
     steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
-        loader = DeviceBatches(x[:n], y[:n], batch, shuffle=True, augment=crop_flip(augment), seed=7)
+        alone = StackedBatches([TrainSource(x[:n], y[:n])], [n], batch, seeds=7, augment=crop_flip(augment))
         expected[m] = []
-        for epoch in range(3):
-            loader.set_epoch(epoch)
-            expected[m] += list(loader)
+        for _ in range(3 * alone.steps_per_pass):
+            group = alone.next()
+            keep = group.weight[0, 0] > 0
+            expected[m].append((group.x[0, 0][keep], group.y[0, 0][keep]))
     seen: dict[int, list] = {m: [] for m in range(3)}
     sizes = set()
     while stacked.active:
@@ -90,15 +91,19 @@ def test_each_member_sees_the_sequential_engines_batches(augment: bool) -> None:
             assert torch.equal(ys, ye) and torch.equal(xs, xe)
 
 
-def _stacked_and_single(lr: float = 3e-2) -> tuple[StackedClassifier, list[Classifier]]:
-    """Three muP MLPs, as one stack and as three Classifiers (each its own copy of the weights)."""
+def _stacked_and_single(lr: float = 3e-2) -> tuple[StackedClassifier, list[StackedClassifier]]:
+    """Three muP MLPs, as one stack and as three stacks of one (each its own copy of the weights)."""
     opt = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731
-    models = []
-    for s in range(3):
-        torch.manual_seed(s)
-        models.append(create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=8))
-    stack = StackedClassifier(StackedModel(models), opt, lr)
-    return stack, [Classifier(m, opt, lr=lr) for m in models]
+
+    def models() -> list[torch.nn.Module]:
+        made = []
+        for s in range(3):
+            torch.manual_seed(s)
+            made.append(create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=8))
+        return made
+
+    stack = StackedClassifier(StackedModel(models()), opt, lr)
+    return stack, [StackedClassifier(StackedModel([m]), opt, lr) for m in models()]
 
 
 @pytest.fixture
@@ -125,7 +130,7 @@ def test_stacked_steps_equal_independent_optimizers_per_member(float64) -> None:
         stack.train_group(StackedBatch(x[None], y[None], w[None], [0, 1, 2]), opt_stack)
         for m, (single, o) in enumerate(zip(singles, opts)):
             keep = w[m] > 0
-            single.training_step((x[m][keep], y[m][keep]), step).backward()
+            single.step_loss(x[m][keep][None], y[m][keep][None], w[m][keep][None]).backward()
             o.step()
             o.zero_grad()
     assert_members_equal_singles(stack, singles)
@@ -177,7 +182,7 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
     kernels = {}
     for members in (2, 7):
         batches = StackedBatches(
-            [TrainSource(x, y)], [640] * members, 32, seed=0, augment=crop_flip(augment), steps_per_group=4
+            [TrainSource(x, y)], [640] * members, 32, seeds=0, augment=crop_flip(augment), steps_per_group=4
         )
         groups = iter(batches)
         next(groups)  # past the epoch's start (its shuffle and draws)
@@ -190,7 +195,10 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
 
 def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> None:
     x, y = torch.rand(300, 3, 8, 8), torch.randint(0, 10, (300,))
-    make = lambda: StackedBatches([TrainSource(x, y)], [70, 300], 32, seed=5, augment=Augmentation(), steps_per_group=3)  # noqa: E731
+
+    def make() -> StackedBatches:
+        return StackedBatches([TrainSource(x, y)], [70, 300], 32, seeds=5, augment=Augmentation(), steps_per_group=3)
+
     uninterrupted, resumed = make(), make()
     for _ in range(4):
         uninterrupted.next()
@@ -215,7 +223,7 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
     )
     alone = {
         m: StackedBatches(
-            [own[sources[m]]], [prefixes[m]], 16, seed=seeds[m], augment=crop_flip(augment), steps_per_group=3
+            [own[sources[m]]], [prefixes[m]], 16, seeds=seeds[m], augment=crop_flip(augment), steps_per_group=3
         )
         for m in range(5)
     }
@@ -335,7 +343,7 @@ def test_every_registered_model_stacks(name: str, options: dict) -> None:
 
 def test_gradient_clipping_is_refused_by_the_stacked_engine(tmp_path: Path) -> None:
     cfg = compose_config([*STACKED, "+trainer.kwargs.gradient_clip_val=1.0"], tmp_path)
-    with pytest.raises(ValueError, match="use mdl.members_per_fit=1"):
+    with pytest.raises(ValueError, match="cannot clip each member"):
         run_experiment(cfg, tmp_path / "run")
 
 
@@ -398,15 +406,15 @@ def test_patience_zero_stops_at_the_first_epoch_without_improvement_as_lightning
                 assert len(curve) == 30 or curve[-1] >= min(curve[:-1]), e
 
 
-def test_muP_learning_rates_equal_the_sequential_engines_to_the_bit() -> None:
+def test_muP_learning_rates_equal_muPs_own_groups_to_the_bit() -> None:
     model = create_model("mlp", 160, 2, 10, (1, 8, 8), base_width=128)  # width_mult 1.25: lr / 1.25 != lr * 0.8
-    sequential = sorted(g["lr"] for g in Classifier(model, lambda g: g, lr=1.7e-3).configure_optimizers())
+    sequential = sorted(g["lr"] for g in mup_param_groups(model, 1.7e-3))
     stacked = sorted(g["lr"] for g in StackedModel([model]).param_groups(1.7e-3))
     assert sequential == stacked
 
 
 def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*use mdl.members_per_fit=1"):
+    with pytest.raises(ValueError, match="accumulate_grad_batches=2: .*follow the prequential protocol"):
         run_experiment(
             compose_config([*STACKED, "+trainer.kwargs.accumulate_grad_batches=2"], tmp_path), tmp_path / "run"
         )
@@ -415,26 +423,25 @@ def test_trainer_settings_that_change_the_protocol_are_refused_before_the_run(tm
 @pytest.mark.parametrize(
     ("kwargs", "reason"),
     [
-        ({"accumulate_grad_batches": 2}, "or use mdl.members_per_fit=1"),
-        ({"fast_dev_run": True}, "or use mdl.members_per_fit=1"),
-        ({"overfit_batches": 3}, "or use mdl.members_per_fit=1"),
-        ({"min_epochs": 5}, "or use mdl.members_per_fit=1"),
-        ({"limit_train_batches": 1}, "or use mdl.members_per_fit=1"),  # an int: one batch
-        ({"gradient_clip_val": 0.5}, "clip the norm of the whole stack"),
+        ({"accumulate_grad_batches": 2}, "follow the prequential protocol"),
+        ({"fast_dev_run": True}, "follow the prequential protocol"),
+        ({"overfit_batches": 3}, "follow the prequential protocol"),
+        ({"min_epochs": 5}, "follow the prequential protocol"),
+        ({"limit_train_batches": 1}, "follow the prequential protocol"),  # an int: one batch
+        ({"gradient_clip_val": 0.5}, "cannot clip each member"),
         ({"limit_val_batches": 0.5}, "validates every model"),
         ({"val_check_interval": 10}, "validates every model"),
         ({"max_steps": 5}, "use max_epochs"),
         ({"min_steps": 5}, "use max_epochs"),
         ({"max_time": "00:01:00:00"}, "use max_epochs"),
         ({"max_steps": None}, "use max_epochs"),
-        ({"accumulate_grad_batches": None}, "or use mdl.members_per_fit=1"),  # None is not their default
+        ({"accumulate_grad_batches": None}, "follow the prequential protocol"),  # None is not their default
     ],
 )
 def test_the_stacked_engine_refuses_every_setting_of_lightnings_steps_validation_and_stopping(
     kwargs: dict, reason: str
 ) -> None:
-    """The sequential engine refuses some of these and takes single steps for the others; the
-    stacked engine's protocol owns all of them."""
+    """The protocol owns all of them, whatever the number of members per fit."""
     with pytest.raises(ValueError, match=f"trainer.kwargs.{next(iter(kwargs))}=.*{reason}"):
         refuse_for_stacked(kwargs)
 
@@ -532,14 +539,14 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     loader = StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=4)
     models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
     module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
-    val = DeviceBatches(x[64:], y[64:], 32)
+    val = EvalBatches(x[64:], y[64:], 32)
     protocol = StackedProtocol(loader, lambda m: val, lambda m: val, patience=100, max_epochs=4, lr=0.1)
     reads = []
     end_epochs = protocol._end_epochs
 
-    def counted(module: StackedClassifier, ended: list[int]) -> list[int]:
+    def counted(module: StackedClassifier, ended: list[int], trainer) -> list[int]:
         with RecordOps() as record:
-            stopping = end_epochs(module, ended)
+            stopping = end_epochs(module, ended, trainer)
         reads.append((len(ended), host_reads(record)))
         return stopping
 
@@ -562,3 +569,34 @@ def test_a_checkpoint_written_with_the_retired_finished_at_still_resumes() -> No
     resumed = make()
     resumed.load_state_dict(saved)
     assert (resumed.members[1].epoch, resumed.members[1].best_epoch, resumed.members[1].n_train) == (3, 2, 64)
+
+
+def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> None:
+    """A fit of one member is a stack of one: it runs the plain model (not its stacked form), so what only a lone
+    model can have works there, bit for bit: batch norm (its running statistics updated in the stack's buffers, eval
+    mode under no_grad) and dropout; a stack of two still refuses them."""
+    from models.stacking import StackedModel
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3),
+            torch.nn.BatchNorm2d(4),
+            torch.nn.Flatten(),
+            torch.nn.Dropout(0.5),
+            torch.nn.Linear(64, 3),
+        )
+
+    plain, stack = make(), StackedModel([make()])
+    x = torch.rand(5, 1, 6, 6)
+    torch.manual_seed(1)
+    expected = plain(x)
+    torch.manual_seed(1)
+    assert torch.equal(stack(x[None])[0], expected)
+    assert torch.equal(stack.buffer_dict()["1.running_mean"][0], plain[1].running_mean)
+    plain.eval()
+    with torch.no_grad():
+        scored = stack.run(stack.param_dict(), stack.buffer_dict(), x, shared_input=True)[0]
+    assert torch.equal(scored, plain(x))
+    with pytest.raises(ValueError, match="BatchNorm2d.*cannot be stacked"):
+        StackedModel([make(), make()])

@@ -128,7 +128,7 @@ def test_the_screen_after_a_run_holds_every_block_line_and_no_table(engine: str,
 
 def test_no_live_table_when_stdout_is_not_a_terminal(monkeypatch) -> None:
     """A Slurm job's stdout is a file even where its stderr is still a terminal: plain lines only."""
-    from mdl.engine.progress_display import FitProgress
+    from mdl.engine.progress_display import MemberProgress
 
     class Terminal:
         def isatty(self) -> bool:
@@ -142,4 +142,4 @@ def test_no_live_table_when_stdout_is_not_a_terminal(monkeypatch) -> None:
 
     monkeypatch.setattr(sys, "stderr", Terminal())
     monkeypatch.setattr(sys, "stdout", io.StringIO())
-    assert not FitProgress(0, "block 1/3", patience=2, max_epochs=3).table.wanted
+    assert not MemberProgress(protocol=None).table.wanted

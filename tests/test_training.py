@@ -1,80 +1,14 @@
-"""The training side: schedule-free modes around checkpoints, seeding, the experiment runner."""
+"""The training side: seeding, the experiment runner."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-import lightning as L
 import pytest
-import schedulefree
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import FAST, compose_config
-from datamodules.loader import DeviceBatches
 from mdl.run.experiment import run_experiment
-from models import Classifier, create_model
-from models.module import optimizer_train_mode, set_optimizer_mode
-
-
-class RecordEvalWeights(L.Callback):
-    """Save a checkpoint mid-epoch (optimizer in train mode) and remember the eval-mode weights."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.expected: dict[str, dict[str, torch.Tensor]] = {}
-        self.train_mode_weights: dict[str, dict[str, torch.Tensor]] = {}
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if batch_idx != 1:
-            return
-        opt = trainer.optimizers[0]
-        assert optimizer_train_mode(opt) is True
-        path = self.folder / f"mid-{trainer.current_epoch}.ckpt"
-        self.train_mode_weights[path.name] = copy.deepcopy(pl_module.state_dict())
-        trainer.save_checkpoint(path)
-        set_optimizer_mode(opt, train=False)
-        self.expected[path.name] = copy.deepcopy(pl_module.state_dict())
-        set_optimizer_mode(opt, train=True)
-        assert optimizer_train_mode(opt) is True
-
-
-def test_checkpoints_hold_eval_mode_weights(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    x, y = torch.rand(256, 1, 8, 8), torch.randint(0, 10, (256,))
-    model = create_model("mlp", 32, 2, 10, (1, 8, 8), base_width=32)
-    module = Classifier(model, lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=0), lr=1e-2)
-    recorder = RecordEvalWeights(tmp_path)
-    end_of_epoch = ModelCheckpoint(
-        dirpath=tmp_path, filename="epoch-{epoch}", save_top_k=-1, save_on_train_epoch_end=True
-    )
-    trainer = L.Trainer(
-        max_epochs=3,
-        callbacks=[recorder, end_of_epoch],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(module, DeviceBatches(x, y, 64, shuffle=True), DeviceBatches(x, y, 128))
-    assert len(recorder.expected) == 3
-    for name, expected in recorder.expected.items():
-        ckpt = torch.load(tmp_path / name, weights_only=False)
-        assert all(g["train_mode"] is False for g in ckpt["optimizer_states"][0]["param_groups"])
-        # eval() and train() are lerps, so a round trip moves weights by float rounding only
-        for key, value in expected.items():
-            assert torch.allclose(ckpt["state_dict"][key], value, rtol=1e-5, atol=1e-7), f"{name}: {key}"
-        train_weights = recorder.train_mode_weights[name]
-        assert any(
-            not torch.allclose(ckpt["state_dict"][k], v, rtol=1e-3, atol=1e-6) for k, v in train_weights.items()
-        ), "train- and eval-mode weights coincide: the test would not notice a train-mode checkpoint"
-    epoch_ckpts = sorted(tmp_path.glob("epoch-*.ckpt"))
-    assert len(epoch_ckpts) == 3
-    for path in epoch_ckpts:
-        ckpt = torch.load(path, weights_only=False)
-        assert all(g["train_mode"] is False for g in ckpt["optimizer_states"][0]["param_groups"])
 
 
 def _run(tmp_path: Path, seed: int, tag: str) -> dict:

@@ -4,40 +4,33 @@ For boundaries t_1 < ... < t_S = N, a run's member i < S - 1 is a fresh model fi
 stopping on the validation split, best weights kept) and scored on train[t_i:t_{i+1}]; the last member is
 the final fit on all N examples. A run alone and a pack of runs (``hydra/launcher=packed``) take this one
 path: a run alone is a pack of one. Members are (run, block) pairs, trained in the fits of
-``mdl.engine.memory.plan_fits``: a fit of one member of each run trains each plain model in a fit of its
-own (mdl.engine.single_fit), a fit of several trains their stacked form (mdl.engine.stacked_runs);
-either way each member follows the same protocol (mdl.engine.protocol) from the same seed, so each run's
-numbers are those it has alone.
+``mdl.engine.memory.plan_fits``, each one stack of k >= 1 members (mdl.engine.stacked_runs; a stack of one runs
+its plain model, ``models.stacking.StackedModel``); a fit of one member of each of several runs trains each in a
+stack of its own, as alone. Each member follows the same protocol (mdl.engine.protocol) from the same seed, so
+each run's numbers are those it has alone.
 
 Each run records its finished blocks in its progress.json as they finish (mdl.engine.ledger); a
 re-launched job skips the fits whose blocks are all recorded and resumes a fit in progress from its
-checkpoint: a fit of one member's in its run's store (``block<i>.ckpt``, ``final.ckpt``), a stacked fit's
-in ``Fitting.folder`` (``stacked.ckpt`` for a fit of every member, else named by its members).
+checkpoint in ``Fitting.folder`` (``stacked.ckpt`` for a fit of every member, else named by its members).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from contextlib import contextmanager, nullcontext
-from functools import partial
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
-from datamodules.datamodule import ErasedDataModule
 from datamodules.timing import timed
 from erasure.files import sha256_hex
-from mdl.engine.checkpoints import run_identity
 from mdl.engine.ledger import Ledger
 from mdl.engine.members import AUTO
 from mdl.engine.memory import Member, halved, out_of_memory_errors, plan_fits
-from mdl.engine.progress_display import FitProgress
 from mdl.engine.protocol import MemberOutcome
-from mdl.engine.fitting import Fitting, Run, module_factory
-from mdl.engine.single_fit import fit_one_member, fit_prefix
+from mdl.engine.fitting import Fitting, Run
 from mdl.engine.stacked_runs import fit_stack
-from mdl.engine.trainer_settings import refuse_for_sequential, refuse_for_stacked, settings_needing_single_steps
-from models.module import Classifier
+from mdl.engine.trainer_settings import refuse_for_stacked
 
 log = logging.getLogger(__name__)
 STACKED_CHECKPOINT = "stacked.ckpt"  # a stacked fit of every member of the runs trained together
@@ -50,22 +43,15 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
     check_trainable_together(runs)
     ledgers = [Ledger.open(run) for run in runs]
     fits = plan_fits(runs, fitting)
-    check_trainer_settings(fitting.trainer_kwargs, fits, fitting.steps_per_group)
+    refuse_for_stacked(fitting.trainer_kwargs)  # what the protocol's own loop cannot honour
     finished = [f for f in fits if all(ledgers[r].done(m) for r, m in f)]
     for r, ledger in enumerate(ledgers):
         ledger.relog([m for f in finished for q, m in f if q == r])
-    makers: dict[int, Callable[[], Classifier]] = {}  # each run's module factory, made once (it compiles once)
     pending = deque(f for f in fits if f not in finished)
     while pending:
         members = pending.popleft()
-        if not is_stacked(members):  # one member of each run: each a plain model's fit
-            for r, m in members:
-                if not ledgers[r].done(m):
-                    if r not in makers:
-                        makers[r] = module_factory(
-                            runs[r].model, fitting.precision, fitting.channels_last, fitting.compile_backend
-                        )
-                    fit_single(ledgers[r], m, makers[r], fitting)
+        if not is_stacked(members) and len(members) > 1:  # one member of each run: each a stack of one, as alone
+            pending.extendleft([[(r, m)] for r, m in reversed(members) if not ledgers[r].done(m)])
             continue
         try:
             run_stacked_fit(ledgers, members, fitting)
@@ -89,35 +75,6 @@ def check_trainable_together(runs: Sequence[Run]) -> None:
         )
 
 
-def fit_single(ledger: Ledger, member: int, make_module: Callable[[], Classifier], fitting: Fitting) -> None:
-    """One member in a fit of its own (checkpoint ``block<i>.ckpt`` / ``final.ckpt`` in its run's store, removed
-    once recorded; the final fit's stays until the results are written: experiment.discard_resume_state)."""
-    run = ledger.run
-    is_final = member == ledger.final
-    name = "final fit" if is_final else f"block {member + 1}/{ledger.final}"
-    ckpt = run.store / "checkpoints" / ("final.ckpt" if is_final else f"block{member:02d}.ckpt")
-    progress = FitProgress(member, name, fitting.patience, fitting.max_epochs, run.on_epoch)
-    extra = [*fitting.callbacks, *([run.final_curves] if is_final and run.final_curves is not None else []), progress]
-    fit = partial(
-        fit_prefix,
-        run.data,
-        make_module=make_module,
-        fitting=fitting,
-        checkpoint=ckpt,
-        identity=run_identity(run.store),
-        extra_callbacks=extra,
-        member=member,
-    )
-    redraw = fitting.rules.redraw_per_block and not is_final  # the final fit trains on the splits as they are
-    layout = run.data.redrawn(member) if redraw else nullcontext()
-    with batch_order_of(run.data, run.seed), layout, timed(f"fit: {name}"):
-        outcome, seconds = fit_one_member(run.data, run.boundaries, member, run.seeds()[member], fit)
-    ledger.record(outcome, seconds)
-    if not is_final:
-        ckpt.unlink(missing_ok=True)
-    ledger.keep({member: outcome})
-
-
 def is_stacked(members: list[Member]) -> bool:
     """Whether a fit trains several members of one run at once (their stacked form), not one plain model each."""
     return len(members) > len({r for r, _ in members})
@@ -131,7 +88,11 @@ def run_stacked_fit(ledgers: Sequence[Ledger], members: list[Member], fitting: F
     parts = [(ledgers[r], sorted(m for q, m in members if q == r)) for r in in_fit]
     checkpoint = stacked_checkpoint(fitting.folder, members, size * len(ledgers))
     has_final = any(m == size - 1 for _, m in members)
-    with timed(stacked_fit_phase(members, size)):
+    redraw = fitting.rules.redraw_per_block and not has_final  # the final fit trains on the splits as they are
+    if redraw and len(members) > 1:
+        raise ValueError("protocol.redraw_per_block draws each block's layout anew: it needs fits of one member")
+    layout = ledgers[members[0][0]].run.data.redrawn(members[0][1]) if redraw else nullcontext()
+    with layout, timed(stacked_fit_phase(members, size)):
         outcomes = fit_stack(parts, fitting, checkpoint, keep_checkpoint=has_final)
     for r, outcome in zip(in_fit, outcomes):
         ledgers[r].keep(outcome)
@@ -154,30 +115,4 @@ def stacked_checkpoint(folder: Path, members: list[Member], total: int) -> Path:
     return folder / "checkpoints" / name
 
 
-@contextmanager
-def batch_order_of(dm: ErasedDataModule, seed: int) -> Iterator[None]:
-    """A data module shared by runs that differ in their seed, serving one run's plain fit: that run's batch order
-    (a single fit draws it from the module's seed; a stacked fit is given each run's)."""
-    before, dm.seed = dm.seed, seed
-    try:
-        yield
-    finally:
-        dm.seed = before
-
-
-def check_trainer_settings(trainer_kwargs: dict[str, Any], fits: list[list[Member]], steps_per_group: int) -> None:
-    """Refuse what a fit of several members cannot honour; say when single fits take one step per Lightning step."""
-    if any(is_stacked(f) for f in fits):
-        refuse_for_stacked(trainer_kwargs)
-    else:
-        refuse_for_sequential(trainer_kwargs)
-    single_steps = settings_needing_single_steps(trainer_kwargs)
-    if single_steps and steps_per_group > 1:
-        log.info(
-            "trainer.kwargs.%s set: one optimizer step per Lightning step (mdl.steps_per_group=%d not used)",
-            single_steps[0],
-            steps_per_group,
-        )
-
-
-__all__ = ["MemberOutcome", "STACKED_CHECKPOINT", "check_trainer_settings", "train_runs"]
+__all__ = ["MemberOutcome", "STACKED_CHECKPOINT", "train_runs"]

@@ -1,12 +1,9 @@
 """Accuracy (and loss) of the final model on extra evaluation sets after each of its epochs.
 
 Used for the max-ent probes (datamodules.maxent_probes): the probe set next to the real
-validation split, so the report can plot one against the other over the final fit. One object
-serves both engines: in the sequential engine it is a Lightning callback of the final fit only
-(``on_validation_end``: after validation, with a schedule-free optimizer's evaluated weights in
-the model); in the stacked engine ``StackedProtocol`` calls it for the final member with that
-member's evaluation weights at each of its epoch ends, and it also sits in the stacked Trainer's
-callbacks so its curves are saved in (and restored from) every checkpoint. Evaluation draws no
+validation split, so the report can plot one against the other over the final fit. ``StackedProtocol`` calls it
+for the final member with that member's evaluation weights at each of its epoch ends; it also sits in the
+Trainer's callbacks so its curves are saved in (and restored from) every checkpoint. Evaluation draws no
 random numbers and changes no state, so a run trains exactly as it would without it.
 """
 
@@ -16,11 +13,9 @@ import math
 from typing import Any
 
 import lightning as L
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from datamodules.loader import DeviceBatches
+from datamodules.loader import EvalBatches
 
 Weights = tuple[dict[str, Tensor], dict[str, Tensor]]
 
@@ -47,34 +42,11 @@ class FinalFitCurves(L.Callback):
             f"{n}_loss_curve" for n in self.sets if n in self.with_loss
         ]
 
-    def _batches(self, name: str) -> DeviceBatches:
+    def _batches(self, name: str) -> EvalBatches:
         x, y = self.sets[name]
-        return DeviceBatches(x, y, self.batch_size)
+        return EvalBatches(x, y, self.batch_size)
 
-    # --- sequential engine: a callback of the final fit -------------------------------------
-
-    @torch.no_grad()
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit of one member: after each validation of the final fit, accuracy (and loss) on every extra set,
-        with the weights just validated (a schedule-free optimizer's evaluation weights). Sanity checks are skipped:
-        they are not epochs, and the curves must line up with the validation curve."""
-        if trainer.sanity_checking:
-            return
-        was_training = pl_module.training
-        pl_module.eval()
-        for name in self.sets:
-            correct, loss, count = 0, None, 0
-            for x, y in self._batches(name):
-                logits = pl_module(x)
-                correct += int((logits.argmax(-1) == y).sum())
-                if name in self.with_loss:
-                    nats = F.cross_entropy(logits.double(), y, reduction="sum")
-                    loss = nats if loss is None else loss + nats
-                count += y.shape[0]
-            self._record(name, correct, None if loss is None else float(loss), count)
-        pl_module.train(was_training)
-
-    # --- stacked engine: called by StackedProtocol for the final member -------------------
+    # --- called by StackedProtocol for the final member -----------------------------------------
 
     def __call__(self, module: Any, weights: Weights) -> None:
         """``module`` a StackedClassifier, ``weights`` one member's evaluation weights (leading dim 1)."""

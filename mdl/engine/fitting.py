@@ -18,8 +18,7 @@ from torch import nn
 from datamodules.datamodule import ErasedDataModule
 from mdl.engine.protocol import LoopRules, member_seeds
 from models.losses import SpectralDecoupling
-from models.module import Classifier, OptimizerFactory
-from models.precision import CompiledModel
+from models.module import OptimizerFactory
 
 BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished block, for the loggers
 EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl.engine.progress_display
@@ -32,7 +31,7 @@ def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
 @dataclass(frozen=True)
 class ModelRecipe:
     """A member's model and how it is optimised, built once per run from its config: a fresh model per call of
-    ``make_model`` (the stacked fit stacks them; a fit of one member wraps one in a ``Classifier``)."""
+    ``make_model`` (a fit stacks them; a stack of one runs its plain model)."""
 
     make_model: Callable[[], nn.Module]
     optimizer: OptimizerFactory
@@ -86,7 +85,7 @@ class Fitting:
     rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
     callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models.preconditioning)
     precision: str = "fp32"
-    channels_last: bool = False  # fits of one member (a stacked ConvNeXt is channels-last anyway)
+    channels_last: bool = False  # a stack of one (a stacked ConvNeXt is channels-last anyway)
     compile_backend: str | None = None
 
     @property
@@ -96,28 +95,3 @@ class Fitting:
     @property
     def max_epochs(self) -> int | None:
         return self.trainer_kwargs.get("max_epochs")
-
-
-def module_factory(
-    model: ModelRecipe, precision: str = "fp32", channels_last: bool = False, compile_backend: str | None = None
-) -> Callable[[], Classifier]:
-    """A function returning a fresh ``Classifier`` for a fit of one member. With ``compile_backend`` the first model
-    is compiled and every later one's fresh weights are loaded into it (``models.precision.CompiledModel``), so
-    a run compiles once however many fits of one member it has: call this once per run."""
-    compiled = CompiledModel(compile_backend) if compile_backend else None
-
-    def make() -> Classifier:
-        module = model.make_model()
-        if compiled is not None:
-            module = compiled.adopt(module)
-        return Classifier(
-            module,
-            model.optimizer,
-            lr=model.lr,
-            loss=model.loss,
-            mup=model.mup,
-            precision=precision,
-            channels_last=channels_last,
-        )
-
-    return make

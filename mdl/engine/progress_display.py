@@ -1,7 +1,7 @@
 """What a fit is doing, for a person watching it: one live table for every fit, or plain periodic lines.
 
 When stdout is a terminal a table redraws in place (``live_region.LiveRegion``): every member
-still training (all of a stacked fit's, or the one model of a single fit), its prefix, epoch, best
+still training in the fit, its prefix, epoch, best
 validation loss and patience left, and the time left; it is erased when the fit ends, and the
 lines logged meanwhile stay above it. In a log file (Slurm, CI) a redrawn table is noise, so one
 line is logged every ``interval`` seconds.
@@ -138,90 +138,3 @@ class MemberProgress(L.Callback):
 
 EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member, epoch from 0, train loss, val loss
 # in nats, val accuracy or None)
-
-
-class FitProgress(L.Callback):
-    """One model's fit (a fit of one member: a block's model or the final fit): every finished epoch goes to
-    ``on_epoch`` as it happens (live logging); on a terminal the table every fit shows (``progress_table``)
-    is redrawn, in a log a line every ``interval`` seconds gives the epoch, the losses, the patience left
-    and the time left, so a long ConvNeXt or Swin fit is not silent between blocks. A Lightning callback
-    after the protocol (mdl.engine.single_fit.EpochProtocol); an epoch is complete once the module has
-    recorded its training loss, which Lightning does after the callbacks' epoch-end hooks, so epochs are
-    handed on at the next start."""
-
-    def __init__(
-        self,
-        member: int,
-        name: str,
-        patience: int,
-        max_epochs: int | None,
-        on_epoch: EpochHook | None = None,
-        interval: float = 30.0,
-        live: bool | None = None,
-    ) -> None:
-        self.member, self.name, self.on_epoch, self.interval = member, name, on_epoch, interval
-        self.patience, self.max_epochs = patience, (max_epochs if max_epochs and max_epochs > 0 else None)
-        self.reported = 0  # epochs handed to on_epoch
-        self.started = self.last = 0.0
-        self.first_epoch = 0
-        self.table = LiveRegion(live)
-        self.state: Any = None  # the protocol's MemberState, found at the start
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from mdl.engine.single_fit import EpochProtocol
-
-        self.started = self.last = time.monotonic()
-        self.first_epoch = min(len(pl_module.train_loss_curve), len(pl_module.val_loss_curve))  # > 0: resumed
-        self.reported = 0  # a resumed fit hands on its earlier epochs too: this process's logger has not seen them
-        protocol = next((cb for cb in trainer.callbacks if isinstance(cb, EpochProtocol)), None)
-        self.state = protocol.state if protocol is not None else None
-        self.table.start(self._table())
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._flush(trainer, pl_module)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._flush(trainer, pl_module)
-        self.table.stop()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.table.stop()
-
-    def _flush(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        train, val = pl_module.train_loss_curve, pl_module.val_loss_curve
-        done = min(len(train), len(val))
-        if self.on_epoch is not None:
-            accuracy = getattr(pl_module, "val_accuracy_curve", [])
-            for epoch in range(self.reported, done):
-                self.on_epoch(
-                    self.member, epoch, train[epoch], val[epoch], accuracy[epoch] if epoch < len(accuracy) else None
-                )
-        self.reported = done
-        now = time.monotonic()
-        if self.table.on:
-            self.table.update(self._table())
-        elif done and now - self.last > self.interval:
-            log.info(self.line(trainer, done, val[done - 1], now))
-            self.last = now
-
-    def seconds_left(self, epochs: int, now: float) -> float:
-        """At most: the epochs until patience runs out (or max_epochs), at the speed measured so far."""
-        per_epoch = (now - self.started) / max(epochs - self.first_epoch, 1)
-        left = max(self.patience - (self.state.wait if self.state else 0), 1)
-        if self.max_epochs is not None:
-            left = min(left, self.max_epochs - epochs)
-        return per_epoch * left
-
-    def line(self, trainer: L.Trainer, epochs: int, val_loss: float, now: float) -> str:
-        s = self.state
-        best = f", best {s.best_val_loss:.4f}, {s.wait}/{self.patience} without improving" if s else ""
-        return (
-            f"{self.name}: epoch {epochs}, val loss {val_loss:.4f} nats{best}, "
-            f"{_duration(now - self.started)} elapsed, at most about {_duration(self.seconds_left(epochs, now))} left"
-        )
-
-    def _table(self) -> Any:
-        s, epochs, now = self.state, self.reported, time.monotonic()
-        rows = [] if s is None else [(self.name, s.n_train, epochs, s.best_val_loss, s.wait)]
-        left = _duration(self.seconds_left(epochs, now)) if epochs else "?"
-        return progress_table(f"{self.name}: one model training, at most about {left} left", rows, self.patience)

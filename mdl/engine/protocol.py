@@ -1,12 +1,10 @@
-"""The prequential protocol of one member, whichever way it is trained.
+"""The prequential protocol of one member, in a stack of any size.
 
 A run has S members: member i < S - 1 trains on the first t_i examples and is scored on block
-i + 1; the last member (the final fit) trains on all of them. Every member, alone in a fit or in a
-stack, follows the same rule at the end of each of its epochs: validate, keep the best weights,
+i + 1; the last member (the final fit) trains on all of them. Every member follows the same rule at the end of each of its epochs: validate, keep the best weights,
 stop after ``patience`` epochs without improvement (Lightning's ``EarlyStopping``, mode min,
 min_delta 0, on the float32 value it would compare) or at ``max_epochs``. This module holds that
-rule, the member's record and its seed, so the single-model fit (mdl.engine.single_fit) and
-the stacked fit (mdl.engine.stacked_fit) cannot drift apart.
+rule, the member's record and its seed; ``StackedProtocol`` (mdl.engine.stacked_fit) applies it.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ with their own data (``data_of``) are validated on their own validation split, o
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, Sequence
@@ -23,21 +24,25 @@ import torch
 from torch import Tensor, nn
 
 from datamodules.stacked_batches import StackedBatches
-from mdl.engine.protocol import MemberOutcome, MemberState, max_epochs_of, require_finite
+from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, max_epochs_of, require_finite
 from mdl.engine.progress_display import EpochHook
+from models.module import set_optimizer_mode
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
 
 STATE_FIELDS = [f.name for f in fields(MemberState)]  # a checkpoint's others (finished_at, dropped) are left out
 
 
-def build_members(make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device) -> StackedModel:
-    """The members' models, each built under its own seed as a fit of one member builds it, stacked."""
+def build_members(
+    make_model: Callable[[], nn.Module], seeds: Sequence[int], device: torch.device, channels_last: bool = False
+) -> StackedModel:
+    """The members' models, each built under its own seed as a fit of one member builds it, stacked
+    (``channels_last``: a stack of one's, ``trainer.channels_last``)."""
     members = []
     for s in seeds:
         L.seed_everything(s, verbose=False)
         members.append(make_model().to(device))
-    return StackedModel(members)
+    return StackedModel(members, channels_last)
 
 
 @dataclass
@@ -68,17 +73,21 @@ class StackedProtocol(L.Callback):
         lr: float,
         members: FitMembers | None = None,
         untrained_candidate: bool = False,
-        exact_stopping: bool = False,
+        rules: LoopRules = LoopRules(),
     ) -> None:
         """``val_batches(m)``, ``score_batches(m)``: member m's validation batches and the batches it is scored on;
         ``members``: the rest each member needs (default: one data set, no hooks, the last member the final fit);
-        ``exact_stopping``: ``LoopRules.exact_stopping``."""
+        ``rules``: the loop's (``LoopRules``; ``backtrack`` only in a stack of one)."""
         members = members or FitMembers()
         self.loader = loader
         self.on_epoch = members.on_epoch
         self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, members.data_of
         self.heldout_batches = members.heldout_batches
-        self.untrained_candidate, self.exact_stopping = untrained_candidate, exact_stopping
+        self.untrained_candidate, self.rules, self.exact_stopping = untrained_candidate, rules, rules.exact_stopping
+        # rules.backtrack (a stack of one): the best epoch's weights as trained and optimizer state, and whether the
+        # optimizer's tensors are the snapshot's since the last backtrack (LoopRules: the original's load_state_dict)
+        self.backtrack_to: dict[str, Any] | None = None
+        self.optimizer_is_snapshot = False
         self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
         self.lr = lr
         self.on_finish = members.on_finish
@@ -95,8 +104,15 @@ class StackedProtocol(L.Callback):
         return [m for m in self.members if m not in self.outcomes]
 
     def on_train_start(self, trainer: L.Trainer, module: StackedClassifier) -> None:
+        """Before the first step (or the first after a resume): hand a resumed fit's earlier epochs to the logger,
+        validate the untrained members when they are candidates, and set up what the loop rules need."""
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
+        if self.rules.backtrack and len(module.members) > 1:
+            raise ValueError("protocol.backtrack takes one member back alone: it needs fits of one member (plan_fits)")
+        module.stack.as_trained = self.rules.evaluate_as_trained
+        if self.optimizer_is_snapshot:  # resumed between a backtrack and the next improvement
+            self._share_optimizer_tensors(trainer.optimizers[0])
         if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger, of
             # every member, those finished before included (their accuracy curve is only here; fit_stack logs their bits)
             for m, state in self.members.items():
@@ -105,8 +121,13 @@ class StackedProtocol(L.Callback):
                     self.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)
         fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
         if self.untrained_candidate and fresh:  # not again on a resume
+            module.stack.as_trained = False  # the untrained model in eval mode (LoopRules.evaluate_as_trained)
             for members in self._by_data(fresh):
                 self._validate_untrained(module, members)
+            module.stack.as_trained = self.rules.evaluate_as_trained
+            if self.rules.backtrack:  # the optimizer as it trains (the module's on_train_start comes after this)
+                set_optimizer_mode(trainer.optimizers[0], train=True)
+                self._snapshot(module, trainer)
 
     def _by_data(self, members: list[int]) -> list[list[int]]:
         """``members`` in groups that share their data (one group unless runs with their own data are packed)."""
@@ -120,9 +141,14 @@ class StackedProtocol(L.Callback):
         rows = [module.members.index(m) for m in members]
         weights = module.eval_weights(rows)
         val_sums, count = module.loss_sums(
-            weights, self.val_batches(members[0]), float64=False, chunks=module.chunks(rows)
+            weights,
+            self.val_batches(members[0]),
+            float64=False,
+            chunks=module.chunks(rows),
+            batch_means=self.rules.batch_mean_validation,
         )
-        for j, (m, mean) in enumerate(zip(members, (val_sums / max(count, 1)).tolist())):
+        means = module.validation_means(val_sums, count, self.rules.batch_mean_validation)
+        for j, (m, mean) in enumerate(zip(members, means.tolist())):
             state = self.members[m]
             self._require_finite(mean, "validation", state)
             state.initial_val_loss = mean
@@ -149,21 +175,31 @@ class StackedProtocol(L.Callback):
                 ended.append(m)
         if not ended:
             return
-        stopping = [m for group in self._by_data(ended) for m in self._end_epochs(module, group)]
+        stopping = [m for group in self._by_data(ended) for m in self._end_epochs(module, group, trainer)]
         if stopping:
             self._finish(module, stopping)
         if not module.members:
             trainer.should_stop = True
 
-    def _end_epochs(self, module: StackedClassifier, ended: list[int]) -> list[int]:
-        """Validate the members that finished an epoch (all with the same data); return those that stop now."""
+    def _end_epochs(self, module: StackedClassifier, ended: list[int], trainer: L.Trainer) -> list[int]:
+        """Validate the members that finished an epoch (all with the same data); return those that stop now. With
+        ``rules.backtrack`` a member that did not improve and goes on is taken back to its best epoch."""
         rows = [module.members.index(m) for m in ended]
-        weights = module.eval_weights(rows)
+        weights = module.eval_weights(rows, as_trained=self.rules.evaluate_as_trained)
         val_sums, count, correct = module.loss_sums(
-            weights, self.val_batches(ended[0]), float64=False, with_correct=True, chunks=module.chunks(rows)
-        )  # as a single fit validates
+            weights,
+            self.val_batches(ended[0]),
+            float64=False,
+            with_correct=True,
+            chunks=module.chunks(rows),
+            batch_means=self.rules.batch_mean_validation,
+        )
         train_sums, val_means, accuracy = torch.stack(  # the one read
-            [module.take_train_sums(rows), val_sums / max(count, 1), correct / max(count, 1)]
+            [
+                module.take_train_sums(rows),
+                module.validation_means(val_sums, count, self.rules.batch_mean_validation),
+                correct / max(count, 1),
+            ]
         ).tolist()
         train = [s / self.members[m].n_train for s, m in zip(train_sums, ended)]
         stopping = []
@@ -176,7 +212,8 @@ class StackedProtocol(L.Callback):
             state.val_accuracy_curve.append(accuracy[j])
             if self.on_epoch is not None:
                 self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j], accuracy[j])
-            if m in self.on_member_epoch:
+            if m in self.on_member_epoch:  # its evaluation weights in eval mode, as Lightning's hooks see them
+                module.stack.as_trained = False
                 self.on_member_epoch[m](
                     module,
                     (
@@ -184,12 +221,53 @@ class StackedProtocol(L.Callback):
                         {n: t[j : j + 1] for n, t in weights[1].items()},
                     ),
                 )
+                module.stack.as_trained = self.rules.evaluate_as_trained
             improved = state.judge(val_means[j], epoch=state.epoch - 1, exact=self.exact_stopping)
             if improved:
                 self._keep(m, weights, j, len(ended))
+                if self.rules.backtrack:
+                    self._snapshot(module, trainer)
             if state.should_stop(improved, self.patience, self.max_epochs):
                 stopping.append(m)
+            elif not improved and self.rules.backtrack:
+                self._backtrack(module, trainer)
         return stopping
+
+    def _snapshot(self, module: StackedClassifier, trainer: L.Trainer) -> None:
+        """The stack of one's weights as trained and its optimizer state, to go back to (``rules.backtrack``)."""
+        self.backtrack_to = {
+            "weights": {
+                n: t.detach().clone() for n, t in (module.stack.param_dict() | module.stack.buffer_dict()).items()
+            },
+            "optimizer": copy.deepcopy(trainer.optimizers[0].state_dict()),
+        }
+        self.optimizer_is_snapshot = False
+
+    def _backtrack(self, module: StackedClassifier, trainer: L.Trainer) -> None:
+        """The best epoch's weights and optimizer state back in place, training goes on from there. The optimizer's
+        tensors become the snapshot's own (``load_state_dict`` does not copy tensors already of the parameter's dtype
+        and device), as in the original code."""
+        if self.backtrack_to is None:
+            raise RuntimeError(
+                "backtracking needs a snapshot: validate the untrained model (mdl.paper_loss=last_block)"
+            )
+        trainer.optimizers[0].load_state_dict(self.backtrack_to["optimizer"])
+        self.optimizer_is_snapshot = True
+        with torch.no_grad():
+            for name, tensor in (module.stack.param_dict() | module.stack.buffer_dict()).items():
+                tensor.copy_(self.backtrack_to["weights"][name])
+
+    def _share_optimizer_tensors(self, optimizer: torch.optim.Optimizer) -> None:
+        """After a resume, the snapshot's optimizer tensors are the optimizer's again, as they were when the
+        checkpoint was written (a checkpoint restores two equal copies): training drifts the snapshot until the next
+        improvement as in a fit that was never interrupted."""
+        live = optimizer.state_dict()["state"]  # the optimizer's own tensors, not copies
+        for index, saved in self.backtrack_to["optimizer"]["state"].items():
+            for key, value in live[index].items():
+                if torch.is_tensor(value):
+                    if not torch.equal(saved[key], value):
+                        raise RuntimeError(f"the checkpoint's snapshot and optimizer differ in {key}: not resumable")
+                    saved[key] = value
 
     def _finish(self, module: StackedClassifier, stopping: list[int]) -> None:
         """Score each stopping member with its best weights, record it, and take it off the stack."""
@@ -238,12 +316,15 @@ class StackedProtocol(L.Callback):
         """The protocol's state and the loader's stream positions. Lightning's fit loop also keeps a
         train loader's ``state_dict`` but does not restore it at an epoch boundary (a resume test
         fails without this copy), so the callback restores it itself."""
-        return {
+        state = {
             "members": {m: _plain(s) for m, s in self.members.items()},
             "best": self.best,
             "outcomes": {m: _plain(o) for m, o in self.outcomes.items()},
             "loader": self.loader.state_dict(),
         }
+        if self.rules.backtrack:
+            state["backtrack_to"], state["optimizer_is_snapshot"] = self.backtrack_to, self.optimizer_is_snapshot
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.members = {
@@ -253,6 +334,10 @@ class StackedProtocol(L.Callback):
         self.best = {int(m): {n: t.to(device) for n, t in w.items()} for m, w in state["best"].items()}
         self.outcomes = {int(m): MemberOutcome(**o) for m, o in state["outcomes"].items()}
         self.loader.load_state_dict(state["loader"])
+        self.backtrack_to = state.get("backtrack_to")
+        if self.backtrack_to is not None:
+            self.backtrack_to["weights"] = {n: t.to(device) for n, t in self.backtrack_to["weights"].items()}
+        self.optimizer_is_snapshot = state.get("optimizer_is_snapshot", False)
 
 
 def _plain(record: Any) -> dict[str, Any]:

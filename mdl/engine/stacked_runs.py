@@ -61,11 +61,15 @@ def fit_stack(
         seeds=[runs[where(g)[0]].seed for g in members],
         others=datas[1:],
         source_of=[source[where(g)[0]] for g in members],
+        reshuffle=fitting.rules.reshuffle,
+        augment_per_batch=fitting.rules.augment_per_batch,
     )
     seeds = [run.seeds() for run in runs]
     recipe = first.model
     module = StackedClassifier(
-        build_members(recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device),
+        build_members(
+            recipe.make_model, [seeds[r][m] for r, m in map(where, members)], dm.device, fitting.channels_last
+        ),
         recipe.optimizer,
         recipe.lr,
         fitting.precision,
@@ -113,16 +117,17 @@ def fit_stack(
         final_members=sorted(finals),
         labels=labels,
     )
+    val_batch_size = dm.options.batch_size if fitting.rules.batch_mean_validation else None  # as the original
     protocol = StackedProtocol(
         loader,
-        lambda g: data(g).val_dataloader(),
+        lambda g: data(g).val_dataloader(val_batch_size),
         partial(batches, which=0),
         fitting.patience,
         fitting.max_epochs,
         recipe.lr,
         hooks,
         fitting.untrained_candidate,
-        fitting.rules.exact_stopping,
+        fitting.rules,
     )
     callbacks = [
         protocol,

@@ -47,8 +47,7 @@ class SaveLastCheckpoint(Checkpoint):
     A ``Checkpoint`` subclass, so Lightning orders it after every other callback (early stopping
     and best weights included): the state it saves includes the epoch just validated. The file is
     written atomically and checksummed by the trainer's ``RunCheckpointIO`` (mdl.engine.checkpoints);
-    a schedule-free optimizer is in eval mode here (validation ran), and
-    ``Classifier.on_save_checkpoint`` guarantees eval weights anyway.
+    the protocol's state (best weights, curves) is in its own callback's state.
     """
 
     def __init__(self, path: str | os.PathLike, min_interval_s: float = 0.0) -> None:

@@ -1,11 +1,8 @@
-"""Trainer settings (``trainer.kwargs``) that act on Lightning's steps, validation loop or stopping,
-and what each engine does with them. One table, so the two engines cannot drift apart.
+"""Trainer settings (``trainer.kwargs``) that act on Lightning's steps, validation loop or stopping: refused.
 
-The sequential engine trains one model per ``Trainer.fit``: settings that act on training steps
-make it take one optimizer step per Lightning step (Lightning's automatic optimization) instead of
-a group of them; settings of the validation loop or step limits are refused. The stacked engine
-trains every member in one fit under ``StackedProtocol``'s own protocol, so it refuses all of
-them, and ``min_epochs`` too (members stop on their own).
+Every fit trains a stack of members under ``StackedProtocol``'s own protocol (manual optimization, validation at
+each member's epoch end, early stopping per member), so a setting of Lightning's steps, validation loop, step
+limits or ``min_epochs`` would be ignored or act on the whole stack: each is refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -46,15 +43,15 @@ VALIDATES = (
 )
 STOPS = (
     "a prequential fit ends by early stopping or trainer.kwargs.max_epochs, and Lightning does not resume a "
-    "step- or time-limited fit from an epoch-end checkpoint; use max_epochs (and, with mdl.members_per_fit=1, min_epochs)"
+    "step- or time-limited fit from an epoch-end checkpoint; use max_epochs"
 )
 STACKED = (
-    "the members of a stacked fit follow the prequential protocol (one step per member per global step, "
-    "validation every member epoch, early stopping); remove it, or use mdl.members_per_fit=1 (one member per fit)"
+    "the members of a fit follow the prequential protocol (one step per member per global step, validation every "
+    "member epoch, early stopping); remove it"
 )
 CLIPS = (
-    "Lightning would clip the norm of the whole stack, not of each member; use mdl.members_per_fit=1 "
-    "(one member per fit) for gradient clipping"
+    "a fit trains its members as one stack (manual optimization), where Lightning cannot clip each member's "
+    "gradient norm; remove it"
 )
 
 
@@ -67,23 +64,12 @@ def active(trainer_kwargs: dict[str, Any], settings: dict[str, Any]) -> list[str
     ]
 
 
-def settings_needing_single_steps(trainer_kwargs: dict[str, Any]) -> list[str]:
-    """The settings that make the sequential engine take one optimizer step per Lightning step."""
-    return active(trainer_kwargs, STEP_SETTINGS)
-
-
-def refuse_for_sequential(trainer_kwargs: dict[str, Any]) -> None:
-    """The sequential engine validates in place (so a validation-loop setting would be silently
-    ignored) and resumes from epoch-end checkpoints (which a step limit does not survive)."""
+def refuse_for_stacked(trainer_kwargs: dict[str, Any]) -> None:
+    """The protocol validates in place (a validation-loop setting would be silently ignored), resumes from
+    epoch-end checkpoints (which a step limit does not survive) and steps each member itself."""
+    _refuse(trainer_kwargs, active(trainer_kwargs, {"gradient_clip_val": 0}), CLIPS)
     for settings, why in ((VALIDATION_SETTINGS, VALIDATES), (STEP_LIMITS, STOPS)):
         _refuse(trainer_kwargs, active(trainer_kwargs, settings), why)
-
-
-def refuse_for_stacked(trainer_kwargs: dict[str, Any]) -> None:
-    """Everything the sequential engine refuses, plus what it handles by single steps (Lightning's
-    manual optimization would reject two of them with a less helpful message) and ``min_epochs``."""
-    _refuse(trainer_kwargs, active(trainer_kwargs, {"gradient_clip_val": 0}), CLIPS)
-    refuse_for_sequential(trainer_kwargs)
     _refuse(trainer_kwargs, active(trainer_kwargs, {**STEP_SETTINGS, "min_epochs": 0}), STACKED)
 
 

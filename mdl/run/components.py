@@ -19,12 +19,11 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
-from mdl.engine.fitting import ModelRecipe, module_factory
+from mdl.engine.fitting import ModelRecipe
 from mdl.run.config_checks import PROFILERS, probes_enabled
 from mdl.run.identity import is_bookkeeping
-from models import Classifier, create_model, depth_scaled_lr
+from models import create_model, depth_scaled_lr
 from models.losses import SpectralDecoupling, loss_from_options
-from models.precision import check_compile
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +108,6 @@ def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int,
         run_lr(cfg),
         loss=make_loss(cfg, num_classes),
         mup=cfg.model.base_width is not None,
-    )
-
-
-def make_module_factory(cfg: DictConfig, num_classes: int, input_shape: tuple[int, ...]) -> Callable[[], Classifier]:
-    """A function returning a freshly initialised Classifier, as a fit of one member makes it (mdl.engine.fitting
-    ``module_factory``: with ``trainer.compile`` a run compiles once)."""
-    t = cfg.trainer
-    return module_factory(
-        make_model_recipe(cfg, num_classes, input_shape), t.precision, t.channels_last, check_compile(t.compile)
     )
 
 
