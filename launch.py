@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mdl.run.config_checks import check_before_imports, retired_key_error
-from mdl.run.console import one_line_warnings, show_config
+from mdl.run.console import one_line_warnings, show_config, summary
 from mdl.run.exits import ends_like_a_run
 from mdl.run.imports import imports_frozen
 from mdl.run.storage import register_resolvers
@@ -46,7 +46,7 @@ def main(cfg: DictConfig) -> float | None:
     startup[STARTUP[1]] = time.perf_counter()
 
     with imports_frozen():  # after Hydra parsed the command line
-        from mdl.run.experiment import quiet_lightning, run_experiment, summary
+        from mdl.run.experiment import quiet_lightning, run_experiment
     from mdl.results import RESULTS_FILE
 
     startup[STARTUP[2]] = time.perf_counter()

@@ -59,7 +59,8 @@ def main() -> None:
 
     from erasure.files import atomic_write_bytes
     from mdl.results import git_sha
-    from mdl.run.experiment import quiet_lightning, run_experiment, summary
+    from mdl.run.console import summary
+    from mdl.run.experiment import quiet_lightning, run_experiment
 
     quiet_lightning()
     runs, environment = {}, None

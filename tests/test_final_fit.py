@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import FAST, run_in_process
-from mdl.run.experiment import summary
+from mdl.run.console import summary
 
 BLOCK_NUMBERS = ("paper_mdl", "paper_mdl_val_min", "online_codelength_bits", "blocks", "boundaries")
 FINAL_FIELDS = ("final_val_loss", "final_epochs", "final_test_bits_per_example")

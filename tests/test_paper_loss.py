@@ -11,7 +11,8 @@ import pytest
 
 from conftest import FITS, compose_config
 from mdl.codelength import check_paper_loss, heldout_block, paper_mdl
-from mdl.run.experiment import run_experiment, summary
+from mdl.run.console import summary
+from mdl.run.experiment import run_experiment
 
 # Blocks long enough for the untrained model to win somewhere: digits' first block of 64 examples.
 SCHEDULE = ["trainer.kwargs.max_epochs=12", "trainer.patience=4", "mdl.num_blocks=4", "width=32", "model.base_width=32"]

@@ -51,7 +51,7 @@ class Cell:
 
 def chance_level(cells: list[Cell], metric: str) -> float | None:
     """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
-    paper MDL log2 K * sum(t_2..t_S) / N (mdl.run.experiment.summary), online code log2 K, loss ln K nats."""
+    paper MDL log2 K * sum(t_2..t_S) / N (mdl.run.console.summary), online code log2 K, loss ln K nats."""
     runs = [r.results for c in cells for r in c.runs]
     keys = {(r.get("num_classes"), tuple(r.get("boundaries") or ())) for r in runs}
     if len(keys) != 1:

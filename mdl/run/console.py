@@ -4,12 +4,15 @@ Light (no torch): launch.py calls it before the heavy imports."""
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from mdl.run.identity import grouping
 
 PRINT_CONFIG = (
     "overrides",
@@ -71,3 +74,27 @@ def one_line_warnings() -> None:
         warnings.simplefilter("once")
         for category in HIDDEN_BY_DEFAULT:
             warnings.simplefilter("ignore", category)
+
+
+def final_line(results: dict[str, Any]) -> str:
+    """The summary's line on the final fit (none under ``protocol.final_fit=false``)."""
+    if results.get("final_val_loss") is None:
+        return "final fit: none (protocol.final_fit=false: the blocks' fits only)"
+    return f"final val loss: {results['final_val_loss']:.4f} nats"
+
+
+def summary(results: dict[str, Any], path: Path) -> str:
+    k = results["num_classes"]
+    estimate = results.get("paper_loss", "val_min")  # a results.json without paper_loss measured val_min
+    other = {"last_block": "val_min", "val_min": "last_block"}[estimate]
+    fits = results.get("fits") or grouping(results["config"]["mdl"])  # a record written before it was named fits
+    also = f"; {other}: {results[f'paper_mdl_{other}']:.4f}" if f"paper_mdl_{other}" in results else ""
+    return (
+        f"paper MDL: {results['paper_mdl']:.4f} bits/example ({estimate}, mdl.paper_loss{also}; "
+        f"chance {math.log2(k) * sum(results['boundaries'][1:]) / results['boundaries'][-1]:.3f})\n"
+        f"online code length: {results['online_codelength_bits']:.1f} bits = "
+        f"{results['online_bits_per_example']:.4f} bits/example (uniform code {math.log2(k):.3f})\n"
+        f"{final_line(results)}\n"
+        f"fits: {fits} (mdl.members_per_fit={results.get('members_per_fit', 1)})\n"
+        f"results: {path}"
+    )

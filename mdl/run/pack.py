@@ -35,16 +35,8 @@ from mdl.engine.driver import train_runs
 from mdl.engine.preemption import sigterm_guard
 from mdl.engine.protocol import LoopRules
 from mdl.results import RESULTS_FILE
-from mdl.run.experiment import (
-    Job,
-    PreparedRun,
-    checkpoint_bytes,
-    finish_run,
-    job_data,
-    prepare_run,
-    summary,
-    train_alone,
-)
+from mdl.run.experiment import Job, PreparedRun, checkpoint_bytes, finish_run, job_data, prepare_run, train_alone
+from mdl.run.console import summary
 from mdl.run.identity import config_hash, members_per_fit
 from mdl.run.job_logs import job_log_files, own_lines, owned_by
 from mdl.run.phases import PROFILE_DIR, profiled_phases
