@@ -7,8 +7,7 @@ check_dependencies()  # before timm's builders: an old stack gets a message, not
 from models.registry import available_models, create_model, register_model
 from models.mup_setup import depth_scaled_lr, mup_param_groups, restore_base_shapes
 
-# Importing a module registers its models; convnext and swin (timm) register when first asked for (models.registry).
-from models import lenet, mlp  # noqa: E402,F401
+# Each model's module is imported when its name is first asked for (models.registry._ON_DEMAND).
 
 __all__ = [
     "available_models",

@@ -253,3 +253,32 @@ def test_stochastic_depth_option(name: str, rate: float) -> None:
     assert rates and max(rates) == pytest.approx(rate)
     plain = create_model(name, 16, 1, 10, shape, base_width=16)
     assert not any(isinstance(m, DropPath) for m in plain.modules())
+
+
+ONE_MODEL = """
+import sys
+from models import available_models, create_model
+create_model("mlp", 16, 2, 10, (1, 8, 8))
+print(len(available_models()), sorted(m for m in ("models.lenet", "models.convnext", "models.swin", "timm") if m in sys.modules))
+"""
+
+
+def test_a_run_imports_only_its_own_models_code_and_every_name_is_listed() -> None:
+    """models.registry._ON_DEMAND: a model's module is imported when its name is first asked for, so an MLP run imports
+    neither LeNet's code nor timm (ConvNeXt's and Swin's); every shipped name is listed before that."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO, python_path
+
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_MODEL],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[0] == "4 []", proc.stdout
