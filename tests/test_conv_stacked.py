@@ -207,6 +207,7 @@ def test_inductor_compiles_convnexts_stacked_form_on_one_channel_images(tmp_path
     )
 
 
+@pytest.mark.slow
 def test_compiled_convnext_blocks_make_one_graph_per_stage_however_many_members_leave() -> None:
     """trainer.compile on a stacked ConvNeXt compiles the repeated block (models.convnext_stacked.compile_blocks),
     not the whole network: one graph per stage for training and one for evaluation, and none more when members leave

@@ -19,6 +19,7 @@ from mdl.engine.trainer_settings import refuse_for_stacked
 SEQUENTIAL = [*FAST, "mdl.members_per_fit=1", "mdl.checkpoint_every_s=0", "skip_if_done=false"]
 
 
+@pytest.mark.slow
 def test_grouping_changes_no_result(tmp_path: Path) -> None:
     """steps_per_group 1 and 5 (5 steps per Lightning step) train the same batches with the same steps: on this CPU
     the same numbers to the bit."""

@@ -222,6 +222,7 @@ def _small_device(monkeypatch, most: int) -> list[int]:
     return sizes
 
 
+@pytest.mark.slow
 def test_auto_halves_a_fit_that_runs_out_of_memory_and_goes_on(tmp_path: Path, monkeypatch, caplog) -> None:
     """members_per_fit=auto: a fit of 8 that runs out of memory goes on as fits of 4, then 2, with a warning,
     and gives the numbers of one fit of all (the MLP's members do not depend on their neighbours)."""
@@ -253,6 +254,7 @@ def test_a_chosen_count_that_runs_out_of_memory_says_what_to_set(tmp_path: Path,
 # --- trainer.compile in a fit of several members ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("num_blocks", "model"),
     [(5, []), (9, []), pytest.param(5, ["model=convnext", "width=8"], marks=pytest.mark.slow)],  # ConvNeXt: 80 s

@@ -129,6 +129,7 @@ def run_killed_after(cfg, run_dir: Path, saves: int, monkeypatch) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("patience", [1, pytest.param(2, marks=pytest.mark.slow), 30])  # 2: 25 kills and re-runs
 def test_resume_is_exact_at_every_kill_point(patience: int, tmp_path: Path, monkeypatch) -> None:
     """Early-stopping counters, best weights and the stop decision survive a kill at any epoch."""
@@ -199,6 +200,7 @@ def test_resumed_run_logs_every_block(engine: str, tmp_path: Path, monkeypatch) 
     assert block_series(tmp_path / "kill" / "b") == reference
 
 
+@pytest.mark.slow
 def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, monkeypatch) -> None:
     """mdl.members_per_fit=2 with 5 members: stacked fits of 2, 2 and a plain fit of the last one. Killed after
     a checkpoint in any of them (blocks of an earlier fit recorded, the fit in progress in its checkpoint) and
