@@ -69,6 +69,19 @@ def python_path() -> str:
     return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
+def run_python(code: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``python -c code args...`` in a fresh interpreter with this repository importable: what a module imports
+    (``sys.modules``) seen without this test process's imports."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": python_path()},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def run_launch(
     args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, python_flags: list[str] = ()
 ) -> subprocess.CompletedProcess:

@@ -35,21 +35,10 @@ print(len(available_erasers()), "erasure.qleace" in after_leace, "erasure.gradie
 def test_a_run_imports_only_its_own_erasers_code_and_every_name_is_listed(tmp_path):
     """erasure.base.SHIPPED: an eraser's module is imported when its name is first used, so a LEACE run does not
     import QLEACE's or the gradient eraser's code; every shipped name is listed (and checked) before that."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import REPO, python_path
+    from conftest import run_python
 
     path = tmp_path / "q.safetensors"
-    proc = subprocess.run(
-        [sys.executable, "-c", ONE_ERASER, str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": python_path()},
-        timeout=120,
-    )
+    proc = run_python(ONE_ERASER, str(path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["6", "False", "False"], proc.stdout
     assert type(load_eraser(path)).name == "qleace"

@@ -266,19 +266,8 @@ print(len(available_models()), sorted(m for m in ("models.lenet", "models.convne
 def test_a_run_imports_only_its_own_models_code_and_every_name_is_listed() -> None:
     """models.registry._ON_DEMAND: a model's module is imported when its name is first asked for, so an MLP run imports
     neither LeNet's code nor timm (ConvNeXt's and Swin's); every shipped name is listed before that."""
-    import os
-    import subprocess
-    import sys
+    from conftest import run_python
 
-    from conftest import REPO, python_path
-
-    proc = subprocess.run(
-        [sys.executable, "-c", ONE_MODEL],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": python_path()},
-        timeout=120,
-    )
+    proc = run_python(ONE_MODEL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[0] == "4 []", proc.stdout

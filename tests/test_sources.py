@@ -209,20 +209,9 @@ print("datamodules.synthetic" in sys.modules)
 def test_a_run_imports_only_its_own_sources_code_and_every_name_is_listed() -> None:
     """datamodules.sources.SHIPPED: a source's module is imported when its name is first used, so a digits run
     imports none of the CIFAR, SVHN or synthetic loaders; every shipped name is listed before that."""
-    import os
-    import subprocess
-    import sys
+    from conftest import run_python
 
-    from conftest import REPO, python_path
-
-    proc = subprocess.run(
-        [sys.executable, "-c", ONE_SOURCE],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": python_path()},
-        timeout=120,
-    )
+    proc = run_python(ONE_SOURCE)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["7 []", "True"], proc.stdout
 

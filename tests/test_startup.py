@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONF, REPO, python_path
+from conftest import CONF, REPO, python_path, run_python
 
 HEAVY = ("torch", "lightning", "matplotlib")  # each takes seconds to import; none is needed to check a config
 
@@ -115,14 +115,7 @@ def test_the_training_code_imports_without_torchmetrics_extras_and_they_import_a
     """lightning imports torchmetrics whole, which imports scipy.signal, torchvision.models and matplotlib.pyplot for
     metrics this framework never computes (1-2.5 CPU-s of every process's start-up on 2 cores); they stay out of the
     training code's import, and afterwards every availability check answers the truth and they import as usual."""
-    proc = subprocess.run(
-        [sys.executable, "-c", TRAINING_IMPORT],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": python_path()},
-    )
+    proc = run_python(TRAINING_IMPORT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"imported": [], "truth": [True, True, True]}, seen
