@@ -151,7 +151,7 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
 
         timings["hand stacked"].append(hand_loop_stacked(make_stacked, make_loader, dm.val_dataloader(), epochs))
     hand, hand_stacked, stk = (min(timings[k]) for k in ("hand", "hand stacked", "stacked"))
-    steps = epochs * math.ceil(dm.num_train / dm.batch_size)
+    steps = epochs * math.ceil(dm.num_train / dm.options.batch_size)
     print(
         f"single model, {epochs} epochs ({steps} steps, {cfg.mdl.steps_per_group} per group): hand loop {hand:.2f} s | "
         f"the engine with one member {stk:.2f} s (framework/hand = {stk / hand:.2f}), hand loop of the same work "
