@@ -48,7 +48,7 @@ CHECKSUM_KEY = "sha256"
 SOURCE_PACKAGES = ("erasure", "models", "datamodules", "mdl")
 
 
-def max_epochs_of(results: dict[str, Any]) -> int | None:
+def recorded_epoch_cap(results: dict[str, Any]) -> int | None:
     """The epoch cap of a run's fits (config trainer.kwargs.max_epochs); None when there is none (or -1)."""
     kwargs = ((results.get("config") or {}).get("trainer") or {}).get("kwargs") or {}
     cap = kwargs.get("max_epochs")
@@ -59,7 +59,7 @@ def capped_fits(results: dict[str, Any], max_epochs: int | None = None) -> list[
     """The fits of a run (``blocks`` and the final fit of results.json) that ended at the epoch cap rather than
     by early stopping: they may still have been improving, so their code lengths are those of under-trained
     models. ``max_epochs``: the cap, else read from the run's config."""
-    cap = max_epochs if max_epochs is not None else max_epochs_of(results)
+    cap = max_epochs if max_epochs is not None else recorded_epoch_cap(results)
     if cap is None or cap < 0:
         return []
     capped = [f"block {i + 1}" for i, b in enumerate(results.get("blocks") or []) if b.get("epochs", 0) >= cap]

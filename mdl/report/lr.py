@@ -18,7 +18,7 @@ from typing import Any
 from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, figure_legend, marker_key, plt, slug
 from mdl.report.style import display_name, panel_title
 from mdl.report.sweep import Sweep, eraser_sort_key, sortable
-from mdl.results import capped_fits, max_epochs_of
+from mdl.results import capped_fits, recorded_epoch_cap
 from mdl.report.stats import Cell
 
 LR_KEY = "optimizer.lr"
@@ -261,7 +261,7 @@ def capped_lines(points: list[LrPoint]) -> list[str]:
             for p in capped
             for r in p.cell.runs
             if capped_fits(r.results)
-            for cap in [max_epochs_of(r.results)]
+            for cap in [recorded_epoch_cap(r.results)]
             if cap is not None
         }
     )
