@@ -32,7 +32,7 @@ SHIPPED = {
     "alf_qleace": "erasure.alf_qleace",
     "gradient": "erasure.gradient",
     "leace": "erasure.leace",
-    "none": "erasure.identity",
+    "none": "erasure.no_erasure",
     "qleace": "erasure.qleace",
     "random": "erasure.random_projection",
 }

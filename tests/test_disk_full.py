@@ -39,7 +39,7 @@ def test_results_write_on_a_full_disk_keeps_the_checkpoint(tmp_path: Path, monke
     monkeypatch.setattr(
         checkpoints,
         "write_checksummed",
-        lambda path, payload, identity="": (sizes.append(len(payload)), real_save(path, payload, identity))[1],
+        lambda path, payload, stamp="": (sizes.append(len(payload)), real_save(path, payload, stamp))[1],
     )
     with pytest.raises(OSError) as err:
         run_experiment(cfg, tmp_path / "full" / "run")

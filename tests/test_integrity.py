@@ -103,10 +103,10 @@ def test_a_checkpoint_carries_the_code_and_run_that_wrote_it(reference, tmp_path
     _killed_in_block_0_by_other_code(cfg, tmp_path / "a", monkeypatch)
     store = _store(tmp_path)
     (store / "progress.json").unlink()
-    from mdl.engine.checkpoints import read_identity
+    from mdl.engine.checkpoints import read_stamp
 
     (ckpt,) = store.glob("checkpoints/*.ckpt")
-    assert read_identity(ckpt) == f"code 0ldc0de run {store.name}"
+    assert read_stamp(ckpt) == f"code 0ldc0de run {store.name}"
     with caplog.at_level(logging.WARNING):
         _same(run_experiment(cfg, tmp_path / "b"), reference)
     assert f"written by code 0ldc0de run {store.name}" in caplog.text

@@ -8,8 +8,8 @@ One ``RunCheckpointIO`` per fit (a Lightning CheckpointIO plugin):
   a kill leaves either the old file or the new one, and two writers never share a temporary;
 - stores a SHA-256 of the payload in a short header and checks it on every read, so a truncated or
   bit-flipped checkpoint is detected (``read_checksummed`` raises ``DamagedCheckpoint``) and never silently changes a result;
-- records in that header the identity of what wrote it (the code version and the run's config hash,
-  ``run_identity``): a checkpoint left by other code or another run is never resumed (``resumable``).
+- records in that header a stamp of what wrote it (the code version and the run's config hash,
+  ``run_stamp``): a checkpoint left by other code or another run is never resumed (``resumable``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from erasure.files import atomic_write_bytes, sha256_hex
 
 log = logging.getLogger(__name__)
-MAGIC = b"MDLCKPT2"  # MDLCKPT1 files (no identity) were written by older code: never resumed
+MAGIC = b"MDLCKPT2"  # MDLCKPT1 files (no stamp) were written by older code: never resumed
 DIGEST_LEN = 64  # hex SHA-256
 IDENTITY_LEN_BYTES = 4
 
@@ -34,9 +34,9 @@ class DamagedCheckpoint(RuntimeError):
     """A checkpoint file whose checksum or header does not match its contents."""
 
 
-def write_checksummed(path: Path, payload: bytes, identity: str = "") -> None:
-    """magic + SHA-256 + identity + payload (the digest covers both), written atomically (erasure.files)."""
-    ident = identity.encode()
+def write_checksummed(path: Path, payload: bytes, stamp: str = "") -> None:
+    """magic + SHA-256 + stamp + payload (the digest covers both), written atomically (erasure.files)."""
+    ident = stamp.encode()
     body = len(ident).to_bytes(IDENTITY_LEN_BYTES, "big") + ident + payload
     atomic_write_bytes(path, MAGIC + sha256_hex(body).encode() + body)
 
@@ -46,8 +46,8 @@ def read_checksummed(path: Path) -> bytes:
     return _read(path)[1]
 
 
-def read_identity(path: Path) -> str:
-    """The identity a checksummed file was written with (DamagedCheckpoint if it is damaged)."""
+def read_stamp(path: Path) -> str:
+    """The stamp a checksummed file was written with (DamagedCheckpoint if it is damaged)."""
     return _read(path)[0]
 
 
@@ -66,7 +66,7 @@ def _read(path: Path) -> tuple[str, bytes]:
     return body[IDENTITY_LEN_BYTES : IDENTITY_LEN_BYTES + n].decode(), body[IDENTITY_LEN_BYTES + n :]
 
 
-def run_identity(run_dir: Path) -> str:
+def run_stamp(run_dir: Path) -> str:
     """What a run's checkpoints must have been written by: this code version and this run (the run
     directory in the store is named by the config hash)."""
     from mdl.results import code_version
@@ -74,8 +74,8 @@ def run_identity(run_dir: Path) -> str:
     return f"code {code_version()} run {Path(run_dir).name}"
 
 
-def resumable(checkpoint: Path | None, identity: str) -> str | None:
-    """The checkpoint to resume from, if there is an intact one written with ``identity``; a damaged
+def resumable(checkpoint: Path | None, stamp: str) -> str | None:
+    """The checkpoint to resume from, if there is an intact one written with ``stamp``; a damaged
     one, or one written by other code or another run, is removed with a warning (the fit starts over).
     Temporaries of killed writes of this checkpoint (``erasure.files.temporary_sibling``) are removed first: the caller
     holds the run's lock (mdl.run.storage.run_lock), so no other writer of them can be alive."""
@@ -89,17 +89,17 @@ def resumable(checkpoint: Path | None, identity: str) -> str | None:
     if not checkpoint.exists():
         return None
     try:
-        written_by = read_identity(checkpoint)
+        written_by = read_stamp(checkpoint)
     except (DamagedCheckpoint, OSError) as err:
         log.warning("discarding damaged checkpoint %s (%s); this fit starts over", checkpoint, err)
         checkpoint.unlink(missing_ok=True)
         return None
-    if written_by != identity:
+    if written_by != stamp:
         log.warning(
             "discarding checkpoint %s: it was written by %s, this is %s; this fit starts over",
             checkpoint,
             written_by or "unknown code",
-            identity,
+            stamp,
         )
         checkpoint.unlink(missing_ok=True)
         return None
@@ -108,16 +108,16 @@ def resumable(checkpoint: Path | None, identity: str) -> str | None:
 
 
 class RunCheckpointIO(TorchCheckpointIO):
-    """Checksummed, atomic checkpoints loaded onto the training device, stamped with ``identity``."""
+    """Checksummed, atomic checkpoints loaded onto the training device, stamped with ``stamp``."""
 
-    def __init__(self, device: torch.device | str, identity: str = "") -> None:
+    def __init__(self, device: torch.device | str, stamp: str = "") -> None:
         self.device = torch.device(device)
-        self.identity = identity
+        self.stamp = stamp
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        write_checksummed(Path(path), buffer.getvalue(), self.identity)
+        write_checksummed(Path(path), buffer.getvalue(), self.stamp)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         payload = read_checksummed(Path(path))

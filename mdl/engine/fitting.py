@@ -70,14 +70,14 @@ class Run:
 @dataclass(frozen=True)
 class Fitting:
     """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of fits of
-    several members (a run's store, or a pack's folder) and ``identity`` stamps them (mdl.engine.checkpoints);
+    several members (a run's store, or a pack's folder) and ``stamp`` marks them (mdl.engine.checkpoints);
     a fit of one member checkpoints in its run's store. ``members_per_fit``: None = all of a run's members in one
     fit, ``auto`` = as many as the device holds (``mdl.engine.memory.plan_fits``)."""
 
     trainer_kwargs: dict[str, Any]
     patience: int
     folder: Path
-    identity: str = ""
+    stamp: str = ""  # what wrote a checkpoint: a resume trusts only its own (mdl.engine.checkpoints)
     members_per_fit: int | str | None = None
     checkpoint_every_s: float = 0.0
     steps_per_group: int = 1

@@ -138,8 +138,8 @@ def fit_stack(
     for c in curves.values():  # in the Trainer only for their state in the checkpoints
         callbacks.insert(2, c)
     kwargs = {**fitting.trainer_kwargs, "max_epochs": -1}  # the protocol stops each member and then the fit
-    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, identity=fitting.identity)
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, fitting.identity))
+    trainer = make_trainer(kwargs, dm.device, callbacks, checkpointing=True, stamp=fitting.stamp)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=resumable(checkpoint, fitting.stamp))
     outcomes: list[dict[int, MemberOutcome]] = [{} for _ in runs]
     for g, outcome in protocol.outcomes.items():
         r, m = where(g)

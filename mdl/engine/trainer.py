@@ -22,10 +22,10 @@ def make_trainer(
     device: torch.device,
     callbacks: list[L.Callback],
     checkpointing: bool,
-    identity: str = "",
+    stamp: str = "",
 ) -> L.Trainer:
-    """A quiet Trainer on the run's device, saving checkpoints (stamped with ``identity``) only through our callbacks."""
-    plugins: list[Any] = [RunCheckpointIO(device, identity)]
+    """A quiet Trainer on the run's device, saving checkpoints (stamped with ``stamp``) only through our callbacks."""
+    plugins: list[Any] = [RunCheckpointIO(device, stamp)]
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=False))  # submitit owns requeueing
     return L.Trainer(

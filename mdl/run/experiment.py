@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.datamodule import ErasedDataModule
 from datamodules.timing import timed, timed_calls
 from mdl.codelength import check_paper_loss
-from mdl.engine.checkpoints import run_identity
+from mdl.engine.checkpoints import run_stamp
 from mdl.engine.driver import train_runs
 from mdl.engine.fitting import Fitting, Run
 from mdl.engine.preemption import interruption, sigterm_guard
@@ -361,7 +361,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
         trainer_kwargs,
         t.patience,
         folder=job.store,
-        identity=run_identity(job.store),
+        stamp=run_stamp(job.store),
         members_per_fit=members_per_fit(cfg.mdl),
         checkpoint_every_s=cfg.mdl.checkpoint_every_s,
         steps_per_group=cfg.mdl.steps_per_group,

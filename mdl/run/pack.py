@@ -30,7 +30,7 @@ from datamodules.datamodule import ErasedDataModule
 from datamodules.splits import size_follows_data_seed
 from datamodules.sources import declared_bytes
 from erasure.files import sha256_hex
-from mdl.engine.checkpoints import run_identity
+from mdl.engine.checkpoints import run_stamp
 from mdl.engine.driver import train_runs
 from mdl.engine.preemption import sigterm_guard
 from mdl.engine.protocol import LoopRules
@@ -190,10 +190,10 @@ def pack_folder(jobs: Sequence[Job], pack: Sequence[str] = ()) -> Path:
     return Path(jobs[0].cfg.paths.store_dir) / PACKS_DIR / sha256_hex(" ".join(keys).encode())[:16]
 
 
-def pack_identity(folder: Path, jobs: Sequence[Job]) -> str:
+def pack_stamp(folder: Path, jobs: Sequence[Job]) -> str:
     """What the pack's checkpoints must have been written by: this code, this pack's folder and exactly these runs in
     this order (after some runs of the pack have finished, the others' checkpoint is not resumed: its rows differ)."""
-    return f"{run_identity(folder)} runs {sha256_hex(' '.join(job.key for job in jobs).encode())[:16]}"
+    return f"{run_stamp(folder)} runs {sha256_hex(' '.join(job.key for job in jobs).encode())[:16]}"
 
 
 def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
@@ -244,12 +244,12 @@ def run_label(jobs: Sequence[Job], job: Job) -> str:
 
 def _fit_pack(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The prepared runs trained together (``mdl.engine.driver.train_runs``), each with its own hooks' lines
-    and results; the first run's fitting, with the pack's folder and identity for its checkpoints."""
+    and results; the first run's fitting, with the pack's folder and stamp for its checkpoints."""
     jobs = [p.job for p in prepared]
     log.info("pack of %d runs (%s) in one fit", len(jobs), ", ".join(job.label for job in jobs))
     cfg = jobs[0].cfg
     folder = pack_folder(jobs, pack)
-    fitting = replace(prepared[0].fitting, folder=folder, identity=pack_identity(folder, jobs))
+    fitting = replace(prepared[0].fitting, folder=folder, stamp=pack_stamp(folder, jobs))
     require_space(
         Path(cfg.paths.store_dir),
         sum(checkpoint_bytes(p.job.cfg, p.run.model.make_model) for p in prepared),

@@ -11,12 +11,12 @@ from erasure.base import Eraser, register_eraser
 
 @register_eraser("none")
 @dataclass(frozen=True)
-class IdentityEraser(Eraser):
+class NoErasure(Eraser):
     dim: int
     num_classes: int
 
     @classmethod
-    def fit(cls, x: Tensor, y: Tensor, num_classes: int) -> "IdentityEraser":
+    def fit(cls, x: Tensor, y: Tensor, num_classes: int) -> "NoErasure":
         return cls(dim=x.shape[1], num_classes=num_classes)
 
     def _erase(self, x: Tensor, y: Tensor | None) -> Tensor:
