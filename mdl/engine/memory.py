@@ -54,8 +54,6 @@ def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
         held = members_that_fit(device, size * len(runs), trial) if len(runs) > 1 else None
         runs_per_fit = None if held is None else max(1, held // (count or size))
     fits = pack_fits(len(runs), size, count, runs_per_fit)
-    if all(run.final_fit for run in runs):
-        return fits
     kept = [[(r, m) for r, m in fit if m < size - 1 or runs[r].final_fit] for fit in fits]  # protocol.final_fit
     return [fit for fit in kept if fit]
 

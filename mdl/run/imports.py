@@ -50,9 +50,10 @@ _hiding = False
 def torchmetrics_extras_hidden() -> Iterator[None]:
     """Import lightning (and with it torchmetrics) inside this block: lightning_utilities' availability checks, which
     torchmetrics consults at its import, answer "not installed" for ``HIDDEN_FROM_TORCHMETRICS`` meanwhile, so
-    torchmetrics skips them. After the block every check answers the truth again, and the packages import as usual
-    wherever this framework uses them (figures, torchvision's models and data sets). A no-op once torchmetrics is
-    imported, or where lightning_utilities lacks the two checks."""
+    torchmetrics skips them. After the block every check answers the truth again (a ``RequirementCache`` asked meanwhile,
+    e.g. lightning's own ``_TORCHVISION_AVAILABLE``, forgets its answer and asks again when next used), and the packages
+    import as usual wherever this framework uses them (figures, torchvision's models and data sets). A no-op once
+    torchmetrics is imported, or where lightning_utilities lacks the two checks."""
     global _hiding
     try:
         from lightning_utilities.core import imports as checks
@@ -63,6 +64,7 @@ def torchmetrics_extras_hidden() -> Iterator[None]:
         yield
         return
     available, check = checks.package_available, checks.RequirementCache._check_requirement
+    answered: list[checks.RequirementCache] = []  # told "not installed" meanwhile: they ask again afterwards
 
     def package_available(name: str) -> bool:
         return not (_hiding and name in HIDDEN_FROM_TORCHMETRICS) and available(name)
@@ -70,6 +72,7 @@ def torchmetrics_extras_hidden() -> Iterator[None]:
     def check_requirement(self: checks.RequirementCache) -> None:
         if _hiding and re.split(r"[<>=!~\[;\s]", self.requirement or "")[0] in HIDDEN_FROM_TORCHMETRICS:
             self.available, self.message = False, f"{self.requirement!r} hidden from torchmetrics' import"
+            answered.append(self)
             return
         check(self)
 
@@ -80,3 +83,5 @@ def torchmetrics_extras_hidden() -> Iterator[None]:
     finally:
         _hiding = False
         checks.package_available, checks.RequirementCache._check_requirement = available, check
+        for requirement in answered:
+            del requirement.available  # RequirementCache._check_available asks again when it has no answer
