@@ -2,7 +2,8 @@
 
 Files are named by a hash of what determines their content (source config, split, eraser
 config, format version and the code of erasure/ and datamodules/; see ``cache_key``). Each file is one safetensors file whose metadata
-holds a checksum of its tensors; a file that fails to load or to match its checksum is reported
+holds a checksum of its tensors and of the rest of its metadata (a flipped bit in the header could
+otherwise rename an eraser's field); a file that fails to load or to match its checksum is reported
 and rebuilt. Writers take a per-key file lock and write to a temporary name then rename, so
 concurrent jobs build each key once and a reader never sees half a file. (If the lock is not
 honoured, e.g. on some network file systems, the rename still keeps every file whole; at worst
@@ -37,7 +38,7 @@ from erasure.files import atomic_write, source_digest
 from erasure import Eraser, load_eraser
 from erasure.base import save_file_as_oserror
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: the checksum covers the metadata, not only the tensors
 
 
 STALE_AFTER_S = 3600.0  # a temporary this old whose key is unlocked belongs to a dead writer
@@ -150,23 +151,27 @@ def cache_key(**parts: Any) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
-    """blake2b over names, dtypes, shapes and bytes, in name order."""
+def file_checksum(tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> str:
+    """blake2b over the tensors' names, dtypes, shapes and bytes, in name order, then over the
+    metadata (every entry but the checksum itself), in key order."""
     digest = hashlib.blake2b(digest_size=16)
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    described = {k: v for k, v in metadata.items() if k != "checksum"}
+    digest.update(json.dumps(described, sort_keys=True, separators=(",", ":")).encode())
     return digest.hexdigest()
 
 
 def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
-    """Write tensors with their checksum, atomically (erasure.files); an OS error (full disk, read-only
+    """Write tensors and metadata with their checksum, atomically (erasure.files); an OS error (full disk, read-only
     folder) becomes ``CacheWriteError``."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    meta = {**metadata, "cache_format_version": str(CACHE_FORMAT_VERSION), "checksum": tensors_checksum(tensors)}
+    meta = {**metadata, "cache_format_version": str(CACHE_FORMAT_VERSION)}
+    meta["checksum"] = file_checksum(tensors, meta)
     with cache_writes(path.parent):  # a full disk: OSError (save_file_as_oserror), so cache_writes explains it
         atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), meta))
 
@@ -185,7 +190,7 @@ def read_checked(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise CorruptCacheFile(
             f"{path} has cache format {meta.get('cache_format_version')}, expected {CACHE_FORMAT_VERSION}"
         )
-    if tensors_checksum(tensors) != meta.get("checksum"):
+    if file_checksum(tensors, meta) != meta.get("checksum"):
         raise CorruptCacheFile(f"{path}: checksum mismatch (file damaged)")
     return tensors, meta
 
@@ -231,7 +236,7 @@ class ErasureCache:
             return fit()
 
         def load() -> Eraser:
-            read_checked(path)  # checksum first: load_eraser alone would accept flipped bits
+            read_checked(path)  # checksum first: load_eraser alone would accept flipped bits (in data or header)
             return load_eraser(path)
 
         def build() -> Eraser:
