@@ -106,7 +106,6 @@ def test_damaged_file_is_detected_and_rebuilt(tmp_path: Path, damage: str) -> No
     assert torch.equal(rebuilt(x), reference(x))
 
 
-
 def test_every_bit_flip_in_the_header_is_caught_or_harmless(tmp_path: Path) -> None:
     """A flipped bit in the JSON header (metadata, names, shapes) must not load as a different eraser:
     safetensors may parse it, so the checksum covers the metadata too (a chaos sweep once renamed a field)."""
@@ -130,6 +129,7 @@ def test_every_bit_flip_in_the_header_is_caught_or_harmless(tmp_path: Path) -> N
             loaded += 1  # parsed and matched: it must be the same eraser
             assert torch.equal(ErasureCache(tmp_path).eraser(key, CountingFit("leace", x, y))(x), reference(x))
     assert loaded < header_end  # nearly every flip is caught
+
 
 CHILD = textwrap.dedent(
     """
