@@ -573,8 +573,8 @@ def test_a_checkpoint_written_with_the_retired_finished_at_still_resumes() -> No
 
 def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> None:
     """A fit of one member is a stack of one: it runs the plain model (not its stacked form), so what only a lone
-    model can have works there, bit for bit: batch norm (its running statistics updated in the stack's buffers, eval
-    mode under no_grad) and dropout; a stack of two still refuses them."""
+    model can have works there, bit for bit (outputs and gradients): batch norm (its running statistics updated in the
+    stack's buffers, eval mode under no_grad) and dropout; a stack of two still refuses them."""
     from models.stacking import StackedModel
 
     def make() -> torch.nn.Module:
@@ -592,8 +592,13 @@ def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> No
     torch.manual_seed(1)
     expected = plain(x)
     torch.manual_seed(1)
-    assert torch.equal(stack(x[None])[0], expected)
+    out = stack(x[None])[0]
+    assert torch.equal(out, expected)
     assert torch.equal(stack.buffer_dict()["1.running_mean"][0], plain[1].running_mean)
+    expected.sum().backward(), out.sum().backward()
+    assert all(torch.equal(p.grad, s.grad[0]) for p, s in zip(plain.parameters(), stack.stacked))
+    # the member's tensors are bound for the call only: the template holds its weightless (meta) tensors again
+    assert all(t.is_meta for t in [*stack.template.parameters(), *stack.template.buffers()])
     plain.eval()
     with torch.no_grad():
         scored = stack.run(stack.param_dict(), stack.buffer_dict(), x, shared_input=True)[0]
