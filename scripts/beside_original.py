@@ -218,10 +218,9 @@ def project_pool(eraser: str, seed: int, lr: float, b1: float):
 # --- the project's side -----------------------------------------------------------------------------------------
 
 
-def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: int, out: Path) -> Side:
+def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: int, out: Path, side: Side) -> None:
     """``launch.py protocol=original`` with docs/paper.md's overrides, one process per seed as the original runs one
     (so each side's CPU seconds are those of a run: start-up, data, eraser, fits); its results.json files read."""
-    side = Side()
     for seed in seeds:
         root = out / f"seed{seed}"
         command = [
@@ -242,7 +241,6 @@ def run_project(eraser: str, seeds: list[int], lr: float, b1: float, threads: in
         record = json.loads(found[-1].read_text())
         side.mdl.append(record["paper_mdl"])
         side.untrained.extend(b["best_after_epochs"] == 0 for b in record["blocks"])
-    return side
 
 
 # --- statistics --------------------------------------------------------------------------------------------------
@@ -312,11 +310,11 @@ def main() -> None:
     for setting in args.settings.split(","):
         label, lr, b1 = SETTINGS[setting]
         for eraser in args.erasers.split(","):
-            theirs = Side()
-            for seed in seeds:
+            theirs, ours = Side(), Side()
+            for seed in seeds:  # the two sides take turns, so a change in the machine's load falls on both
                 pool = project_pool(eraser, seed, lr, b1)
                 original_process(args.original_dir, pool, seed, lr, b1, args.threads, theirs)
-            ours = run_project(eraser, seeds, lr, b1, args.threads, out / f"{setting}-{eraser}")
+                run_project(eraser, [seed], lr, b1, args.threads, out / f"{setting}-{eraser}", ours)
             lines.append(row(label, eraser, ours, theirs))
             print(lines[-1], flush=True)
     print("\n".join(lines))
