@@ -106,7 +106,7 @@ def test_damaged_file_is_detected_and_rebuilt(tmp_path: Path, damage: str) -> No
     assert torch.equal(rebuilt(x), reference(x))
 
 
-def test_every_bit_flip_in_the_header_is_caught_or_harmless(tmp_path: Path) -> None:
+def test_a_flipped_bit_in_any_header_byte_is_caught_or_harmless(tmp_path: Path) -> None:
     """A flipped bit in the JSON header (metadata, names, shapes) must not load as a different eraser:
     safetensors may parse it, so the checksum covers the metadata too (a chaos sweep once renamed a field)."""
     x, y = class_data()
@@ -117,18 +117,17 @@ def test_every_bit_flip_in_the_header_is_caught_or_harmless(tmp_path: Path) -> N
     raw = path.read_bytes()
     header_end = 8 + int.from_bytes(raw[:8], "little")
     loaded = 0
-    for at in range(8, header_end):
-        for bit in range(8):
-            damaged = bytearray(raw)
-            damaged[at] ^= 1 << bit
-            path.write_bytes(bytes(damaged))
-            try:
-                read_checked(path)
-            except CorruptCacheFile:
-                continue
-            loaded += 1  # parsed and matched: it must be the same eraser
-            assert torch.equal(ErasureCache(tmp_path).eraser(key, CountingFit("leace", x, y))(x), reference(x))
-    assert loaded < header_end  # nearly every flip is caught
+    for at in range(8, header_end):  # every byte, one bit each (all eight bits of every byte also pass, in 8x the time)
+        damaged = bytearray(raw)
+        damaged[at] ^= 1 << (at % 8)
+        path.write_bytes(bytes(damaged))
+        try:
+            read_checked(path)
+        except CorruptCacheFile:
+            continue
+        loaded += 1  # parsed and matched: it must be the same eraser
+        assert torch.equal(ErasureCache(tmp_path).eraser(key, CountingFit("leace", x, y))(x), reference(x))
+    assert loaded < (header_end - 8) / 8  # nearly every flip is caught
 
 
 CHILD = textwrap.dedent(

@@ -39,6 +39,7 @@ def test_callbacks_are_part_of_a_run_s_identity_and_none_keeps_old_hashes(tmp_pa
     assert config_hash(compose_config([*FAST, "callbacks=model_summary"], tmp_path)) != plain
 
 
+@pytest.mark.slow
 def test_model_summary_prints_the_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 

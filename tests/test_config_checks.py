@@ -127,6 +127,7 @@ def test_overfit_check_trains_with_the_runs_threads(monkeypatch) -> None:
         torch.set_num_threads(2)
 
 
+@pytest.mark.slow
 def test_an_option_the_eraser_does_not_take_is_refused_before_the_data_are_loaded() -> None:
     """It was refused by the eraser's fit, after the data were loaded and split."""
     from mdl.run.config_checks import validate_config

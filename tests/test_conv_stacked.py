@@ -141,6 +141,7 @@ def stack_of(model: str, seeds) -> StackedModel:
     return StackedModel(made)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["convnext", "lenet"])
 def test_rows_run_in_chunks_compute_as_stacks_of_their_own_to_the_bit(model: str) -> None:
     """A pack's runs (StackedModel.run's ``chunks``): the outputs and gradients of each chunk of rows are those of a

@@ -32,6 +32,7 @@ print(len(available_erasers()), "erasure.qleace" in after_leace, "erasure.gradie
 """
 
 
+@pytest.mark.slow
 def test_a_run_imports_only_its_own_erasers_code_and_every_name_is_listed(tmp_path):
     """erasure.base.SHIPPED: an eraser's module is imported when its name is first used, so a LEACE run does not
     import QLEACE's or the gradient eraser's code; every shipped name is listed (and checked) before that."""

@@ -67,6 +67,7 @@ def test_damaged_progress_file_is_redone(damage: str, reference, tmp_path, monke
     assert "discarding the earlier progress" in caplog.text
 
 
+@pytest.mark.slow
 def test_progress_made_by_other_code_is_not_resumed(reference, tmp_path, monkeypatch, caplog) -> None:
     cfg = compose_config(SETTINGS, tmp_path)
     saves = reference["blocks"][0]["epochs"] + 1

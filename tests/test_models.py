@@ -263,6 +263,7 @@ print(len(available_models()), sorted(m for m in ("models.lenet", "models.convne
 """
 
 
+@pytest.mark.slow
 def test_a_run_imports_only_its_own_models_code_and_every_name_is_listed() -> None:
     """models.registry._ON_DEMAND: a model's module is imported when its name is first asked for, so an MLP run imports
     neither LeNet's code nor timm (ConvNeXt's and Swin's); every shipped name is listed before that."""

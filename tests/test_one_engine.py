@@ -76,6 +76,7 @@ def test_every_stored_record_names_its_environment_and_one_is_the_readmes() -> N
     assert sum(bool(r.get("readme")) for r in STORED["records"]) == 1
 
 
+@pytest.mark.slow
 def test_members_per_fit_is_the_one_key_with_its_default_in_each_model_file(tmp_path: Path) -> None:
     """Each conf/model file sets the grouping (the faster one) and trainer.threads_by_members_per_fit the threads that
     go with it: one thread for one member per fit, otherwise null (the CPUs Slurm allocated)."""
@@ -147,6 +148,7 @@ def test_the_stopping_rule_is_lightnings_early_stopping_and_max_epochs() -> None
     assert state.should_stop(state.judge(0.5, 5), patience=2, max_epochs=3)  # improved, but at max_epochs
 
 
+@pytest.mark.slow
 def test_fits_of_a_few_members_give_the_numbers_of_one_fit_of_all(tmp_path: Path) -> None:
     """The MLP's stacked form is a batched matmul per member, so a member's numbers do not depend on which
     other members share its fit: two fits of 4 members equal one fit of all 8, block by block."""

@@ -104,6 +104,7 @@ def test_runs_that_differ_in_seed_eraser_or_data_seed_share_a_key(tmp_path: Path
         run_pack(jobs(tmp_path, (0,)) + jobs(tmp_path / "x", (1,), extra=["width=64"]))
 
 
+@pytest.mark.slow
 def test_values_interpolated_from_the_seed_or_the_eraser_keep_runs_apart(tmp_path: Path) -> None:
     """A key is made from the resolved config: the paper presets' ``data_seed: ${seed}`` gives each seed its own data,
     and a learning rate looked up by eraser puts runs of other learning rates in other packs."""
@@ -146,6 +147,7 @@ def test_runs_with_other_erasers_and_data_seeds_packed_keep_their_numbers_to_the
             assert other[key] == one[key], key
 
 
+@pytest.mark.slow
 def test_a_sweeps_packs_hold_at_most_pack_data_gb_as_declared_and_a_relaunch_makes_the_same(tmp_path: Path) -> None:
     """Runs with their own data (eraser, data seed) beyond ``mdl.pack_data_gb`` of what their source declares make
     more packs, decided from the configs when the sweep is launched: the sweep relaunched (in another order, or on

@@ -263,6 +263,7 @@ def _pack_jobs(root: Path) -> list[Job]:
     return [Job.checked(compose_config([*SHORT, *v], root), root / f"run{i}") for i, v in enumerate(variants)]
 
 
+@pytest.mark.slow
 def test_the_packs_room_check_counts_every_runs_checkpoints(tmp_path: Path, monkeypatch) -> None:
     """Room for one run's checkpoints but not for the pack's (they live in the pack's folder, all runs' members in
     one file): refused before training, not seconds into the fit."""

@@ -98,6 +98,7 @@ def tensorboard_values(run_dir: Path) -> dict[str, list[float]]:
     return values
 
 
+@pytest.mark.slow
 def test_runs_logging_in_one_process_each_get_their_own_wandb_run_csv_and_tensorboard(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -41,6 +41,7 @@ def datamodule(cache_dir, **options) -> ErasedDataModule:
     return ErasedDataModule(DataOptions.from_config(data, OmegaConf.to_container(cfg.eraser, resolve=True)), seed=0)
 
 
+@pytest.mark.slow
 def test_rank_from_matches_the_other_erasers_edit_rank_and_is_cached(tmp_path) -> None:
     dm = datamodule(tmp_path, rank_from="alf_qleace")
     dm.setup()

@@ -58,6 +58,7 @@ def relaunch(root: Path, overrides: list[str], run_dir: Path) -> dict:
     return run_experiment(cfg, run_dir)
 
 
+@pytest.mark.slow
 def test_a_migrated_store_has_every_run_under_today_s_hash_and_relaunches_skip(old_store: Path, capsys) -> None:
     store = old_store / "store"
     new = {old: config_hash(compose_config([*COMMON, *overrides], old_store)) for old, overrides in OLD_RUNS.items()}

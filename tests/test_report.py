@@ -441,6 +441,7 @@ def test_code_versions_split_cells_by_default_merge_on_request(tmp_path: Path, c
     assert "averages runs of code versions `c0de0000aaaa`, `c0de1111bbbb`" in text
 
 
+@pytest.mark.slow
 def test_code_version_cli_line_in_subprocess(tmp_path: Path):
     sweep = tmp_path / "multirun"
     for job, (seed, version) in enumerate(((0, "c0de0000aaaa"), (1, "c0de1111bbbb"), (2, None))):
@@ -854,6 +855,7 @@ def test_pdf_figures_embed_truetype_fonts_not_type3(report: Path):
         assert subtypes & {"/TrueType", "/CIDFontType2"}, (pdf.name, subtypes)
 
 
+@pytest.mark.slow
 def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Path, tmp_path: Path, drawn_figures):
     """One colour per eraser across all figures (Figure 1's column titles included), the paper's eraser
     names (Figure 1 included), legends one step below the axis labels, not 6 pt beside 10 pt."""
@@ -886,6 +888,7 @@ def test_every_figure_uses_the_style_names_colours_and_font_sizes(sweep_dir: Pat
     assert {"LEACE", "Random projection (rank 2)"} <= figure1_titles
 
 
+@pytest.mark.slow
 def test_panels_that_compare_share_their_y_scale(sweep_dir: Path, tmp_path: Path, drawn_figures):
     """Within a figure, every visible panel of one quantity (same y label) has the same y limits."""
     figures = drawn_figures(lambda: build_report([sweep_dir], tmp_path, image_loader=None, echo=None))

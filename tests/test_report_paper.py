@@ -96,6 +96,7 @@ def test_unknown_table_is_refused(tmp_path: Path, capsys):
 # --- the flag rule -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cell_outside_the_error_bars_is_flagged_not_one_inside(tmp_path: Path):
     """MLP control 1 paper sd above the paper (inside), MLP LEACE 4 sd above (outside), 3 seeds each."""
     sweep = tmp_path / "multirun"

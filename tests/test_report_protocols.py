@@ -89,6 +89,7 @@ def test_blocks_at_the_untrained_model_are_counted_from_best_after_epochs(tmp_pa
     assert untrained_blocks(old) is None and path.exists()
 
 
+@pytest.mark.slow
 def test_two_protocols_get_a_table_each_beside_the_paper_and_their_untrained_blocks(tmp_path: Path):
     sweep = two_protocol_sweep(tmp_path)
     assert load_sweep([sweep]).row_keys == ["protocol.name"]  # not one row key per loop rule

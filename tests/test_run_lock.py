@@ -111,6 +111,7 @@ def test_stalled_holder_ends_launch_with_one_message(tmp_path: Path) -> None:
     assert "error: the run in" in done.stderr and f"pid {holder.pid}" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_dead_holders_leftover_record_is_not_blamed(tmp_path: Path) -> None:
     """A holder killed with SIGKILL leaves its record; while the live holder has not written its own yet, a
     waiter must not stop naming the dead one (its record looks stale from the start)."""

@@ -206,6 +206,7 @@ print("datamodules.synthetic" in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_a_run_imports_only_its_own_sources_code_and_every_name_is_listed() -> None:
     """datamodules.sources.SHIPPED: a source's module is imported when its name is first used, so a digits run
     imports none of the CIFAR, SVHN or synthetic loaders; every shipped name is listed before that."""

@@ -278,6 +278,7 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
         assert float(nats) / 300 == pytest.approx(blocks[i]["val_bits_per_example"] * math.log(2), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_stacked_run_resumes_bit_for_bit_at_every_kill_point(tmp_path: Path, monkeypatch) -> None:
     settings = [*STACKED, "trainer.kwargs.max_epochs=12", "trainer.patience=3"]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
