@@ -598,7 +598,10 @@ def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> No
     assert torch.equal(stack.buffer_dict()["1.running_mean"][0], plain[1].running_mean)
     expected.sum().backward(), out.sum().backward()
     assert all(torch.equal(p.grad, s.grad[0]) for p, s in zip(plain.parameters(), stack.stacked))
-    # the member's tensors are bound for the call only: the template holds its weightless (meta) tensors again
+    # the member's tensors are bound for the call only, a failed call included: the template holds its weightless
+    # (meta) tensors again
+    with pytest.raises(RuntimeError):
+        stack(torch.rand(1, 5, 2, 6, 6))  # two channels where the convolution takes one
     assert all(t.is_meta for t in [*stack.template.parameters(), *stack.template.buffers()])
     plain.eval()
     with torch.no_grad():
