@@ -85,8 +85,10 @@ def run_python(code: str, *args: str, timeout: float = 180) -> subprocess.Comple
 def run_launch(
     args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, python_flags: list[str] = ()
 ) -> subprocess.CompletedProcess:
-    """Run launch.py in a subprocess exactly as a user would (``python_flags``: the interpreter's, e.g. -X importtime)."""
-    full_env = {**os.environ, "PYTHONPATH": python_path(), **(env or {})}
+    """Run launch.py in a subprocess exactly as a user would (``python_flags``: the interpreter's, e.g. -X importtime).
+    Without WANDB_SERVICE: a test that ran W&B in this process set it, and a launch would join that W&B service."""
+    inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    full_env = {**inherited, "PYTHONPATH": python_path(), **(env or {})}
     return subprocess.run(
         [sys.executable, *python_flags, str(REPO / "launch.py"), *args],
         cwd=cwd,
@@ -158,8 +160,14 @@ def _launch_once(tmp_path_factory, name: str, args: list[str], env: dict[str, st
     assert _tree_state(root) == before, f"a test wrote into the shared launch under {root}: copy_output it first"
 
 
-def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+def _tree_state(root: Path) -> dict[str, tuple[int, int] | str]:
+    """Each file's size and mtime; a link by where it points, not by its target: W&B links each run's
+    logs/debug-core.log to a log in ~/.cache/wandb that other W&B processes may append to later."""
+    return {
+        str(p.relative_to(root)): str(p.readlink()) if p.is_symlink() else (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_symlink() or p.is_file()
+    }
 
 
 @pytest.fixture(scope="session")
