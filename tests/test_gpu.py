@@ -349,3 +349,29 @@ def test_a_packs_runs_compute_as_stacks_of_their_own_on_cuda(model: str, calls: 
     if model == "mlp":  # one stack on CUDA is right only if cuBLAS gives a member its bits whatever the stack's size
         assert torch.equal(out, alone), "drop MLP.stack_size_independent: cuBLAS's bits depend on the stack's size"
     torch.testing.assert_close(out, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stack_of_one_moved_to_cuda_trains_as_its_plain_model() -> None:
+    """A stack of one made on the CPU and moved to the GPU (as Lightning moves it) trains through new leaves on the
+    GPU's tensors (models.stacking ``_member_leaves``): every step's gradients and parameters equal the plain model's
+    on the GPU."""
+    from models.stacking import StackedModel
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+    stack = StackedModel([make()])
+    stack(torch.rand(1, 7, 6)).sum().backward()  # leaves made on the CPU first
+    plain, stack = make().cuda(), stack.cuda()
+    stack.zero_grad(set_to_none=True)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (plain, stack)]
+    for _ in range(3):
+        x = torch.rand(7, 6, device="cuda")
+        for opt, forward in zip(optimizers, (lambda: plain(x), lambda: stack(x[None])[0])):
+            opt.zero_grad(set_to_none=True)
+            forward().square().sum().backward()
+        assert all(torch.equal(p.grad, s.grad[0]) for p, s in zip(plain.parameters(), stack.stacked))
+        for opt in optimizers:
+            opt.step()
+    assert all(torch.equal(p, s[0]) for p, s in zip(plain.parameters(), stack.stacked))

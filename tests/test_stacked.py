@@ -609,3 +609,33 @@ def test_a_stack_of_one_runs_its_plain_model_with_batch_norm_and_dropout() -> No
     assert torch.equal(scored, plain(x))
     with pytest.raises(ValueError, match="BatchNorm2d.*cannot be stacked"):
         StackedModel([make(), make()])
+
+
+def test_a_stack_of_one_trains_through_leaves_that_share_its_parameters() -> None:
+    """A stack of one trains its member through leaves on the stack's own storage (``_member_leaves``): an optimizer
+    step on the stack moves what the next forward computes with, gradients reach the stack's parameters (summed
+    over two backward passes as autograd sums them), the leaves are no parameters of the stack, and a move that
+    replaces the parameters' tensors (here to float64, as ``.to("cuda")`` does) makes new leaves: each step equals
+    the plain model's to the bit. Fails if the leaves kept the old tensors or dropped a gradient."""
+    from models.stacking import StackedModel
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+    plain, stack = make(), StackedModel([make()])
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (plain, stack)]
+    for step in range(4):
+        if step == 2:
+            plain, stack = plain.double(), stack.double()
+        x = torch.rand(7, 6, dtype=next(plain.parameters()).dtype)
+        for opt, forward in zip(optimizers, (lambda: plain(x), lambda: stack(x[None])[0])):
+            opt.zero_grad(set_to_none=True)
+            for _ in range(2):  # gradients accumulate over two passes
+                forward().square().sum().backward()
+        assert all(torch.equal(p.grad, s.grad[0]) for p, s in zip(plain.parameters(), stack.stacked))
+        for opt in optimizers:
+            opt.step()
+        assert all(torch.equal(p, s[0]) for p, s in zip(plain.parameters(), stack.stacked))
+    assert len(list(stack.parameters())) == len(list(plain.parameters()))
+    assert all(leaf.dtype == torch.float64 for leaf in stack._member_leaves().values())
