@@ -345,3 +345,25 @@ def test_training_imports_are_frozen_once_and_the_collector_state_is_restored(mo
     with imports_frozen():  # already frozen: a later job
         assert gc.isenabled()
     assert len(calls) == 6
+
+
+def test_launch_composes_the_config_once_unless_a_config_may_set_hydra_mode(monkeypatch) -> None:
+    """launch.py skips Hydra's first compose, which only reads ``hydra.mode`` (``compose_once``): right only while no
+    file in conf/ sets it, so this fails when one does; a command line that sets it, or a config of the user's own,
+    keeps Hydra's probe."""
+    import yaml
+    from hydra._internal.hydra import Hydra
+
+    import launch
+
+    for path in (REPO / "conf").rglob("*.yaml"):
+        node = yaml.safe_load(path.read_text()) or {}
+        in_hydra = node if path.read_text().startswith("# @package hydra") else node.get("hydra") or {}
+        assert "mode" not in in_hydra, f"{path} sets hydra.mode: launch.compose_once skips the compose that reads it"
+    probe = Hydra.get_mode
+    for argv in (["hydra.mode=MULTIRUN"], ["-cd", "/elsewhere"], ["--config-name=mine"]):
+        launch.compose_once(argv)
+        assert Hydra.get_mode is probe, argv
+    monkeypatch.setattr(Hydra, "get_mode", probe)  # restored after the test
+    launch.compose_once(["seed=1", "-m"])
+    assert Hydra.get_mode is not probe and Hydra.get_mode(None, "config", ["seed=1"]) is None
