@@ -98,7 +98,7 @@ class StackedClassifier(L.LightningModule):
             logits = self.stack(x, self.chunks()).float()
         nats = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(w) * w
         per_member = nats.sum(1)
-        self.train_sums += per_member.detach().double()  # the curves stay plain cross-entropy
+        self.train_sums.add_(per_member.detach().double())  # the curves stay plain cross-entropy (in place: no setattr)
         if self.loss_regulariser is not None:  # each member's own mean over its real examples
             per_member = per_member + (spectral_penalty(logits, y, self.loss_regulariser) * w).sum(1)
         return (per_member / w.sum(1)).sum()

@@ -185,13 +185,18 @@ class StackedModel(nn.Module):
             self.template.train(training)
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        # squeeze, not [0]: its backward is a view, select's a zeroed copy per parameter
-        squeezed = ({n: t.squeeze(0) for n, t in params.items()}, {n: t.squeeze(0) for n, t in buffers.items()})
+        buffers = {n: t.squeeze(0) for n, t in buffers.items()}
+        if (
+            torch.is_grad_enabled()
+            and params.get(self.names[0]) is self.stacked[0]
+            and not torch.compiler.is_compiling()
+        ):
+            params = self._member_leaves()  # training: no view and no view's backward per parameter
+        else:  # squeeze, not [0]: its backward is a view, select's a zeroed copy per parameter
+            params = {n: t.squeeze(0) for n, t in params.items()}
         if torch.compiler.is_compiling():  # dynamo traces functional_call, not writes into a module's dicts
-            return functional_call(self.template, squeezed, (x,))
-        if torch.is_grad_enabled() and params.get(self.names[0]) is self.stacked[0]:
-            squeezed = (self._member_leaves(), squeezed[1])  # training: no view and no view's backward per parameter
-        with _bound(self.__dict__["slots"], squeezed):
+            return functional_call(self.template, (params, buffers), (x,))
+        with _bound(self.__dict__["slots"], (params, buffers)):
             return self.template(x)
 
     def _member_leaves(self) -> dict[str, nn.Parameter]:
@@ -199,12 +204,13 @@ class StackedModel(nn.Module):
         step on the stack moves them too) and hand their gradient to the stack's parameter as it accumulates. A
         paper-MLP training step took 663 us with squeezed views, 605 us with these (one CPU thread, loaded); the
         gradients are the same to the bit. Made again when a parameter was replaced or moved (``keep``, ``.to``)."""
-        made = self.__dict__.get("leaves")
-        stacked = list(self.stacked._parameters.values())
-        if made is None or any(p is not q or p.data_ptr() != at for p, (q, at, _) in zip(stacked, made.values())):
-            made = {n: (p, p.data_ptr(), _leaf_of(p)) for n, p in zip(self.names, stacked)}
+        made = self.__dict__.get("leaves")  # (the parameters, their data pointers, the leaves by name)
+        stacked = self.stacked._parameters.values()
+        if made is None or any(p is not q or p.data_ptr() != at for p, q, at in zip(stacked, *made[:2])):
+            stacked = list(stacked)
+            made = (stacked, [p.data_ptr() for p in stacked], {n: _leaf_of(p) for n, p in zip(self.names, stacked)})
             self.__dict__["leaves"] = made
-        return {n: leaf for n, (_, _, leaf) in made.items()}
+        return made[2]
 
     def keep(self, rows: Tensor) -> dict[nn.Parameter, nn.Parameter]:
         """Keep only the members at ``rows``; returns old -> new parameter (for the optimizer)."""
