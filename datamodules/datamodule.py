@@ -148,11 +148,6 @@ class ErasedDataModule(L.LightningDataModule):
             self.cache.stats.builds,
         )
 
-    def resident_bytes(self) -> int:
-        """Bytes its splits hold on its device (a pack holds several data modules at once: mdl.run.pack); the
-        eraser and batch buffers, small beside them, are not counted."""
-        return sum(t.nbytes for s in (self.train_set, self.val_set, self.test_set) for t in (s.x, s.y))
-
     @contextmanager
     def redrawn(self, block: int) -> Iterator[None]:
         """Inside it, the training and validation splits are block ``block``'s (0-based) fresh draw of the pool
