@@ -100,14 +100,17 @@ def compose_once(argv: list[str]) -> None:
     No file in conf/ sets ``hydra.mode`` (tests/test_cli.py checks), so unless the command line does, the first
     compose is skipped: ``-m`` or its absence decides, as Hydra decides when the mode is unset. A launch
     then starts 0.25-0.5 CPU-s sooner (one compose of the default config). A config of the user's own (``-cd``,
-    ``-cn``) keeps Hydra's probe."""
-    if not any(a.lstrip("+~").startswith("hydra.mode") or a.split("=")[0] in CONFIG_FLAGS for a in argv):
+    ``-cn``, ``hydra.searchpath``) keeps Hydra's probe."""
+    if not any(
+        a.lstrip("+~").startswith(("hydra.mode", "hydra.searchpath", "--con")) or a.split("=")[0] in CONFIG_FLAGS
+        for a in argv
+    ):
         from hydra._internal.hydra import Hydra
 
         Hydra.get_mode = lambda self, config_name, overrides: None  # None: RUN, or MULTIRUN under -m
 
 
-CONFIG_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+CONFIG_FLAGS = ("-cd", "-cp", "-cn")  # and --config-dir, --config-path, --config-name or any prefix of them ("--con")
 
 
 if __name__ == "__main__":

@@ -203,14 +203,24 @@ class StackedModel(nn.Module):
         """A stack of one's parameters without the member axis: leaves that share their storage (so an optimizer
         step on the stack moves them too) and hand their gradient to the stack's parameter as it accumulates. A
         paper-MLP training step took 663 us with squeezed views, 605 us with these (one CPU thread, loaded); the
-        gradients are the same to the bit. Made again when a parameter was replaced or moved (``keep``, ``.to``)."""
-        made = self.__dict__.get("leaves")  # (the parameters, their data pointers, the leaves by name)
+        gradients are the same to the bit. Made again when a parameter was replaced, moved (``keep``, ``.to``) or
+        frozen or unfrozen. The stack's own parameters are then not in the autograd graph: hooks registered on them do
+        not fire and ``torch.autograd.grad`` cannot take them (docs/engines.md)."""
+        made = self.__dict__.get("leaves")  # (the parameters, their (data pointer, requires_grad), the leaves by name)
         stacked = self.stacked._parameters.values()
-        if made is None or any(p is not q or p.data_ptr() != at for p, q, at in zip(stacked, *made[:2])):
+        if made is None or any(
+            p is not q or (p.data_ptr(), p.requires_grad) != at for p, q, at in zip(stacked, *made[:2])
+        ):
             stacked = list(stacked)
-            made = (stacked, [p.data_ptr() for p in stacked], {n: _leaf_of(p) for n, p in zip(self.names, stacked)})
+            state = [(p.data_ptr(), p.requires_grad) for p in stacked]
+            made = (stacked, state, {n: _leaf_of(p) for n, p in zip(self.names, stacked)})
             self.__dict__["leaves"] = made
         return made[2]
+
+    def _apply(self, fn: Any, recurse: bool = True) -> StackedModel:
+        """A move (``.to``, ``.cuda``, ``.double``) forgets the leaves, which would keep the old tensors alive."""
+        self.__dict__.pop("leaves", None)
+        return super()._apply(fn, recurse)
 
     def keep(self, rows: Tensor) -> dict[nn.Parameter, nn.Parameter]:
         """Keep only the members at ``rows``; returns old -> new parameter (for the optimizer)."""

@@ -358,12 +358,13 @@ def test_launch_composes_the_config_once_unless_a_config_may_set_hydra_mode(monk
 
     for path in (REPO / "conf").rglob("*.yaml"):
         node = yaml.safe_load(path.read_text()) or {}
-        in_hydra = node if path.read_text().startswith("# @package hydra") else node.get("hydra") or {}
+        packaged_in_hydra = path.read_text().startswith("# @package hydra") or path.parent == REPO / "conf" / "hydra"
+        in_hydra = node if packaged_in_hydra else node.get("hydra") or {}
         assert "mode" not in in_hydra, f"{path} sets hydra.mode: launch.compose_once skips the compose that reads it"
     probe = Hydra.get_mode
-    for argv in (["hydra.mode=MULTIRUN"], ["-cd", "/elsewhere"], ["--config-name=mine"]):
+    monkeypatch.setattr(Hydra, "get_mode", probe)  # restored after the test, whatever happens in it
+    for argv in (["hydra.mode=MULTIRUN"], ["-cd", "/elsewhere"], ["--config-na=mine"], ["hydra.searchpath=[x]"]):
         launch.compose_once(argv)
         assert Hydra.get_mode is probe, argv
-    monkeypatch.setattr(Hydra, "get_mode", probe)  # restored after the test
     launch.compose_once(["seed=1", "-m"])
     assert Hydra.get_mode is not probe and Hydra.get_mode(None, "config", ["seed=1"]) is None

@@ -639,3 +639,9 @@ def test_a_stack_of_one_trains_through_leaves_that_share_its_parameters() -> Non
         assert all(torch.equal(p, s[0]) for p, s in zip(plain.parameters(), stack.stacked))
     assert len(list(stack.parameters())) == len(list(plain.parameters()))
     assert all(leaf.dtype == torch.float64 for leaf in stack._member_leaves().values())
+    x = torch.rand(1, 7, 6, dtype=torch.float64)
+    for frozen in (True, False):  # freezing a parameter, and unfreezing it, after its leaf was made
+        stack.zero_grad(set_to_none=True)
+        stack.stacked[0].requires_grad_(not frozen)
+        stack(x).sum().backward()
+        assert (stack.stacked[0].grad is None) == frozen and stack.stacked[1].grad is not None
