@@ -186,15 +186,12 @@ class StackedModel(nn.Module):
         if self.channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         buffers = {n: t.squeeze(0) for n, t in buffers.items()}
-        if (
-            torch.is_grad_enabled()
-            and params.get(self.names[0]) is self.stacked[0]
-            and not torch.compiler.is_compiling()
-        ):
+        compiling = torch.compiler.is_compiling()
+        if torch.is_grad_enabled() and params.get(self.names[0]) is self.stacked[0] and not compiling:
             params = self._member_leaves()  # training: no view and no view's backward per parameter
         else:  # squeeze, not [0]: its backward is a view, select's a zeroed copy per parameter
             params = {n: t.squeeze(0) for n, t in params.items()}
-        if torch.compiler.is_compiling():  # dynamo traces functional_call, not writes into a module's dicts
+        if compiling:  # dynamo traces functional_call, not writes into a module's dicts
             return functional_call(self.template, (params, buffers), (x,))
         with _bound(self.__dict__["slots"], (params, buffers)):
             return self.template(x)
