@@ -32,6 +32,31 @@ def test_original_schedule_for_cifar10_is_oric() -> None:
     assert [b - a for a, b in zip(cumulative, oric)] == [0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
 
 
+def test_brent_root_takes_scipys_brentq_steps_to_the_last_bit() -> None:
+    """The original solved its chunk ratio with scipy.optimize.brentq (mdl/math.py@72865a4:63-72); our own Brent's
+    method must give the same float, or a chunk could round the other way."""
+    import random
+
+    from scipy.optimize import brentq
+
+    from mdl.schedule import EPS, brent_root
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        blocks, first = rng.randint(2, 20), rng.randint(1, 4096)
+        n = rng.randint(first * blocks + 1, first * blocks * rng.choice([2, 10, 1000]))
+
+        def series(r: float) -> float:
+            return first * (1 - r**blocks) / (1 - r) - n
+
+        upper = blocks * n ** (1 / blocks)
+        if series(1 + EPS) * series(upper) < 0:  # (n barely above first * blocks can round to no bracket)
+            assert brent_root(series, 1 + EPS, upper) == brentq(series, 1 + EPS, upper), (n, blocks, first)
+    assert brent_root(lambda x: x**3 - 2, 0, 4) == brentq(lambda x: x**3 - 2, 0, 4)
+    with pytest.raises(ValueError, match="does not bracket a root"):
+        brent_root(lambda x: x**2 + 1, 0, 4)
+
+
 def test_protocol_group_picks_the_rounding() -> None:
     from hydra import compose, initialize_config_dir
     from pathlib import Path
