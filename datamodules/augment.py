@@ -62,10 +62,6 @@ class CropFlip:
         """The draws of some images (views: no kernel), e.g. one batch's slice of an epoch's draws."""
         return CropFlip(self.dy[index], self.dx[index], self.flip[index])
 
-    def batch(self, index: int, size: int) -> "CropFlip":
-        """Draw ``index`` for every image of a batch of ``size`` (views: no kernel)."""
-        return CropFlip(self.dy[index].expand(size), self.dx[index].expand(size), self.flip[index].expand(size))
-
 
 def crop_flip_params(
     n: int, pad_h: int, pad_w: int, flip: bool, generator: torch.Generator, device: torch.device
@@ -80,8 +76,6 @@ def crop_flip_params(
 
 def apply_crop_flip(x: Tensor, params: CropFlip, pad_h: int, pad_w: int, pad_mode: str = "constant") -> Tensor:
     """Crop each image of x (n, c, h, w) at its offset in the padded image and flip it if asked."""
-    if pad_mode not in PAD_MODES:
-        raise ValueError(f"pad_mode must be one of {PAD_MODES}, got {pad_mode!r}")
     n, c, h, w = x.shape
     padded = F.pad(x, (pad_w, pad_w, pad_h, pad_h), mode=pad_mode) if (pad_h or pad_w) else x
     i = torch.arange(h, device=x.device)

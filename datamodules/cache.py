@@ -34,9 +34,9 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import Tensor
 
-from erasure.files import atomic_write, source_digest
+from erasure.files import source_digest
 from erasure import Eraser, load_eraser
-from erasure.base import save_file_as_oserror
+from erasure.base import save_safetensors
 
 CACHE_FORMAT_VERSION = 2  # 2: the checksum covers the metadata, not only the tensors
 
@@ -167,13 +167,11 @@ def file_checksum(tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) ->
 def write_checked(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str]) -> None:
     """Write tensors and metadata with their checksum, atomically (erasure.files); an OS error (full disk, read-only
     folder) becomes ``CacheWriteError``."""
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     meta = {**metadata, "cache_format_version": str(CACHE_FORMAT_VERSION)}
     meta["checksum"] = file_checksum(tensors, meta)
     with cache_writes(path.parent):  # a full disk: OSError (save_file_as_oserror), so cache_writes explains it
-        atomic_write(path, lambda tmp: save_file_as_oserror(save_file, tensors, str(tmp), meta))
+        save_safetensors(path, tensors, meta)
 
 
 def read_checked(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from datamodules.cache import ErasureCache
 from datamodules.erasing import erase_splits, fit_on_scope, fit_options
-from datamodules.erasure_checks import eraser_on, erasure_warnings
+from datamodules.erasure_checks import erasure_warnings
 from datamodules.fit_progress import PartialFit
 from datamodules.interrupts import interruptible, saved_if_abandoned
 from datamodules.loader import BatchTransform, EvalBatches
@@ -102,7 +102,7 @@ class ErasedDataModule(L.LightningDataModule):
             return self.cache.eraser(key, fit, describe=o.describe(spec))
 
         # a cached eraser loads onto the CPU: put it where the data is erased, like a fresh fit
-        eraser = functools.cache(lambda: eraser_on(cached_fit(o.eraser), on))
+        eraser = functools.cache(lambda: cached_fit(o.eraser).to(on))
 
         def prepared() -> tuple[Eraser, dict[str, Tensor], dict[str, Any]]:
             tensors, info = self.cache.tensors(
@@ -133,7 +133,7 @@ class ErasedDataModule(L.LightningDataModule):
         if o.augment_order == "augment_then_erase":
             # each (augmented) training batch erased on the device; the raw training split passed the eraser's value
             # checks when it was fitted, so batches skip them (a host read each)
-            self._batch_eraser = eraser_on(self.eraser, on).erase_checked
+            self._batch_eraser = self.eraser.to(on).erase_checked
         log.info(
             "data %s: train %d, val %d, test %d, input %s, eraser %s (%s), on %s; cache hits %d, builds %d",
             o.source,
@@ -180,10 +180,6 @@ class ErasedDataModule(L.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         return len(self.train_set)
 
-    def _class_balance(self) -> int | None:
-        """The class count the training batches are balanced over (data.balance=rwy), else None."""
-        return self.num_classes if self.options.balance == "rwy" else None
-
     def stacked_train_loader(
         self,
         prefixes: list[int],
@@ -210,7 +206,7 @@ class ErasedDataModule(L.LightningDataModule):
             seeds=self.seed if seeds is None else seeds,
             augment=None if augment is None else replace(augment, per_batch=augment_per_batch),
             steps_per_group=steps_per_group,
-            class_balance=self._class_balance(),
+            class_balance=self.num_classes if self.options.balance == "rwy" else None,  # data.balance=rwy
             member_ids=member_ids,
             source_of=source_of,
             reshuffle=reshuffle,

@@ -3,7 +3,6 @@ criterion (equal class moments), the quadratic leftover, a summary line; the QDA
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import warnings
@@ -19,12 +18,6 @@ from erasure import Eraser, class_moments, erasure_report
 from erasure.diagnostics import erasure_shortfall, probe_shortfall
 
 log = logging.getLogger(__name__)
-
-
-def eraser_on(eraser: Eraser, device: torch.device) -> Eraser:
-    """The same eraser with its tensors on ``device`` (so applying it per batch moves nothing)."""
-    moved = {name: t.to(device) for name, t in eraser.tensors().items()}
-    return dataclasses.replace(eraser, **moved) if moved else eraser
 
 
 def erase(eraser: Eraser, x: Tensor, labels: Tensor | None) -> Tensor:

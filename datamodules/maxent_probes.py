@@ -39,9 +39,6 @@ class ProbeSet:
     y: Tensor  # int64 (n,)
     info: dict[str, Any]  # recorded in results.json
 
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
 
 def class_cholesky(cov: Tensor) -> tuple[Tensor, float]:
     """A float64 lower-triangular L with L L^T = cov + r I, and the ridge r used (module doc)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -111,16 +112,18 @@ RANK_FROM_OPTIONS = (
 def check_eraser_options(name: str, options: dict[str, Any]) -> None:
     """An option the eraser does not take (``+eraser.options.shrinkge=0.1``), refused with the nearest before the data
     are loaded (fit_eraser would refuse it only when it fits, after them)."""
-    import difflib
-
     known = sorted([*default_options(name), *(RANK_FROM_OPTIONS if name == "random" else ())])
-    for key in options:
+    refuse_unknown(options, known, "eraser.options", f"eraser {name!r} takes no such option")
+
+
+def refuse_unknown(given: Iterable[Any], known: list[str], setting: str, refusal: str, takes: str = "it takes") -> None:
+    """A key of ``given`` not in ``known`` would be ignored silently (``+data.options.n_tset=0``): refuse it as
+    ``setting.<key>: <refusal>``, naming the nearest known key and every known one."""
+    for key in given:
         if key not in known:
             near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean eraser.options.{near[0]}? " if near else ""
-            raise ValueError(
-                f"eraser.options.{key}: eraser {name!r} takes no such option; {hint}it takes {', '.join(known)}"
-            )
+            hint = f"did you mean {setting}.{near[0]}? " if near else ""
+            raise ValueError(f"{setting}.{key}: {refusal}; {hint}{takes} {', '.join(known) or 'none'}")
 
 
 def _is_int(value: Any) -> bool:

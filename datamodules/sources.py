@@ -15,7 +15,7 @@ split, where no eraser looks at it, stops the run at load time.
 
 from __future__ import annotations
 
-import difflib
+import hashlib
 import importlib
 import inspect
 import math
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from datamodules.data_root import BadDataError
+from datamodules.settings import refuse_unknown
 
 CHECK_CHUNK = 8192  # rows checked at once (bounds the temporaries on big data sets)
 
@@ -127,15 +128,9 @@ def source_options(name: str) -> list[str]:
 
 def check_source_options(name: str, options: dict[str, Any]) -> None:
     """An option the source does not take (``+data.options.n_tset=0``) would be ignored silently: refuse it."""
-    known = source_options(name)
-    for key in options:
-        if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean data.options.{near[0]}? " if near else ""
-            raise ValueError(
-                f"data.options.{key}: data source {name!r} takes no such option, it would be ignored; "
-                f"{hint}it takes {', '.join(known) or 'none'}"
-            )
+    refuse_unknown(
+        options, source_options(name), "data.options", f"data source {name!r} takes no such option, it would be ignored"
+    )
 
 
 def check_labels(y: Tensor, num_classes: int, where: str, fix: str) -> None:
@@ -184,6 +179,13 @@ def check_source(source: ImageSource) -> None:
             f"pixel), so there is nothing to learn and nothing to erase. To fix it: {fix} (e.g. a synthetic "
             f"data.options.std below float32 resolution)."
         )
+
+
+def stream_generator(source: str, seed: int, part: str) -> torch.Generator:
+    """A generated source's independent random stream ``part`` of ``seed`` (its parameters, each split), so changing
+    one split's size keeps the others."""
+    digest = hashlib.sha256(f"{source}/{int(seed)}/{part}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 def uint8_images(array: Any) -> Tensor:

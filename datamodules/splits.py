@@ -24,14 +24,8 @@ def seeded_split(n: int, sizes: list[int], data_seed: int) -> list[Tensor]:
     """A random permutation of range(n) cut into consecutive pieces; the remainder comes last."""
     if sum(sizes) >= n:
         raise ValueError(f"split sizes {sizes} leave no training data out of {n} examples; lower val_size/test_size")
-    g = torch.Generator().manual_seed(data_seed)
-    perm = torch.randperm(n, generator=g)
-    pieces, start = [], 0
-    for size in sizes:
-        pieces.append(perm[start : start + size])
-        start += size
-    pieces.append(perm[start:])
-    return pieces
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(data_seed))
+    return list(perm.split([*sizes, n - sum(sizes)]))
 
 
 def balance_indices(y: Tensor, method: str, data_seed: int) -> Tensor:

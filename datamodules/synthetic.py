@@ -11,7 +11,6 @@ known answer (with the default std almost all values lie in [0, 1] anyway).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -19,7 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from datamodules.sources import ImageSet, ImageSource, register_source
+from datamodules.sources import ImageSet, ImageSource, register_source, stream_generator
 
 MIN_STD_STEPS = 1000  # std must span this many float32 steps, or the moments are rounding noise
 
@@ -93,12 +92,6 @@ def sample(
     return x, y
 
 
-def _generator(seed: int, part: str) -> torch.Generator:
-    """Independent streams for the parameters and each split (changing n_train keeps the test set)."""
-    digest = hashlib.sha256(f"synthetic/{int(seed)}/{part}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
 def _check(
     num_classes: int, shape: Sequence[int], n_train: int, n_test: int, std: float, **reals: float
 ) -> tuple[int, int, int]:
@@ -150,11 +143,17 @@ def load_synthetic(
         num_classes, shape, n_train, n_test, std, mean_shift=mean_shift, cov_shift=cov_shift, center=center
     )
     classes = gaussian_classes(
-        num_classes, c * h * w, mean_shift, cov_shift, std, center, _generator(generator_seed, "classes")
+        num_classes,
+        c * h * w,
+        mean_shift,
+        cov_shift,
+        std,
+        center,
+        stream_generator("synthetic", generator_seed, "classes"),
     )
     sets = []
     for part, n in (("train", n_train), ("test", n_test)):
-        x, y = sample(classes, n, _generator(generator_seed, part), dtype=torch.float32)
+        x, y = sample(classes, n, stream_generator("synthetic", generator_seed, part), dtype=torch.float32)
         sets.append(ImageSet(x.reshape(n, c, h, w), y))
     return ImageSource(
         name="synthetic",

@@ -20,7 +20,6 @@ teacher and the test set.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -28,22 +27,16 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from datamodules.sources import ImageSet, ImageSource, register_source
+from datamodules.sources import ImageSet, ImageSource, register_source, stream_generator
+from erasure.random_projection import random_orthonormal
 
-LINKS = ("sign", "tanh", "linear")
+# g(<w*, x>): sign (binary classification, as +-1), tanh or linear (regression targets)
+LINKS = {
+    "sign": lambda out: torch.where(out > 0, 1.0, -1.0).to(out.dtype),
+    "tanh": torch.tanh,
+    "linear": lambda out: out,
+}
 F64 = torch.float64
-
-
-def _generator(source: str, seed: int, part: str) -> torch.Generator:
-    """Independent streams for the teacher and each split (as datamodules.synthetic)."""
-    digest = hashlib.sha256(f"{source}/{int(seed)}/{part}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
-def _haar_orthogonal(d: int, generator: torch.Generator) -> Tensor:
-    """A Haar-distributed orthogonal matrix (QR of a Gaussian with the signs of R's diagonal fixed)."""
-    q, r = torch.linalg.qr(torch.randn(d, d, dtype=F64, generator=generator))
-    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones((), dtype=F64))
 
 
 def _check_int(source: str, **values: Any) -> None:
@@ -127,8 +120,8 @@ def single_index_teacher(
         raise ValueError(
             f"single_index: data.options.eigenvalues must be {d} positive finite numbers (d = {d}), got {lam.tolist()}"
         )
-    g = _generator("single_index", seed, "teacher")
-    basis = _haar_orthogonal(d, g) if rotate else torch.eye(d, dtype=F64)
+    g = stream_generator("single_index", seed, "teacher")
+    basis = random_orthonormal(d, d, g) if rotate else torch.eye(d, dtype=F64)
     signs = torch.randint(0, 2, (d,), generator=g).to(F64) * 2 - 1
     coefficients = signs * lam.pow(alignment / 2)
     weights = basis @ (coefficients / coefficients.norm())
@@ -136,14 +129,10 @@ def single_index_teacher(
 
 
 def link(output: Tensor, name: str) -> Tensor:
-    """g(<w*, x>): sign (binary classification, as +-1), tanh or linear (regression targets)."""
-    if name == "sign":
-        return torch.where(output > 0, 1.0, -1.0).to(output.dtype)
-    if name == "tanh":
-        return torch.tanh(output)
-    if name == "linear":
-        return output
-    raise ValueError(f"single_index: unknown link {name!r}; choose one of {LINKS}")
+    """g(<w*, x>), the link ``LINKS[name]``."""
+    if name not in LINKS:
+        raise ValueError(f"single_index: unknown link {name!r}; choose one of {tuple(LINKS)}")
+    return LINKS[name](output)
 
 
 @register_source("single_index", size=lambda d=64, n_train=4000, n_test=2000, **_: (n_train + n_test, (1, 1, d)))
@@ -167,7 +156,7 @@ def load_single_index(
     teacher = single_index_teacher(d, decay, eigenvalues, alignment, rotate, generator_seed)
     splits = []
     for part, n, sigma in (("train", n_train, noise), ("test", n_test, 0.0)):
-        x, y = teacher.draw(n, "sign", sigma, _generator("single_index", generator_seed, part))
+        x, y = teacher.draw(n, "sign", sigma, stream_generator("single_index", generator_seed, part))
         splits.append((x, _labels(y)))
     return _as_source("single_index", splits)
 
@@ -227,7 +216,7 @@ def modulation_matrix(d: int, p: int, kappa: float, generator: torch.Generator) 
     """F = U S V^T with p singular values 1 and d - p equal to 1/kappa (thesis Assumption 4.2.1)."""
     s = torch.ones(d, dtype=F64)
     s[p:] = 1.0 / kappa
-    u, v = _haar_orthogonal(d, generator), _haar_orthogonal(d, generator)
+    u, v = random_orthonormal(d, d, generator), random_orthonormal(d, d, generator)
     return (u * s) @ v.T
 
 
@@ -245,12 +234,12 @@ def multiscale_linear(
     """Draw the regression problem; defaults are the thesis' Fig. 3 setting (Sec. 4.3.1: d = 100,
     p = 50, n = 150; kappa = 50 is its double-descent curve; noiseless labels)."""
     _check_multiscale(n, d, p, kappa, noise, n_test)
-    g = _generator("multiscale_linear", seed, "teacher")
+    g = stream_generator("multiscale_linear", seed, "teacher")
     teacher = torch.randn(d, dtype=F64, generator=g)
     modulation = modulation_matrix(d, p, kappa, g)
     data = []
     for part, size, sigma in (("train", n, noise), ("test", n_test, 0.0)):
-        gs = _generator("multiscale_linear", seed, part)
+        gs = stream_generator("multiscale_linear", seed, part)
         z = torch.randn(size, d, dtype=F64, generator=gs) / math.sqrt(d)
         y = z @ teacher + sigma * torch.randn(size, dtype=F64, generator=gs)
         data.append((z @ modulation, y))

@@ -182,7 +182,7 @@ class AlfQLeaceEraser(Eraser):
         check_shrinkage(shrinkage)
         dtype = dtype_named(fit_dtype)
         dev = compute_device(device)
-        moments = shrink_moments(class_moments(x.to(dev), y.to(dev), num_classes, True, batch_size, dtype), shrinkage)
+        moments = shrink_moments(class_moments(x.to(dev), y.to(dev), num_classes, batch_size, dtype), shrinkage)
         leace = leace_map(moments)
         keep = torch.eye(x.shape[1], dtype=dtype, device=dev) - leace.proj
         present = moments.counts > 0

@@ -100,8 +100,31 @@ def check_labels(y: Tensor, n: int, num_classes: int | None = None) -> int:
     return k
 
 
+class TensorRecord:
+    """A frozen dataclass of tensors and plain metadata (an eraser, a covariance-power transform), its tensors
+    contiguous: Tensor-valued fields are saved as tensors, everything else as JSON metadata."""
+
+    def __post_init__(self) -> None:
+        # Loaded tensors are contiguous; fitted ones must be too, or matmuls take other kernels and
+        # the outputs after save -> load differ in the last bit (seen with QR factors).
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor) and not value.is_contiguous():
+                object.__setattr__(self, f.name, value.contiguous())
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+
+    def metadata(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if not isinstance(getattr(self, f.name), Tensor)}
+
+    def to(self, device: torch.device | str) -> Any:
+        """The same record with its tensors on ``device`` (so applying an eraser per batch moves nothing)."""
+        return replace(self, **{name: t.to(device) for name, t in self.tensors().items()})
+
+
 @dataclass(frozen=True)
-class Eraser(ABC):
+class Eraser(TensorRecord, ABC):
     """A fitted, immutable map x -> x' that removes class information from x.
 
     Subclasses declare their tensors as dataclass fields (Tensor-valued fields are saved as
@@ -119,14 +142,6 @@ class Eraser(ABC):
     # input before _erase. None = no normalisation. Keyword-only so subclasses declare fields freely.
     input_shift: Tensor | None = field(default=None, kw_only=True)
     input_scale: Tensor | None = field(default=None, kw_only=True)
-
-    def __post_init__(self) -> None:
-        # Loaded tensors are contiguous; fitted ones must be too, or matmuls take other kernels and
-        # the outputs after save -> load differ in the last bit (seen with QR factors).
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Tensor) and not value.is_contiguous():
-                object.__setattr__(self, f.name, value.contiguous())
 
     @classmethod
     @abstractmethod
@@ -187,12 +202,6 @@ class Eraser(ABC):
         return "check eraser.options"
 
     # --- persistence -------------------------------------------------------------------------
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
-
-    def metadata(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if not isinstance(getattr(self, f.name), Tensor)}
 
     def serialized(self) -> tuple[dict[str, Tensor], dict[str, str]]:
         """(CPU tensors, safetensors metadata) exactly as ``save`` writes them (``load_eraser`` reads them)."""

@@ -22,14 +22,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from erasure.base import check_features, load_safetensors, save_safetensors
+from erasure.base import TensorRecord, check_features, load_safetensors, save_safetensors
 from erasure.linalg import psd_eigh, require_variance, smallest_kept, warn_once
 from erasure.moments import class_moments
 
@@ -45,7 +45,7 @@ def participation_ratio(eigvals: Tensor) -> float:
 
 
 @dataclass(frozen=True)
-class CovariancePower:
+class CovariancePower(TensorRecord):
     """The fitted affine map x -> mean + (x - mean) @ matrix (matrix symmetric, float64)."""
 
     mean: Tensor  # (d,)
@@ -62,12 +62,6 @@ class CovariancePower:
     effective_rank_before: float  # participation ratio of Sigma's spectrum
     effective_rank_after: float
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Tensor) and not value.is_contiguous():
-                object.__setattr__(self, f.name, value.contiguous())
-
     @property
     def is_identity(self) -> bool:
         return self.p == 0
@@ -79,7 +73,7 @@ class CovariancePower:
         check_features(x)
         flat = x.reshape(x.shape[0], -1)
         zeros = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
-        moments = class_moments(flat, zeros, 1, second_order=True, batch_size=batch_size)
+        moments = class_moments(flat, zeros, 1, batch_size=batch_size)
         sigma = moments.pooled_covariance()
         eigvals, eigvecs, keep = psd_eigh(sigma)
         require_variance(keep, "covariance_power")
@@ -140,12 +134,9 @@ class CovariancePower:
         out = mean + (xd - mean) @ matrix  # matrix is symmetric
         return out.to(x.dtype).reshape(x.shape)
 
-    def summary(self) -> dict[str, Any]:
-        """The plain numbers (no tensors): setting and spectrum before / after, for results.json."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if not isinstance(getattr(self, f.name), Tensor)}
-
-    def to(self, device: torch.device | str) -> "CovariancePower":
-        return CovariancePower(mean=self.mean.to(device), matrix=self.matrix.to(device), **self.summary())
+    summary = (
+        TensorRecord.metadata
+    )  # the plain numbers (no tensors): setting and spectrum before / after, for results.json
 
     # --- persistence (the erasers' format: one safetensors file, JSON header, no pickle) -----
 

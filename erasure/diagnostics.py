@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 def moment_gaps(x: Tensor, y: Tensor, num_classes: int | None = None, batch_size: int = 8192) -> dict[str, float]:
     """Largest class-mean gap (absolute) and largest relative class-covariance gap, in float64."""
     k = int(y.max()) + 1 if num_classes is None else num_classes
-    moments = class_moments(x.reshape(x.shape[0], -1), y.long(), k, second_order=True, batch_size=batch_size)
+    moments = class_moments(x.reshape(x.shape[0], -1), y.long(), k, batch_size=batch_size)
     present = moments.counts > 0
     mean_gap = (moments.means[present] - moments.mean).norm(dim=1).max()
     covs = moments.covariances()[present]
@@ -66,8 +66,8 @@ def informative_features(x: "np.ndarray") -> "np.ndarray":
 
 
 def _probe_models(n_train: int, dim: int, max_features: int, seed: int) -> dict[str, object]:
-    """``max_features`` is the dimension cap already resolved (see ``probe_dimensions``)."""
-    """The linear and quadratic probes (scaled, PCA-reduced when the data are wider than allowed)."""
+    """The linear and quadratic probes (scaled, PCA-reduced when the data are wider than allowed); ``max_features`` is
+    the dimension cap already resolved (see ``probe_dimensions``)."""
     from sklearn.decomposition import PCA
     from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
     from sklearn.linear_model import LogisticRegression
@@ -222,11 +222,11 @@ def erasure_shortfall(
     """The targeted gaps that shrank by less than 10% (``after > max_ratio * before``), as
     "key before -> after" strings: an eraser that leaves them so did not erase. Gaps already at
     or below ``floor`` before erasure count as erased (there was nothing to remove)."""
-    missed = []
-    for key in keys:
-        if key in before and key in after and before[key] > floor and after[key] > max_ratio * before[key]:
-            missed.append(f"{key} {before[key]:.4g} -> {after[key]:.4g}")
-    return missed
+    return [
+        f"{key} {before[key]:.4g} -> {after[key]:.4g}"
+        for key in keys
+        if key in before and key in after and before[key] > floor and after[key] > max_ratio * before[key]
+    ]
 
 
 def probe_shortfall(report: Mapping[str, float], keys: list[str] | tuple[str, ...], points: float) -> list[str]:

@@ -149,10 +149,6 @@ class OriginalClassLoss:
     cov_weight: float
     distance_weight: float
 
-    @staticmethod
-    def data(z: Tensor) -> Tensor:
-        return torch.sigmoid(z)
-
     def terms(self, z: Tensor) -> dict[str, Tensor]:
         x = torch.sigmoid(z)
         return {
@@ -168,15 +164,3 @@ class OriginalClassLoss:
             + self.cov_weight * t["cov_term"]
             + self.distance_weight * t["distance_term"]
         )
-
-    def __call__(self, z: Tensor, need_grad: bool = True) -> tuple[float, Tensor | None, dict[str, float]]:
-        with torch.enable_grad():
-            leaf = z.detach().requires_grad_(need_grad)
-            t = self.terms(leaf)
-            loss = (
-                self.mean_weight * t["mean_term"]
-                + self.cov_weight * t["cov_term"]
-                + self.distance_weight * t["distance_term"]
-            )
-            grad = torch.autograd.grad(loss, leaf)[0] if need_grad else None
-        return float(loss.detach()), grad, {k: float(v.detach()) for k, v in t.items()}

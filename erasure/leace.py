@@ -75,7 +75,7 @@ class LeaceEraser(Eraser):
         coefficients, as concept-erasure's LeaceFitter(shrinkage=True); the map still zeroes the
         cross-covariance, so class means stay equal)."""
         check_shrinkage(shrinkage)
-        moments = class_moments(x, y, num_classes, second_order=True, batch_size=batch_size)
+        moments = class_moments(x, y, num_classes, batch_size=batch_size)
         if shrinkage != OPTIMAL:
             moments = shrink_moments(moments, shrinkage)
         m = leace_map(moments, shrink_total=shrinkage == OPTIMAL)

@@ -17,11 +17,7 @@ class ClassMoments:
 
     counts: Tensor  # (k,)
     means: Tensor  # (k, d)
-    scatters: Tensor | None  # (k, d, d) centred sums of outer products, or None
-
-    @property
-    def num_classes(self) -> int:
-        return self.counts.shape[0]
+    scatters: Tensor  # (k, d, d) centred sums of outer products
 
     @property
     def dim(self) -> int:
@@ -38,14 +34,10 @@ class ClassMoments:
 
     def covariances(self) -> Tensor:
         """Per-class covariances (k, d, d), normalised by the class count (maximum likelihood)."""
-        if self.scatters is None:
-            raise ValueError("second moments were not accumulated; pass second_order=True")
         return self.scatters / self.counts.clamp_min(1)[:, None, None]
 
     def pooled_covariance(self) -> Tensor:
         """Total covariance of the data: within-class scatter plus between-class scatter."""
-        if self.scatters is None:
-            raise ValueError("second moments were not accumulated; pass second_order=True")
         n = self.counts.sum()
         centred = self.means - self.mean
         between = (centred.T * self.counts) @ centred
@@ -79,12 +71,7 @@ class MomentAccumulator:
     FIELDS = ("counts", "sums", "shift", "shifted_sums", "scatters", "have_shift", "rows")
 
     def __init__(
-        self,
-        num_classes: int,
-        dim: int,
-        second_order: bool = True,
-        device: torch.device | None = None,
-        dtype: torch.dtype = torch.float64,
+        self, num_classes: int, dim: int, device: torch.device | None = None, dtype: torch.dtype = torch.float64
     ):
         """``dtype``: what the sums are accumulated in (float64; float32 as the original's float32 fitters)."""
         kind = {"dtype": dtype, "device": device}
@@ -92,7 +79,7 @@ class MomentAccumulator:
         self.sums = torch.zeros(num_classes, dim, **kind)
         self.shift = torch.zeros(num_classes, dim, **kind)
         self.shifted_sums = torch.zeros(num_classes, dim, **kind)
-        self.scatters = torch.zeros(num_classes, dim, dim, **kind) if second_order else None
+        self.scatters = torch.zeros(num_classes, dim, dim, **kind)
         self.have_shift = torch.zeros(num_classes, dtype=torch.bool, device=device)
         self.rows = 0  # rows taken so far: where the next batch starts
 
@@ -107,10 +94,9 @@ class MomentAccumulator:
                 self.have_shift[c] = True
             self.counts[c] += xc.shape[0]
             self.sums[c] += xc.sum(0)
-            if self.scatters is not None:
-                xs = xc - self.shift[c]
-                self.shifted_sums[c] += xs.sum(0)
-                self.scatters[c] += xs.T @ xs
+            xs = xc - self.shift[c]
+            self.shifted_sums[c] += xs.sum(0)
+            self.scatters[c] += xs.T @ xs
         self.rows += xb.shape[0]
 
     def finish(self) -> ClassMoments:
@@ -118,27 +104,22 @@ class MomentAccumulator:
         matrices): the accumulator takes no more batches afterwards."""
         counts, scatters = self.counts, self.scatters
         means = self.sums / counts.clamp_min(1)[:, None]
-        if scatters is not None:
-            # sum (x - s)(x - s)^T = scatter_about_mean + n (mu - s)(mu - s)^T
-            delta = self.shifted_sums / counts.clamp_min(1)[:, None]
-            scatters -= counts[:, None, None] * delta[:, :, None] * delta[:, None, :]
-            scatters = (scatters + scatters.transpose(1, 2)) / 2
-        self.scatters = None  # spent: a further add would not count second moments
+        # sum (x - s)(x - s)^T = scatter_about_mean + n (mu - s)(mu - s)^T
+        delta = self.shifted_sums / counts.clamp_min(1)[:, None]
+        scatters -= counts[:, None, None] * delta[:, :, None] * delta[:, None, :]
+        scatters = (scatters + scatters.transpose(1, 2)) / 2
+        self.scatters = None  # spent: the next add fails instead of counting from a finished sum
         return ClassMoments(counts=counts, means=means, scatters=scatters)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The running sums and the rows taken (the tensors themselves: save them before the next ``add``)."""
         state = {name: getattr(self, name) for name in self.FIELDS if name != "rows"}
-        if state["scatters"] is None:
-            del state["scatters"]
         return {**state, "rows": torch.tensor(self.rows, dtype=torch.int64)}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Continue from ``state_dict()``\ 's sums (of an accumulator of the same classes, dimension and order)."""
         for name in self.FIELDS[:-1]:
             mine = getattr(self, name)
-            if mine is None:
-                continue
             theirs = state.get(name)
             if theirs is None or theirs.shape != mine.shape or theirs.dtype != mine.dtype:
                 found = None if theirs is None else (tuple(theirs.shape), theirs.dtype)
@@ -151,17 +132,12 @@ class MomentAccumulator:
 
 
 def class_moments(
-    x: Tensor,
-    y: Tensor,
-    num_classes: int,
-    second_order: bool = True,
-    batch_size: int = 8192,
-    dtype: torch.dtype = torch.float64,
+    x: Tensor, y: Tensor, num_classes: int, batch_size: int = 8192, dtype: torch.dtype = torch.float64
 ) -> ClassMoments:
     """Accumulate counts, sums and centred scatter matrices per class in ``dtype`` (float64 unless asked),
     ``batch_size`` rows at a time (``MomentAccumulator``)."""
     x = x.reshape(x.shape[0], -1)
-    accumulator = MomentAccumulator(num_classes, x.shape[1], second_order, x.device, dtype)
+    accumulator = MomentAccumulator(num_classes, x.shape[1], x.device, dtype)
     for start in range(0, x.shape[0], batch_size):
         accumulator.add(x[start : start + batch_size], y[start : start + batch_size])
     return accumulator.finish()

@@ -88,14 +88,9 @@ def optimal_linear_shrinkage(covariance: Tensor, n: Tensor | int) -> Tensor:
     return alpha * covariance + beta * target
 
 
-def shrink_covariances(covariances: Tensor, shrinkage: Shrinkage, counts: Tensor | None = None) -> Tensor:
-    """(1 - a) S + a (tr S / d) I for each matrix of a (..., d, d) batch; with shrinkage="optimal", the
-    data-chosen coefficients of ``optimal_linear_shrinkage`` (then ``counts``, the sample sizes, are needed)."""
+def shrink_covariances(covariances: Tensor, shrinkage: float) -> Tensor:
+    """(1 - a) S + a (tr S / d) I for each matrix of a (..., d, d) batch (shrinkage="optimal": ``shrink_moments``)."""
     check_shrinkage(shrinkage)
-    if shrinkage == OPTIMAL:
-        if counts is None:
-            raise ValueError("shrinkage='optimal' needs the sample size of each covariance")
-        return optimal_linear_shrinkage(covariances, counts)
     if shrinkage == 0:
         return covariances
     d = covariances.shape[-1]
@@ -107,7 +102,7 @@ def shrink_covariances(covariances: Tensor, shrinkage: Shrinkage, counts: Tensor
 def shrink_moments(moments: ClassMoments, shrinkage: Shrinkage) -> ClassMoments:
     """The same moments with every class covariance shrunk (scatter = count * covariance)."""
     check_shrinkage(shrinkage)
-    if shrinkage == 0 or moments.scatters is None:
+    if shrinkage == 0:
         return moments
     if shrinkage == OPTIMAL:  # on each class covariance scatter / n, as concept-erasure's QuadraticFitter
         counts = moments.counts.to(moments.scatters.dtype)[:, None, None]

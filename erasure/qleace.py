@@ -84,8 +84,7 @@ def _factor(s: Tensor) -> tuple[Tensor, Tensor]:
 
 def _sqrt_from_eigh(eigvals: Tensor, eigvecs: Tensor) -> Tensor:
     """Batched V diag(sqrt(lambda)) V^T as one product of V lambda^{1/4} with itself."""
-    half = eigvecs * eigvals.sqrt().sqrt().unsqueeze(-2)
-    return per_class(lambda h: h @ h.transpose(-1, -2), half) if half.ndim == 3 else half @ half.transpose(-1, -2)
+    return per_class(_symmetric_square, eigvecs * eigvals.sqrt().sqrt().unsqueeze(-2))
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from torch import Tensor
 from erasure.base import Eraser, register_eraser
 
 
-def random_orthonormal(dim: int, rank: int, seed: int) -> Tensor:
-    """A (dim, rank) orthonormal basis of a uniformly random subspace, same for the same seed."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    gaussian = torch.randn(dim, rank, generator=gen, dtype=torch.float64)
+def random_orthonormal(dim: int, rank: int, generator: torch.Generator) -> Tensor:
+    """A (dim, rank) orthonormal basis of a uniformly random (Haar) subspace drawn from ``generator``, float64: the QR
+    of a Gaussian matrix with the signs of R's diagonal fixed."""
+    gaussian = torch.randn(dim, rank, generator=generator, dtype=torch.float64)
     q, r = torch.linalg.qr(gaussian)
     return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(1, dtype=torch.float64))
 
@@ -48,7 +48,7 @@ class RandomProjectionEraser(Eraser):
         mean = (x.sum(0, dtype=torch.float64) / x.shape[0]).cpu()
         return cls(
             mean=mean,
-            directions=random_orthonormal(d, rank, seed),
+            directions=random_orthonormal(d, rank, torch.Generator(device="cpu").manual_seed(seed)),
             dim=d,
             num_classes=num_classes,
             rank=rank,

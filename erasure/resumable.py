@@ -53,7 +53,7 @@ def accumulate_class_moments(
     """``class_moments``' pass in ``dtype`` (float64 unless asked) over ``x`` (n, d), resumed from the ``moments.`` part of ``restored`` (the
     rows it had taken are skipped), offering the running sums to ``progress`` after every batch. Not finished: the
     caller ``finish``\\ es it (the same bits as ``class_moments``)."""
-    accumulator = MomentAccumulator(num_classes, x.shape[1], True, x.device, dtype)
+    accumulator = MomentAccumulator(num_classes, x.shape[1], x.device, dtype)
     saved = part("moments", restored or {})
     if saved:
         accumulator.load_state_dict({k: v.to(x.device) for k, v in saved.items()})

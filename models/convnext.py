@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from torch import Tensor
-
 import timm.models.convnext as timm_convnext
 from mup import MuReadout
 from timm.models.convnext import ConvNeXt
@@ -26,20 +24,16 @@ from timm.models.convnext import ConvNeXt
 from models import convnext_stacked
 from models.mup_setup import fast_timm_init
 from models.registry import check_image_shape, register_model
+from models.stacking import StackedForm
 
 NUM_STAGES = 4  # timm's ConvNeXt always has four stages
 
 
-class StackableConvNeXt(ConvNeXt):
+class StackableConvNeXt(StackedForm, ConvNeXt):
     """timm's ConvNeXt with a stacked form: a fit of several members runs them as one network with
     grouped convolutions (models.convnext_stacked) instead of vmap's per-member fallbacks."""
 
-    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return convnext_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
-
-    def compile_stacked(self, backend: str) -> None:
-        """Compile the repeated block only (``StackedModel.compile`` asks): ``convnext_stacked.compile_blocks``."""
-        self.__dict__["compiled_block"] = convnext_stacked.compile_blocks(backend)
+    stacked_form = convnext_stacked
 
 
 def stage_widths(width: int) -> list[int]:

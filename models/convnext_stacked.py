@@ -76,14 +76,9 @@ def compile_blocks(backend: str) -> Callable[..., Tensor]:
     (their axes are symbolic: ``_mark_member_axes``), another per stage for evaluation (no autograd). A stack of 4
     ConvNeXts width 16 on 2 CPU cores, first step: 191 s compiled whole, 60 s by blocks; with the FX graph cache of
     an earlier job (``models.precision.share_compile_cache``) 3.7 s."""
-    import torch._dynamo
-
-    # dynamo takes parameters' shapes as static by default: the stacked weights' member axis must not be
-    torch._dynamo.config.force_parameter_static_shapes = False
     # a graph per stage, for training and evaluation, for a stack of several members and of one: 16 for ConvNeXt's
     # four stages, beyond dynamo's default of 8 per function (after which it would run the blocks uncompiled)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-    return torch.compile(block_math, backend=backend, dynamic=False)
+    return ops.compile_block(block_math, backend, 32)
 
 
 def _block(
@@ -96,8 +91,8 @@ def _block(
 ) -> Tensor:
     """timm's ``ConvNeXtBlock.forward`` per member, through ``run_block`` (``block_math`` or its compiled form)."""
     grn = getattr(block.mlp, "grn", None)
-    if run_block is not block_math:
-        _mark_member_axes(h, params, name)
+    if run_block is not block_math:  # spatial and channel sizes stay fixed (inductor failed on symbolic ones)
+        ops.mark_dynamic((t for key, t in params.items() if key.startswith(name)), h, (0, 1))
     return run_block(
         h,
         params[f"{name}.conv_dw.weight"],
@@ -114,19 +109,6 @@ def _block(
         block.norm.eps,
         1e-6 if grn is None else grn.eps,
     )
-
-
-def _mark_member_axes(h: Tensor, params: dict[str, Tensor], name: str) -> None:
-    """The axes that change within a fit (members leave; a short last batch) are symbolic for the compiled block;
-    the spatial and channel sizes stay fixed, one graph per stage (inductor failed on symbolic spatial sizes)."""
-    import torch._dynamo
-
-    for key, t in params.items():
-        if key.startswith(name) and t.shape[0] > 1:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-    for axis in (0, 1):
-        if h.shape[axis] > 1:
-            torch._dynamo.maybe_mark_dynamic(h, axis)
 
 
 def block_math(

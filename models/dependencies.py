@@ -22,9 +22,6 @@ MINIMUM_VERSIONS = {
     "mup": "1.0",
     "schedulefree": "1.4",
 }
-ALTERNATIVE_DISTRIBUTIONS: dict[
-    str, tuple[str, ...]
-] = {}  # the code imports `lightning`, so pytorch-lightning alone is not enough
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -33,12 +30,10 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def installed_version(name: str) -> str | None:
-    for candidate in (name, *ALTERNATIVE_DISTRIBUTIONS.get(name, ())):
-        try:
-            return metadata.version(candidate)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def outdated() -> list[str]:

@@ -73,20 +73,24 @@ def feature_grid(input_shape: Sequence[int], padding: int | str) -> tuple[int, i
     return sh, sw
 
 
-def original_param_count(
-    input_shape: Sequence[int], conv: Sequence[int], dense: Sequence[int], num_classes: int, padding: int | str = "auto"
+def param_count(
+    input_shape: Sequence[int],
+    channels: Sequence[int],
+    dense: Sequence[int],
+    num_classes: int,
+    padding: int | str = "auto",
 ) -> int:
-    """Parameters of the original LeNet (two convolutions, two dense layers, readout; biases included)."""
-    in_channels = int(input_shape[0])
-    (c1, c2), (f1, f2) = conv, dense
-    sh, sw = feature_grid(input_shape, padding)
-    return (
-        (in_channels * KERNEL**2 + 1) * c1
-        + (c1 * KERNEL**2 + 1) * c2
-        + (c2 * sh * sw + 1) * f1
-        + (f1 + 1) * f2
-        + (f2 + 1) * num_classes
-    )
+    """Parameters of a LeNet (two convolutions, dense layers of sizes ``dense``, readout; biases included)."""
+    return _count(int(input_shape[0]), feature_grid(input_shape, padding), channels, dense, num_classes)
+
+
+def _count(
+    in_channels: int, grid: tuple[int, int], channels: Sequence[int], dense: Sequence[int], num_classes: int
+) -> int:
+    (c1, c2), (sh, sw) = channels, grid
+    dims = [c2 * sh * sw, *dense, num_classes]
+    convs = (in_channels * KERNEL**2 + 1) * c1 + (c1 * KERNEL**2 + 1) * c2
+    return convs + sum((a + 1) * b for a, b in zip(dims[:-1], dims[1:]))
 
 
 def original_sizes(
@@ -95,45 +99,9 @@ def original_sizes(
     """((c1, c2), (f1, f2)): the original's search (find_closest_config) for the MLP's count at this width
     and depth: convolutions outer, dense inner, each over its grid in order; the first nearest is kept."""
     target = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    best: tuple[int, tuple[int, int], tuple[int, int]] | None = None
-    for conv in itertools.product(CONV_SIZES, repeat=2):
-        for dense in itertools.product(DENSE_SIZES, repeat=2):
-            gap = abs(original_param_count(input_shape, conv, dense, num_classes, padding) - target)
-            if best is None or gap < best[0]:  # strict: ties keep the earlier configuration, as the original
-                best = (gap, conv, dense)
-    assert best is not None
-    return best[1], best[2]
-
-
-def _original_or_given(
-    input_shape: Sequence[int],
-    width: int,
-    depth: int,
-    num_classes: int,
-    padding: int | str,
-    channels: Sequence[int] | None,
-    dense: Sequence[int] | None,
-) -> tuple[Sequence[int], Sequence[int]]:
-    """The given conv / dense sizes, the original's search filling in what is not given."""
-    if channels is not None and dense is not None:
-        return channels, dense
-    conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
-    return channels or conv, dense or fc
-
-
-def lenet_param_count(
-    input_shape: Sequence[int],
-    channels: Sequence[int],
-    width: int,
-    depth: int,
-    num_classes: int,
-    padding: int | str = "auto",
-) -> int:
-    in_channels = int(input_shape[0])
-    c1, c2 = channels
-    sh, sw = feature_grid(input_shape, padding)
-    convs = (in_channels * KERNEL**2 + 1) * c1 + (c1 * KERNEL**2 + 1) * c2
-    return convs + (c2 * sh * sw + 1) * width + (depth - 1) * (width + 1) * width + (width + 1) * num_classes
+    grid = itertools.product(itertools.product(CONV_SIZES, repeat=2), itertools.product(DENSE_SIZES, repeat=2))
+    # min keeps the first of equally near configurations, as the original's strict comparison
+    return min(grid, key=lambda sizes: abs(param_count(input_shape, *sizes, num_classes, padding) - target))
 
 
 def lenet_channels(
@@ -152,13 +120,11 @@ def lenet_channels(
     """
     if channel_ratio <= 0:
         raise ValueError(f"lenet channel_ratio must be positive, got {channel_ratio}")
-    in_channels = int(input_shape[0])
-    sh, sw = feature_grid(input_shape, padding)
+    grid = feature_grid(input_shape, padding)
     target = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    rest = width + (depth - 1) * (width + 1) * width + (width + 1) * num_classes  # same as the MLP's
 
     def count(c1: int, c2: int) -> int:
-        return (in_channels * KERNEL**2 + 1) * c1 + (c1 * KERNEL**2 + 1) * c2 + c2 * sh * sw * width + rest
+        return _count(int(input_shape[0]), grid, (c1, c2), [width] * depth, num_classes)
 
     def nearest(first_channels: Callable[[int], Iterable[int]]) -> tuple[int, int]:
         best: tuple[int, tuple[int, int]] = (abs(count(1, 1) - target), (1, 1))
@@ -179,35 +145,48 @@ def lenet_channels(
     return nearest(lambda c2: range(1, c2 + 1))
 
 
+def lenet_sizes(
+    input_shape: Sequence[int],
+    width: int,
+    depth: int,
+    num_classes: int,
+    variant: str = "original",
+    channels: Sequence[int] | None = None,
+    dense: Sequence[int] | None = None,
+    padding: int | str = "auto",
+    channel_ratio: float = 6 / 16,
+) -> tuple[Sequence[int], Sequence[int]]:
+    """(channels, dense sizes) of ``variant`` at this width and depth: the given ones, the search filling in the
+    rest (``original_sizes``; dense_stack: ``lenet_channels`` and ``depth`` dense layers of ``width``)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
+    if variant == "dense_stack":
+        channels = channels or lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
+        return channels, [width] * depth
+    if channels is None or dense is None:
+        conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
+        channels, dense = channels or conv, dense or fc
+    return channels, dense
+
+
 def parameter_match(
     input_shape: Sequence[int], width: int, depth: int, num_classes: int = 10, **options: Any
 ) -> dict[str, Any]:
     """The search's outcome at one grid point: channels (and dense sizes), both counts, relative gap."""
-    padding = options.get("padding", "auto")
+    variant, padding = options.get("variant", "original"), options.get("padding", "auto")
+    channels, dense = lenet_sizes(
+        input_shape,
+        width,
+        depth,
+        num_classes,
+        variant,
+        padding=padding,
+        channel_ratio=options.get("channel_ratio", 6 / 16),
+    )
+    lenet = param_count(input_shape, channels, dense, num_classes, padding)
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    if options.get("variant", "original") == "original":
-        conv, dense = original_sizes(input_shape, width, depth, num_classes, padding)
-        lenet = original_param_count(input_shape, conv, dense, num_classes, padding)
-        return {
-            "width": width,
-            "depth": depth,
-            "channels": conv,
-            "dense": dense,
-            "lenet": lenet,
-            "mlp": mlp,
-            "rel_gap": lenet / mlp - 1,
-        }
-    channels = lenet_channels(input_shape, width, depth, num_classes, padding, options.get("channel_ratio", 6 / 16))
-    lenet = lenet_param_count(input_shape, channels, width, depth, num_classes, padding)
-    mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    return {
-        "width": width,
-        "depth": depth,
-        "channels": channels,
-        "lenet": lenet,
-        "mlp": mlp,
-        "rel_gap": lenet / mlp - 1,
-    }
+    row = {"width": width, "depth": depth, "channels": channels, "lenet": lenet, "mlp": mlp, "rel_gap": lenet / mlp - 1}
+    return {**row, "dense": dense} if variant == "original" else row
 
 
 def parameter_match_table(
@@ -291,34 +270,26 @@ def resolve_lenet(
     **options: Any,
 ) -> dict[str, Any]:
     """Choose the sizes at the requested width (once, before the muP base models are built)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
-    if variant == "original":
-        if channels is None or dense is None:
-            channels, dense = _original_or_given(input_shape, width, depth, num_classes, padding, channels, dense)
-            lenet = original_param_count(input_shape, channels, dense, num_classes, padding)
-            mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-            if abs(lenet / mlp - 1) > MATCH_TOLERANCE:
-                warnings.warn(
-                    f"lenet (variant original) at width {width}, depth {depth} on {tuple(input_shape)}: the nearest "
-                    f"configuration on the original's size grid (conv {list(channels)}, dense {list(dense)}) has {lenet} "
-                    f"parameters against the MLP's {mlp} ({lenet / mlp - 1:+.1%}), as in the original code; "
-                    f"model.options.variant=dense_stack matches within 1%",
-                    stacklevel=2,
-                )
-        return {"variant": variant, "channels": list(channels), "dense": list(dense), "padding": padding, **options}
-    if channels is None:
-        channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
-        lenet = lenet_param_count(input_shape, channels, width, depth, num_classes, padding)
-        mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-        if abs(lenet / mlp - 1) > MATCH_TOLERANCE:
-            warnings.warn(
-                f"lenet at width {width}, depth {depth} on {tuple(input_shape)}: the nearest parameter count is "
-                f"{lenet} (channels {channels}) against the MLP's {mlp} ({lenet / mlp - 1:+.1%}); even the smallest "
-                f"convolutions cost more than the MLP's input layer here",
-                stacklevel=2,
-            )
-    return {"variant": variant, "channels": list(channels), "padding": padding, **options}
+    searched = channels is None or (variant == "original" and dense is None)
+    channels, sizes = lenet_sizes(
+        input_shape, width, depth, num_classes, variant, channels, dense, padding, channel_ratio
+    )
+    lenet = param_count(input_shape, channels, sizes, num_classes, padding)
+    mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
+    if searched and abs(lenet / mlp - 1) > MATCH_TOLERANCE:
+        warnings.warn(
+            f"lenet (variant original) at width {width}, depth {depth} on {tuple(input_shape)}: the nearest "
+            f"configuration on the original's size grid (conv {list(channels)}, dense {list(sizes)}) has {lenet} "
+            f"parameters against the MLP's {mlp} ({lenet / mlp - 1:+.1%}), as in the original code; "
+            f"model.options.variant=dense_stack matches within 1%"
+            if variant == "original"
+            else f"lenet at width {width}, depth {depth} on {tuple(input_shape)}: the nearest parameter count is "
+            f"{lenet} (channels {channels}) against the MLP's {mlp} ({lenet / mlp - 1:+.1%}); even the smallest "
+            f"convolutions cost more than the MLP's input layer here",
+            stacklevel=2,
+        )
+    dense_sizes = {"dense": list(sizes)} if variant == "original" else {}
+    return {"variant": variant, "channels": list(channels), **dense_sizes, "padding": padding, **options}
 
 
 @register_model("lenet", resolve=resolve_lenet)
@@ -343,14 +314,10 @@ def build_lenet(
             f"unknown lenet options {sorted(options)}; it takes variant, channels, dense, padding, "
             f"activation, channel_ratio"
         )
-    if variant not in VARIANTS:
-        raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
-    if variant == "original":
-        channels, dense = _original_or_given(input_shape, width, depth, num_classes, padding, channels, dense)
-        return LeNet(input_shape, channels, dense, num_classes, padding, activation)
-    if channels is None:
-        channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
-    return LeNet(input_shape, channels, [width] * depth, num_classes, padding, activation)
+    channels, dense = lenet_sizes(
+        input_shape, width, depth, num_classes, variant, channels, dense, padding, channel_ratio
+    )
+    return LeNet(input_shape, channels, dense, num_classes, padding, activation)
 
 
 def main() -> None:

@@ -73,16 +73,11 @@ class MLP(nn.Module):
                 f"unknown activation {activation!r}; choose one of {ACTIVATIONS} (model.options.activation)"
             )
         layers: list[nn.Module] = []
-        if activation == "swiglu":
-            hidden = swiglu_width(width, depth, in_features, num_classes)
-            dims = [in_features] + [hidden] * depth
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers.append(SwiGLU(a, b))
-        else:
-            act = nn.ReLU if activation == "relu" else nn.GELU
-            dims = [in_features] + [width] * depth
-            for a, b in zip(dims[:-1], dims[1:]):
-                layers += [nn.Linear(a, b), act()]
+        hidden = swiglu_width(width, depth, in_features, num_classes) if activation == "swiglu" else width
+        dims = [in_features] + [hidden] * depth
+        act = {"relu": nn.ReLU, "gelu": nn.GELU}.get(activation)  # None: SwiGLU, whose gate is its activation
+        for a, b in zip(dims[:-1], dims[1:]):
+            layers += [SwiGLU(a, b)] if act is None else [nn.Linear(a, b), act()]
         self.body = nn.Sequential(*layers)
         self.head = MuReadout(dims[-1], num_classes, readout_zero_init=True)
 

@@ -47,11 +47,6 @@ def autocast_context(precision: str, device_type: str) -> ContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def as_channels_last(x: torch.Tensor) -> torch.Tensor:
-    """Image batches (n, c, h, w) in channels-last memory; anything else unchanged."""
-    return x.contiguous(memory_format=torch.channels_last) if x.ndim == 4 else x
-
-
 def check_compile(compile: Any) -> str | None:
     """The torch.compile backend asked for (None = off)."""
     if compile in (False, None):

@@ -17,6 +17,7 @@ afterwards.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -119,13 +120,7 @@ class StackedClassifier(L.LightningModule):
         if not self.run_of or rows == []:
             return None
         runs = [self.run_of[self.members[r]] for r in (range(len(self.members)) if rows is None else rows)]
-        sizes = [1]
-        for before, run in zip(runs, runs[1:]):
-            if run == before:
-                sizes[-1] += 1
-            else:
-                sizes.append(1)
-        return sizes
+        return [len(list(group)) for _, group in itertools.groupby(runs)]
 
     def take_train_sums(self, rows: list[int]) -> Tensor:
         """The finished epoch's training loss sums of these rows (on the device, not read), reset."""
@@ -140,11 +135,9 @@ class StackedClassifier(L.LightningModule):
         """The weights to evaluate for these rows: schedule-free's x, or the parameters themselves (``as_trained``:
         schedule-free's y, ``LoopRules.evaluate_as_trained``)."""
         index = torch.tensor(rows, dtype=torch.long, device=self.stack.stacked[0].device)
-        opt = self.trainer.optimizers[0] if self._trainer is not None and self.trainer.optimizers else None
-        opt = None if as_trained else opt
-        params = {}
-        for name, p in self.stack.param_dict().items():
-            params[name] = _eval_weight(opt, p, index)
+        trained = not as_trained and self._trainer is not None and self.trainer.optimizers
+        opt = self.trainer.optimizers[0] if trained else None
+        params = {name: _eval_weight(opt, p, index) for name, p in self.stack.param_dict().items()}
         buffers = {n: b[index] for n, b in self.stack.buffer_dict().items()}
         return params, buffers
 
@@ -195,18 +188,6 @@ class StackedClassifier(L.LightningModule):
         original's)."""
         means = sums / max(count, 1)
         return means * math.log(2) if batch_means else means
-
-    @torch.no_grad()
-    def correct_counts(self, weights: tuple[dict[str, Tensor], dict[str, Tensor]], batches: Any) -> tuple[Tensor, int]:
-        """Per member, how many examples of ``batches`` its argmax logit classifies right; and the count."""
-        params, buffers = weights
-        total, count = torch.zeros(len(next(iter(params.values()))), dtype=torch.int64), 0
-        for x, y in batches:
-            with autocast_context(self.precision, x.device.type):
-                logits = self.stack.run(params, buffers, x, shared_input=True)
-            total = total.to(logits.device) + (logits.argmax(-1) == y).sum(1)
-            count += y.shape[0]
-        return total, count
 
     # --- members leaving ----------------------------------------------------------------------
 

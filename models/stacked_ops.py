@@ -10,9 +10,34 @@ free (``members_last``).
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def mark_dynamic(tensors: Iterable[Tensor], x: Tensor, x_axes: Iterable[int]) -> None:
+    """For torch.compile: the member axis of ``tensors`` and ``x_axes`` of ``x`` may change within a fit (members
+    leave; a short last batch), so they are symbolic from the start (a size of 1 is specialised anyway)."""
+    import torch._dynamo
+
+    for t in tensors:
+        if t.shape[0] > 1:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+    for axis in x_axes:
+        if x.shape[axis] > 1:
+            torch._dynamo.maybe_mark_dynamic(x, axis)
+
+
+def compile_block(block: Callable[..., Tensor], backend: str, recompile_limit: int) -> Callable[..., Tensor]:
+    """``block`` compiled for the blocks of a fit (a model's ``compile_stacked``), at most ``recompile_limit`` graphs;
+    the stacked weights' member axis is symbolic (dynamo takes parameters' shapes as static by default)."""
+    import torch._dynamo
+
+    torch._dynamo.config.force_parameter_static_shapes = False
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, recompile_limit)
+    return torch.compile(block, backend=backend, dynamic=False)
 
 
 def linear(params: dict[str, Tensor], name: str, h: Tensor) -> Tensor:

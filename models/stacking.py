@@ -30,6 +30,7 @@ from mup import MuReadout
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from models import stacked_ops
 from models.mup_setup import mup_param_groups, restore_base_shapes
 
 
@@ -55,7 +56,7 @@ class StackedModel(nn.Module):
         self.__dict__["template"] = _weightless_template(models[0])
         if self.single:  # where the one member's tensors are bound for each call (_bound)
             self.__dict__["slots"] = _slots(self.template)
-        if self.single:  # the member axis added as a view: a channels-last weight stays channels-last
+            # the member axis added as a view: a channels-last weight stays channels-last
             model = models[0].to(memory_format=torch.channels_last) if self.channels_last else models[0]
             params = {n: p.detach().unsqueeze(0) for n, p in model.named_parameters()}
             buffers = {n: b.unsqueeze(0) for n, b in model.named_buffers()}
@@ -147,14 +148,9 @@ class StackedModel(nn.Module):
         compiled = self.__dict__.get("_compiled_run")
         if compiled is None:
             return self._run(params, buffers, x, shared_input)
-        import torch._dynamo
-
-        for t in (*params.values(), *buffers.values(), *(() if shared_input else (x,))):
-            if t.shape[0] > 1:  # the member axis is symbolic from the start (a size of 1 is specialised anyway)
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-        batch_axis = 0 if shared_input else 1  # and the batch axis (a prefix shorter than a batch, the last eval batch)
-        if x.shape[batch_axis] > 1:
-            torch._dynamo.maybe_mark_dynamic(x, batch_axis)
+        # the member axis, and the batch axis (a prefix shorter than a batch, the last eval batch)
+        members = (*params.values(), *buffers.values(), *(() if shared_input else (x,)))
+        stacked_ops.mark_dynamic(members, x, (0 if shared_input else 1,))
         return compiled[shared_input](params, buffers, x)
 
     def _run_own_batches(self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -247,6 +243,20 @@ class StackedModel(nn.Module):
         for name, p in self.param_dict().items():
             groups.setdefault(self.width_mult[name], []).append(p)
         return [{"params": ps, "lr": lr / mult, "width_mult": mult} for mult, ps in sorted(groups.items())]
+
+
+class StackedForm:
+    """A model class with a stacked form in a module of its own (``stacked_form``: its ``forward_stacked(model, params,
+    x, compiled_block)`` and ``compile_blocks(backend)``): a fit of several members runs that form instead of vmap over
+    each member's forward, and ``compile_stacked`` (``StackedModel.compile`` asks) compiles its repeated block only."""
+
+    stacked_form: Any
+
+    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        return self.stacked_form.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
+
+    def compile_stacked(self, backend: str) -> None:
+        self.__dict__["compiled_block"] = self.stacked_form.compile_blocks(backend)
 
 
 def runs_as_one_stack(template: nn.Module, device: torch.device) -> bool:

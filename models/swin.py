@@ -59,11 +59,12 @@ import timm.models.swin_transformer_v2 as timm_swin_transformer_v2
 from mup import MuReadout
 from timm.models.swin_transformer_v2 import SwinTransformerV2
 
-from torch import Tensor, nn
+from torch import nn
 
 from models import swin_stacked
 from models.mup_setup import fast_timm_init
 from models.registry import check_image_shape, register_model
+from models.stacking import StackedForm
 from models.swin_original import build_original_swin
 
 # model.options.variant: timm (ours, the default; this module) | original (torchvision's, as the original code:
@@ -71,16 +72,11 @@ from models.swin_original import build_original_swin
 VARIANTS = ("timm", "original")
 
 
-class StackableSwinTransformerV2(SwinTransformerV2):
+class StackableSwinTransformerV2(StackedForm, SwinTransformerV2):
     """timm's Swin V2 with a stacked form: a fit of several members runs them as one network of batched matmuls and
     one attention call per block (models.swin_stacked) instead of vmap over each member's forward."""
 
-    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return swin_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
-
-    def compile_stacked(self, backend: str) -> None:
-        """Compile the repeated block only (``StackedModel.compile`` asks): ``swin_stacked.compile_blocks``."""
-        self.__dict__["compiled_block"] = swin_stacked.compile_blocks(backend)
+    stacked_form = swin_stacked
 
 
 def stage_grids(grid: tuple[int, int], num_stages: int) -> list[tuple[int, int]]:

@@ -29,11 +29,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from mup import MuReadout
-from torch import Tensor, nn
+from torch import nn
 from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
 
 from models import swin_stacked
 from models.registry import check_image_shape
+from models.stacking import StackedForm
 
 ORIGINAL_HEADS = (
     2,
@@ -45,16 +46,11 @@ ORIGINAL_STAGE_DEPTHS = (1, 1, 3, 1)  # x depth 2 = [2, 2, 6, 2], original: mdl/
 ORIGINAL_WINDOW = 7  # original: mdl/vision_probe.py@5e66bb9:227 window_size=[7, 7]
 
 
-class StackableSwinTransformer(SwinTransformer):
+class StackableSwinTransformer(StackedForm, SwinTransformer):
     """torchvision's Swin with a stacked form: a fit of several members runs them as one network (models.swin_stacked,
     padding and all) instead of vmap over each member's forward."""
 
-    def forward_stacked(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
-        return swin_stacked.forward_stacked(self, params, x, self.__dict__.get("compiled_block"))
-
-    def compile_stacked(self, backend: str) -> None:
-        """Compile the repeated block only (``StackedModel.compile`` asks): ``swin_stacked.compile_blocks``."""
-        self.__dict__["compiled_block"] = swin_stacked.compile_blocks(backend)
+    stacked_form = swin_stacked
 
 
 def build_original_swin(

@@ -71,12 +71,8 @@ def compile_blocks(backend: str) -> Callable:
     blocks of one structure (stage, shift, window, heads) share a graph, the member and batch axes are symbolic
     (``_run_compiled_block``), so members leaving the stack recompile nothing; patch embedding, merging and the head
     run eagerly."""
-    import torch._dynamo
-
-    torch._dynamo.config.force_parameter_static_shapes = False  # the stacked weights' member axis is symbolic
     # a graph per block structure, for training and evaluation, a stack of several members and of one
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(_run_block, backend=backend, dynamic=False)
+    return ops.compile_block(_run_block, backend, 64)
 
 
 def _run_block(block_fn: Callable, block: nn.Module, params: dict[str, Tensor], h: Tensor, training: bool) -> Tensor:
@@ -88,14 +84,7 @@ def _run_block(block_fn: Callable, block: nn.Module, params: dict[str, Tensor], 
 def _run_compiled_block(
     compiled: Callable, block_fn: Callable, block: nn.Module, params: dict[str, Tensor], h: Tensor, training: bool
 ) -> Tensor:
-    import torch._dynamo
-
-    for t in params.values():
-        if t.shape[0] > 1:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-    for axis in (0, 1):
-        if h.shape[axis] > 1:
-            torch._dynamo.maybe_mark_dynamic(h, axis)
+    ops.mark_dynamic(params.values(), h, (0, 1))
     return compiled(block_fn, block, params, h, training)
 
 
@@ -223,12 +212,6 @@ def _drops_paths(model: nn.Module) -> bool:
     return model.training and torch.is_grad_enabled()
 
 
-def _head(readout: nn.Module, params: dict[str, Tensor], name: str, pooled: Tensor) -> Tensor:
-    if isinstance(readout, MuReadout):
-        return ops.mu_readout(readout, params, name, pooled)
-    return ops.linear(params, name, pooled)
-
-
 def _zeroed_k(bias: Tensor) -> Tensor:
     """(M, 3C) qkv bias with its k third zero (and no gradient there)."""
     third = bias.shape[1] // 3
@@ -250,7 +233,7 @@ def _timm_stackable(model: SwinTransformerV2) -> bool:
         and head.global_pool.pool_type == "avg"
         and _no_dropout(head.drop)
         and isinstance(head.flatten, nn.Identity)
-        and isinstance(head.fc, nn.Linear)
+        and isinstance(head.fc, MuReadout)
         and all(
             isinstance(s.downsample, (nn.Identity, PatchMerging))
             and (isinstance(s.downsample, nn.Identity) or isinstance(s.downsample.norm, nn.LayerNorm))
@@ -290,7 +273,7 @@ def _timm_forward(model: SwinTransformerV2, params: dict[str, Tensor], x: Tensor
         for j, block in enumerate(stage.blocks):
             h = run_block(_timm_block, block, _block_params(params, f"layers.{i}.blocks.{j}"), h, training)
     h = _norm(params, "norm", model.norm, h)
-    return _head(model.head.fc, params, "head.fc", h.mean((2, 3)))
+    return ops.mu_readout(model.head.fc, params, "head.fc", h.mean((2, 3)))
 
 
 def _timm_block(block: SwinTransformerV2Block, params: dict[str, Tensor], name: str, h: Tensor, training: bool):
@@ -345,7 +328,7 @@ def _torchvision_stackable(model: SwinTransformer) -> bool:
         and isinstance(model.norm, nn.LayerNorm)
         and isinstance(model.avgpool, nn.AdaptiveAvgPool2d)
         and model.avgpool.output_size in (1, (1, 1))
-        and isinstance(model.head, nn.Linear)
+        and isinstance(model.head, MuReadout)
     )
 
 
@@ -384,7 +367,7 @@ def _torchvision_forward(model: SwinTransformer, params: dict[str, Tensor], x: T
         for j, block in enumerate(module):
             h = run_block(_torchvision_block, block, _block_params(params, f"features.{i}.{j}"), h, training)
     h = _norm(params, "norm", model.norm, h)
-    return _head(model.head, params, "head", h.mean((2, 3)))
+    return ops.mu_readout(model.head, params, "head", h.mean((2, 3)))
 
 
 def _torchvision_block(block: SwinTransformerBlockV2, params: dict[str, Tensor], name: str, h: Tensor, training: bool):

@@ -138,11 +138,10 @@ def test_an_eraser_moved_to_the_datas_device_erases_there(name, monkeypatch):
     """``meta`` stands in for a GPU: like CUDA it refuses to mix with CPU tensors, so a tensor the
     map leaves on (or makes on) the CPU fails here. It holds no values, so QLEACE's class counts are
     taken from the CPU batch (the one read it makes, see the test above)."""
-    from datamodules.erasure_checks import eraser_on
 
     x, y, xb, yb = _batch()
     meta = torch.device("meta")
-    eraser = eraser_on(fit_eraser(name, x, y, zscore=True), meta)
+    eraser = fit_eraser(name, x, y, zscore=True).to(meta)
     if name == "qleace":
         counts, real_tolist = torch.bincount(yb, minlength=3), torch.Tensor.tolist
         monkeypatch.setattr(torch.Tensor, "tolist", lambda t: counts.tolist() if t.is_meta else real_tolist(t))

@@ -202,11 +202,10 @@ def test_batches_erased_on_the_fly_synchronise_at_most_for_qleaces_class_counts(
     """augment_then_erase (the paper presets) erases every training batch (the stacked engine a
     whole group of them) on the GPU: LEACE with no host synchronisation, QLEACE with one (its
     batch's class counts); numbers as on the CPU."""
-    from datamodules.erasure_checks import eraser_on
 
     x, y = torch.rand(600, 3, 8, 8, dtype=torch.float64), torch.arange(600) % 10
     fitted = fit_eraser(eraser, x, y, num_classes=10, shrinkage=0.1) if eraser == "qleace" else fit_eraser(eraser, x, y)
-    on_gpu = eraser_on(fitted, torch.device("cuda"))
+    on_gpu = fitted.to(torch.device("cuda"))
     pick = torch.randint(0, 600, (rows,), generator=torch.Generator().manual_seed(0))
     xb, yb = x[pick].float().cuda(), y[pick].cuda()
     labels = yb if fitted.requires_labels else None

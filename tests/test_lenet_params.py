@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from models import create_model
-from models.lenet import MATCH_TOLERANCE, lenet_param_count, original_sizes, parameter_match, parameter_match_table
+from models.lenet import MATCH_TOLERANCE, param_count, original_sizes, parameter_match, parameter_match_table
 from models.mlp import mlp_param_count
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048)
@@ -97,7 +97,7 @@ def test_the_original_grid_cannot_reach_the_widest_mlps_and_says_so():
 
 
 def smallest_lenet(shape, width, depth) -> int:
-    return lenet_param_count(shape, (1, 1), width, depth, 10)
+    return param_count(shape, (1, 1), [width] * depth, 10)
 
 
 @pytest.mark.parametrize("shape", [(3, 32, 32), (3, 64, 64), (1, 8, 8)], ids=lambda s: "x".join(map(str, s)))

@@ -51,9 +51,8 @@ class FinalFitCurves(L.Callback):
     def __call__(self, module: Any, weights: Weights) -> None:
         """``module`` a StackedClassifier, ``weights`` one member's evaluation weights (leading dim 1)."""
         for name in self.sets:
-            correct, count = module.correct_counts(weights, self._batches(name))
-            loss = float(module.loss_sums(weights, self._batches(name))[0][0]) if name in self.with_loss else None
-            self._record(name, int(correct[0]), loss, count)
+            total, count, correct = module.loss_sums(weights, self._batches(name), with_correct=True)
+            self._record(name, int(correct[0]), float(total[0]) if name in self.with_loss else None, count)
 
     def _record(self, name: str, correct: int, loss_sum: float | None, count: int) -> None:
         self.curves[f"{name}_accuracy_curve"].append(correct / count if count else math.nan)
