@@ -31,7 +31,6 @@ A store written before the config's keys or the hash changed is moved to today's
 from __future__ import annotations
 
 import argparse
-import csv
 import difflib
 import json
 import sys
@@ -185,13 +184,6 @@ def format_table(runs: list[StoredRun], columns: Sequence[str] = COLUMNS) -> str
     return "\n".join([line(columns), *map(line, rows)])
 
 
-def write_csv(path: str, runs: list[StoredRun], columns: Sequence[str]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        writer.writerows([cell(c, r.values.get(c), full=True) for c in columns] for r in runs)
-
-
 def store_dir(overrides: Sequence[str]) -> Path:
     """paths.store_dir as conf/ resolves it with these overrides (no path is written in Python)."""
     from hydra import compose, initialize_config_dir
@@ -225,7 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(listing(runs))
     if args.csv:
-        write_csv(args.csv, runs, (*with_swept_columns(runs), DEBUG_KEY))
+        from mdl.report.tables import write_csv  # numpy: only for --csv
+
+        columns = (*with_swept_columns(runs), DEBUG_KEY)
+        write_csv(args.csv, columns, ([cell(c, r.values.get(c), full=True) for c in columns] for r in runs))
     return 0
 
 

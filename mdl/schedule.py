@@ -106,14 +106,10 @@ def block_boundaries(n: int, num_blocks: int = 10, first: int = 1024, rounding: 
         )
     if rounding == "oric":
         bounds = list(accumulate(oric_chunks(n, num_blocks, first)))
-        _check_increasing(bounds)
-        return bounds
-    r = _growth_ratio(n, num_blocks, first)
-    bounds, acc = [], 0.0
-    for k in range(num_blocks):
-        acc += first * r**k
-        bounds.append(int(round(acc)))
-    bounds[-1] = n
+    else:
+        r = _growth_ratio(n, num_blocks, first)
+        bounds = [int(round(acc)) for acc in accumulate(first * r**k for k in range(num_blocks))]
+        bounds[-1] = n
     _check_increasing(bounds)
     return bounds
 

@@ -73,7 +73,7 @@ def forward_stacked(
 def compile_blocks(backend: str) -> Callable[..., Tensor]:
     """``block_math`` compiled for the blocks of a fit: the repeated block, not the whole network, is what compiles
     (the stem, downsampling and head run eagerly). One graph per stage, whatever the number of members or the batch
-    (their axes are symbolic: ``_mark_member_axes``), another per stage for evaluation (no autograd). A stack of 4
+    (their axes are symbolic: ``stacked_ops.mark_dynamic``), another per stage for evaluation (no autograd). A stack of 4
     ConvNeXts width 16 on 2 CPU cores, first step: 191 s compiled whole, 60 s by blocks; with the FX graph cache of
     an earlier job (``models.precision.share_compile_cache``) 3.7 s."""
     # a graph per stage, for training and evaluation, for a stack of several members and of one: 16 for ConvNeXt's

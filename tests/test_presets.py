@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from conftest import CONF, REPO, run_launch
-from mdl.sweeps.cost import CostTable, main as cost_main, sweep_jobs
+from mdl.run.sweep_jobs import expand_sweep as sweep_jobs
+from mdl.sweeps.cost import CostTable, main as cost_main
 
 PAPER = CONF / "experiment" / "paper"
 # preset -> (data source, jobs, fixed (key, value) of its figure)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -60,6 +61,7 @@ from mdl.report.stats import (
     erasers_of,
     mdl_backfire,
     row_differences,
+    with_controls,
 )
 
 
@@ -323,9 +325,7 @@ def _header(sweep: Sweep, cells: list[Cell], dirs) -> list[str]:
 def environments_line(sweep: Sweep, cells: list[Cell]) -> str:
     """Which environments computed the runs (results.json `environment`), and the cells whose seeds mix them:
     their means average numbers of different torch builds, CPUs or GPUs."""
-    counts: dict[str, int] = {}
-    for run in sweep.runs:
-        counts[run.environment] = counts.get(run.environment, 0) + 1
+    counts = Counter(run.environment for run in sweep.runs)
     line = (
         "Environment"
         + ("s" if len(counts) > 1 else "")
@@ -375,31 +375,31 @@ def _tables(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
 
 
 def _coverage(sweep: Sweep, cells: list[Cell], cov: Coverage) -> list[str]:
-    md = ["## Coverage\n"]
-    for c, lacking in cov.partial:
-        md.append(
+    md = [
+        "## Coverage\n",
+        *(
             f"- partial: {_where(sweep, c.arch, c.row)} **{c.eraser}**: n={c.n} of {cov.max_seeds}"
             f" (lacks {', '.join(lacking) or 'seeds'})"
-        )
-    for arch, row, eraser in cov.missing:
-        md.append(f"- missing: {_where(sweep, arch, row)} **{eraser}**: no run")
-    for c, metric, lacking in cov.metric_gaps:
-        md.append(
+            for c, lacking in cov.partial
+        ),
+        *(f"- missing: {_where(sweep, arch, row)} **{eraser}**: no run" for arch, row, eraser in cov.missing),
+        *(
             f"- {_where(sweep, c.arch, c.row)} {c.eraser}: {lacking} run(s) lack `{metric}`; its mean uses the rest"
-        )
-    for arch, row, key, values in row_differences(cells):
-        md.append(
+            for c, metric, lacking in cov.metric_gaps
+        ),
+        *(
             f"- {_where(sweep, arch, row)}: `{key}` differs between the erasers compared in this row ("
             + "; ".join(f"{e}: {v}" for e, v in values.items())
             + ")"
-        )
-    for p in sweep.problems:
-        md.append(f"- skipped `{p.path}`: {p.reason}")
-    for kept, dropped in sweep.duplicates:
-        md.append(
+            for arch, row, key, values in row_differences(cells)
+        ),
+        *(f"- skipped `{p.path}`: {p.reason}" for p in sweep.problems),
+        *(
             f"- duplicate seed with different numbers: `{dropped.path}` has the same config and seed as the "
             f"newer `{kept.path}`; only the newer one is used"
-        )
+            for kept, dropped in sweep.duplicates
+        ),
+    ]
     if sweep.mixed_versions and not sweep.split_code_versions:
         for c in cells:
             versions = sorted({r.code_version for r in c.runs})
@@ -429,9 +429,8 @@ def _backfiring(
         f"1..ceil({early_fraction}·T), late gap = mean of d over the last ceil({late_fraction}·T) epochs; flagged "
         "when early gap > 0 and late gap < 0. Crossing epoch: the last t with d(t−1) ≥ 0 > d(t).\n",
     ]
-    controlled = {(c.arch, c.row) for c in cells if c.eraser == CONTROL}
     erased = [c for c in cells if c.eraser != CONTROL]
-    compared = [c for c in erased if (c.arch, c.row) in controlled]
+    compared = with_controls(cells)
     if not erased:
         return [*md, "The sweep has no erased condition: nothing to check.", ""]
     md.append(

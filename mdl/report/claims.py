@@ -32,7 +32,7 @@ import yaml
 from scipy.stats import t as student_t
 
 from mdl.report.protocols import split_by_protocol, untrained_text
-from mdl.report.sweep import PROTOCOL_KEY, Sweep
+from mdl.report.sweep import PROTOCOL_KEY, Sweep, group_by
 from mdl.report.stats import Cell, chance_level
 from mdl.report.tables import markdown_table
 
@@ -139,12 +139,8 @@ def _base(eraser_label: str) -> str:
 
 def differences(claim: Claim, cells: Sequence[Cell], confidence: float, at_chance_bits: float) -> list[Difference]:
     """Every (higher, lower) pair of cells in one architecture x row that the claim speaks of."""
-    by_row: dict[tuple[str, tuple], list[Cell]] = {}
-    for c in cells:
-        if claim.speaks_of(c.arch):
-            by_row.setdefault((c.arch, c.row), []).append(c)
     out = []
-    for (arch, row), mine in by_row.items():
+    for (arch, row), mine in group_by((c for c in cells if claim.speaks_of(c.arch)), lambda c: (c.arch, c.row)).items():
         for hi in (c for c in mine if _base(c.eraser) in claim.higher):
             for lo in (c for c in mine if _base(c.eraser) in claim.lower and c is not hi):
                 a, b = hi.values(METRIC), lo.values(METRIC)

@@ -17,33 +17,46 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
     keys = list(sweep.row_keys)
     metric_cols = [f"{m}_{s}" for m in METRICS for s in ("mean", "std", "n")]
     partial = {id(c): lacking for c, lacking in cov.partial}
-    table_rows = []
+    table_rows = [
+        [
+            c.arch,
+            *c.row,
+            c.eraser,
+            c.n,
+            " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
+            " ".join(partial.get(id(c), [])),
+            *(v for m in METRICS for v in _triple(c, m)),
+        ]
+        for c in cells
+    ] + [[arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))] for arch, row, eraser in cov.missing]
+    run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
+    width = [] if "width" in keys else ["width"]  # a column of its own when it is not a row key
+    curve_rows = []
     for c in cells:
-        stats = [v for m in METRICS for v in _triple(c, m)]
-        table_rows.append(
-            [
-                c.arch,
-                *c.row,
-                c.eraser,
-                c.n,
-                " ".join(sweep.replicate_label(r.replicate) for r in c.runs),
-                " ".join(partial.get(id(c), [])),
-                *stats,
-            ]
-        )
-    for arch, row, eraser in cov.missing:
-        table_rows.append([arch, *row, eraser, 0, "", "all", *([""] * len(metric_cols))])
-    paths = [
+        stats = curve_stats(c)
+        if stats is None:
+            continue
+        for t in range(len(stats.mean)):
+            curve_rows.append(
+                [
+                    c.arch,
+                    *c.row,
+                    c.eraser,
+                    t + 1,
+                    _num(stats.mean[t]),
+                    _num(stats.std[t]),
+                    _num(stats.low[t]),
+                    _num(stats.high[t]),
+                    stats.n_seeds,
+                ]
+            )
+    return [
         write_csv(
             out / "table.csv",
             ["architecture", *keys, "eraser", "n_seeds", "seeds", "missing_seeds", *metric_cols],
             table_rows,
-        )
-    ]
-    paths.append(write_latex_table(out / "table.tex", sweep, cells))
-
-    run_metrics = [*METRICS, "uniform_codelength_bits", "n_train", "num_classes"]
-    paths.append(
+        ),
+        write_latex_table(out / "table.tex", sweep, cells),
         write_csv(
             out / "runs.csv",
             [
@@ -73,10 +86,7 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                 ]
                 for r in sweep.runs
             ),
-        )
-    )
-    width = [] if "width" in keys else ["width"]  # a column of its own when it is not a row key
-    paths.append(
+        ),
         write_csv(
             out / "mdl_increase.csv",
             [
@@ -106,29 +116,7 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                 ]
                 for i in mdl_increase(sweep, cells)
             ),
-        )
-    )
-
-    curve_rows = []
-    for c in cells:
-        stats = curve_stats(c)
-        if stats is None:
-            continue
-        for t in range(len(stats.mean)):
-            curve_rows.append(
-                [
-                    c.arch,
-                    *c.row,
-                    c.eraser,
-                    t + 1,
-                    _num(stats.mean[t]),
-                    _num(stats.std[t]),
-                    _num(stats.low[t]),
-                    _num(stats.high[t]),
-                    stats.n_seeds,
-                ]
-            )
-    paths.append(
+        ),
         write_csv(
             out / "loss_curves.csv",
             [
@@ -143,9 +131,7 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                 "n_seeds",
             ],
             curve_rows,
-        )
-    )
-    paths.append(
+        ),
         write_csv(
             out / "backfiring.csv",
             ["architecture", *keys, "eraser", "early_gap_nats", "late_gap_nats", "crossing_epoch", "compared_epochs"],
@@ -161,6 +147,5 @@ def write_csvs(sweep: Sweep, cells: list[Cell], cov: Coverage, flags: list[Backf
                 ]
                 for f in flags
             ),
-        )
-    )
-    return paths
+        ),
+    ]

@@ -10,7 +10,7 @@ import numpy as np
 
 from mdl.report.figures import FigureFile, _save, plt, slug
 from mdl.report.style import COLUMN_WIDTH, FONT_SIZE, TWO_COLUMN_WIDTH, display_name, eraser_colors
-from mdl.report.sweep import CONTROL, Run, Sweep, eraser_sort_key, load_sweep
+from mdl.report.sweep import CONTROL, Run, Sweep, eraser_sort_key, group_by, load_sweep
 
 RANDOM_FIT_IMAGES = 8192
 MIN_IMAGE_SIZE = 1.0  # inches: an image narrower than this reads as a thumbnail; more columns go two columns wide
@@ -35,16 +35,14 @@ def default_image_loader(config: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def edit_rank(eraser: Any) -> int | None:
-    """Number of directions an eraser edits, from its saved metadata when it records one."""
-    meta = eraser.metadata() if hasattr(eraser, "metadata") else {}
-    for key in ("edit_rank", "rank", "num_directions", "n_directions"):
-        if isinstance(meta.get(key), int):
-            return int(meta[key])
-    tensors = eraser.tensors() if hasattr(eraser, "tensors") else {}
-    for key in ("directions", "basis"):
-        if key in tensors and tensors[key].ndim == 2:
-            return int(min(tensors[key].shape))
-    return None
+    """Number of directions an eraser edits as its metadata records it (datamodules.erasure_checks); None when it
+    records none."""
+    from datamodules.erasure_checks import edit_rank as recorded_rank
+
+    try:
+        return recorded_rank(eraser)
+    except ValueError:
+        return None
 
 
 def random_control(x, y, shown, rank: int):
@@ -71,10 +69,10 @@ def figure1(
     figures, notes = [], []
     if image_loader is None or n_images < 1:
         return [], ["Figure 1: skipped (no image loader, or zero images asked for)."]
-    groups: dict[tuple, list[Run]] = {}
-    for run in sweep.runs:  # the images depend on the source and its options only
-        key = tuple(sorted((k, v) for k, v in run.flat.items() if k.startswith(("data.source", "data.options"))))
-        groups.setdefault(key, []).append(run)
+    groups = group_by(  # the images depend on the source and its options only
+        sweep.runs,
+        lambda r: tuple(sorted((k, v) for k, v in r.flat.items() if k.startswith(("data.source", "data.options")))),
+    )
     used_names: set[str] = set()
     for g, runs in enumerate(groups.values()):
         source = (runs[0].results["config"].get("data") or {}).get("source", f"data{g}")

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the style module chose the
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from mdl.report.sweep import Sweep, sortable  # noqa: E402
+from mdl.report.sweep import Sweep, group_by, sortable  # noqa: E402
 from mdl.report.stats import Cell, Increase, chance_level, curve_stats, erasers_of, mdl_increase  # noqa: E402
 
 SCALING_METRICS = (
@@ -149,10 +149,7 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
             continue
         a = sweep.row_keys.index(axis)
         for arch in sorted({c.arch for c in cells}):
-            panels: dict[tuple, list[Cell]] = {}
-            for c in cells:
-                if c.arch == arch:
-                    panels.setdefault(c.row[:a] + c.row[a + 1 :], []).append(c)
+            panels = group_by((c for c in cells if c.arch == arch), lambda c: c.row[:a] + c.row[a + 1 :])
             panels = {
                 k: v
                 for k, v in panels.items()
@@ -172,9 +169,11 @@ def scaling_figures(sweep: Sweep, cells: list[Cell], out: Path, max_seeds: int) 
                     ticks = sorted({c.row[a] for c in members})
                     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
                     ax.minorticks_off()
-                    ax.set_xlabel(axis)
-                    ax.set_ylabel(ylabel)
-                    ax.set_title(panel_title(arch, sweep.describe(_insert(other, a, None), skip=axis)))
+                    ax.set(
+                        xlabel=axis,
+                        ylabel=ylabel,
+                        title=panel_title(arch, sweep.describe(_insert(other, a, None), axis)),
+                    )
             _finish_grid(axes, len(panels), cols, len(SCALING_METRICS))
             partial = any(c.n < max_seeds for cells_ in panels.values() for c in cells_ if c.n)
             figure_legend(fig, seed_keys(max_seeds) if partial else ())
@@ -240,11 +239,7 @@ FIGURE3_NAME = "figure3_mdl_increase.png"
 
 def figure3_panels(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> dict[tuple[str, str], list[Increase]]:
     """The points of Figure 3 grouped into panels: (architecture, other row keys) -> increases."""
-    skip = "width" if "width" in sweep.row_keys else None
-    panels: dict[tuple[str, str], list[Increase]] = {}
-    for inc in mdl_increase(sweep, cells, metric):
-        panels.setdefault((inc.arch, sweep.describe(inc.row, skip=skip)), []).append(inc)
-    return panels
+    return group_by(mdl_increase(sweep, cells, metric), lambda inc: (inc.arch, sweep.describe(inc.row, "width")))
 
 
 def figure3(
@@ -272,9 +267,11 @@ def figure3(
             ax.set_xscale("log", base=2)
         ax.set_xticks(widths, [f"{w:g}" for w in widths])
         ax.minorticks_off()
-        ax.set_xlabel("width")
-        ax.set_ylabel("MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase")
-        ax.set_title(panel_title(arch, setting))
+        ax.set(
+            xlabel="width",
+            ylabel="MDL increase over control (bits/sample)" if metric == "paper_mdl" else f"{metric} increase",
+            title=panel_title(arch, setting),
+        )
     _finish_grid(axes, len(panels), cols)
     figure_legend(fig, [line_key("no change", "--", 0.8, "black")])
     path = _save(fig, out / FIGURE3_NAME)
@@ -298,10 +295,7 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
     figures, notes = [], []
     colors = cell_colors(cells)
     for arch in sorted({c.arch for c in cells}):
-        rows: dict[tuple, list[Cell]] = {}
-        for c in cells:
-            if c.arch == arch:
-                rows.setdefault(c.row, []).append(c)
+        rows = group_by((c for c in cells if c.arch == arch), lambda c: c.row)
         fig, axes, cols = _grid(len(rows))
         drawn = 0
         for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
@@ -322,9 +316,11 @@ def loss_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figur
                     )
                 drawn += 1
             chance_line(ax, chance_level(members, "val_loss"))
-            ax.set_title(panel_title(arch, sweep.describe(row)))
-            ax.set_xlabel("epoch of the final full-data fit")
-            ax.set_ylabel("validation loss (nats)")
+            ax.set(
+                title=panel_title(arch, sweep.describe(row)),
+                xlabel="epoch of the final full-data fit",
+                ylabel="validation loss (nats)",
+            )
         _finish_grid(axes, len(rows), cols)
         figure_legend(fig, [line_key("mean over seeds", "-", 2.0), line_key("one seed", "-", SEED_LINE_WIDTH)])
         if not drawn:
@@ -356,10 +352,7 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
     with_probes = [c for c in cells if any(isinstance(r.results.get(PROBE_KEY), list) for r in c.runs)]
     colors = cell_colors(cells)
     for arch in sorted({c.arch for c in with_probes}):
-        rows: dict[tuple, list[Cell]] = {}
-        for c in with_probes:
-            if c.arch == arch:
-                rows.setdefault(c.row, []).append(c)
+        rows = group_by((c for c in with_probes if c.arch == arch), lambda c: c.row)
         fig, axes, cols = _grid(len(rows))
         for p, (row, members) in enumerate(sorted(rows.items(), key=lambda kv: sortable(kv[0]))):
             ax = axes[p // cols][p % cols]
@@ -380,9 +373,11 @@ def probe_figures(sweep: Sweep, cells: list[Cell], out: Path) -> tuple[list[Figu
                 chance |= {1 / r.results["num_classes"] for r in c.runs if r.results.get("num_classes")}
             for level in sorted(chance):
                 ax.axhline(level, color="gray", ls=":", lw=1)
-            ax.set_title(panel_title(arch, sweep.describe(row)))
-            ax.set_xlabel("epoch of the final full-data fit")
-            ax.set_ylabel("accuracy")
+            ax.set(
+                title=panel_title(arch, sweep.describe(row)),
+                xlabel="epoch of the final full-data fit",
+                ylabel="accuracy",
+            )
         _finish_grid(axes, len(rows), cols)
         figure_legend(
             fig, [line_key("validation", "-"), line_key("max-ent probes", "--"), line_key("chance, 1/K", ":")]

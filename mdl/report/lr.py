@@ -17,7 +17,7 @@ from typing import Any
 
 from mdl.report.figures import FigureFile, _finish_grid, _grid, _save, cell_colors, figure_legend, marker_key, plt, slug
 from mdl.report.style import display_name, panel_title
-from mdl.report.sweep import Sweep, eraser_sort_key, sortable
+from mdl.report.sweep import Sweep, eraser_sort_key, group_by, sortable
 from mdl.results import capped_fits, recorded_epoch_cap
 from mdl.report.stats import Cell
 
@@ -98,7 +98,7 @@ def lr_points(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> lis
             points.append(
                 LrPoint(
                     c.arch,
-                    sweep.describe(other, skip=LR_KEY),
+                    sweep.describe(other, LR_KEY),
                     c.eraser,
                     float(c.row[i]),
                     mean,
@@ -116,11 +116,8 @@ def best_learning_rates(sweep: Sweep, cells: list[Cell], metric: str = "paper_md
     """Per architecture, other settings and eraser, the swept lr with the lowest mean ``metric``, with
     every lr tried (to tell whether the best lies at the grid's edge) and the data, model and eraser names that
     key the config a later sweep composes (``write_best_lrs``)."""
-    groups: dict[tuple[str, str, str], list[LrPoint]] = {}
-    for p in lr_points(sweep, cells, metric):
-        groups.setdefault(p.key, []).append(p)
     choices = []
-    for (arch, setting, eraser), points in sorted(groups.items()):
+    for (arch, setting, eraser), points in sorted(group_by(lr_points(sweep, cells, metric), lambda p: p.key).items()):
         best = min(points, key=lambda p: p.mean)
         config = best.cell.runs[0].results.get("config", {})
         names = tuple(
@@ -252,9 +249,7 @@ def capped_lines(points: list[LrPoint]) -> list[str]:
     capped = [p for p in points if p.capped]
     if not capped:
         return []
-    by_lr: dict[float, list[LrPoint]] = {}
-    for p in points:
-        by_lr.setdefault(p.lr, []).append(p)
+    by_lr = group_by(points, lambda p: p.lr)
     caps = sorted(
         {
             cap
@@ -287,10 +282,7 @@ def lr_figures(
     points = lr_points(sweep, cells, metric)
     figures = []
     for arch in sorted({p.arch for p in points}):
-        panels: dict[tuple[Any, ...], list[LrPoint]] = {}
-        for p in points:
-            if p.arch == arch:
-                panels.setdefault(p.other, []).append(p)
+        panels = group_by((p for p in points if p.arch == arch), lambda p: p.other)
         fig, axes, cols = _grid(len(panels))
         colors = cell_colors(cells)
         keys: set[str] = set()
@@ -362,9 +354,7 @@ def _lr_panel(ax, points: list[LrPoint], colors: dict[str, Any]) -> set[str]:
             drawn.add("best")
     if any(p.capped for p in points):
         drawn.add("capped")
-    ax.set_xscale("log")
-    ax.set_xlabel(LR_AXIS_LABEL)
-    ax.set_ylabel("paper MDL (bits/sample)")
+    ax.set(xscale="log", xlabel=LR_AXIS_LABEL, ylabel="paper MDL (bits/sample)")
     return drawn
 
 
@@ -376,11 +366,9 @@ def lr_grids_by_width(
 ) -> dict[tuple[str, str, str], dict[Any, dict[float, float]]]:
     """(architecture, other settings, eraser) -> {width: {lr: mean ``metric``}}, when a sweep varied both
     ``optimizer.lr`` and ``width``."""
-    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
-        return {}
     grids: dict[tuple[str, str, str], dict[Any, dict[float, float]]] = {}
-    for key, width, lr, mean, _, _ in _lr_points(sweep, cells, metric):
-        grids.setdefault(key, {}).setdefault(width, {})[lr] = mean
+    for key, width, p in _lr_points(sweep, cells, metric):
+        grids.setdefault(key, {}).setdefault(width, {})[p.lr] = p.mean
     return {k: dict(sorted(v.items())) for k, v in sorted(grids.items())}
 
 
@@ -396,17 +384,16 @@ def best_lr_by_width(
     return {k: v for k, v in best.items() if v}
 
 
-def _lr_points(sweep: Sweep, cells: list[Cell], metric: str):
-    """(group key, width, lr, mean, std, n) for every cell with a numeric lr and width."""
-    i, w = sweep.row_keys.index(LR_KEY), sweep.row_keys.index("width")
-    for c in cells:
-        mean, std, n = c.mean_std(metric)
-        if n and isinstance(c.row[i], (int, float)) and isinstance(c.row[w], (int, float)) and not math.isnan(mean):
-            setting = ", ".join(
-                f"{name}={v}" for j, (name, v) in enumerate(zip(sweep.row_names(), c.row)) if j not in (i, w)
-            )
-            key = (c.arch, setting, c.eraser)
-            yield key, c.row[w], float(c.row[i]), mean, std, n
+def _lr_points(sweep: Sweep, cells: list[Cell], metric: str) -> list[tuple[tuple[str, str, str], Any, LrPoint]]:
+    """(group key without lr and width, width, point) for every lr point (``lr_points``) with a numeric width."""
+    if "width" not in sweep.row_keys:
+        return []
+    w = sweep.row_keys.index("width")
+    return [
+        ((p.arch, sweep.describe(p.other, LR_KEY, "width"), p.eraser), p.other[w], p)
+        for p in lr_points(sweep, cells, metric)
+        if isinstance(p.other[w], (int, float))
+    ]
 
 
 def transfer_section(sweep: Sweep, cells: list[Cell]) -> list[str]:
@@ -444,11 +431,11 @@ def lr_transfer_figures(
 ) -> tuple[list[FigureFile], list[str]]:
     """Per architecture, panels per (setting, eraser): mean ``metric`` against lr, one line per width, each
     width's best lr marked with a star."""
-    if LR_KEY not in sweep.row_keys or "width" not in sweep.row_keys:
-        return [], []
     series: dict[str, dict[tuple[str, str], dict[Any, list[tuple[float, float, float]]]]] = {}
-    for (arch, setting, eraser), width, lr, mean, std, _ in _lr_points(sweep, cells, metric):
-        series.setdefault(arch, {}).setdefault((setting, eraser), {}).setdefault(width, []).append((lr, mean, std))
+    for (arch, setting, eraser), width, p in _lr_points(sweep, cells, metric):
+        series.setdefault(arch, {}).setdefault((setting, eraser), {}).setdefault(width, []).append(
+            (p.lr, p.mean, p.std)
+        )
     figures = []
     for arch, panels in sorted(series.items()):
         fig, axes, cols = _grid(len(panels))
@@ -476,10 +463,12 @@ def lr_transfer_figures(
                         [lr[k]], [mean[k]], marker="*", s=80, color=colors[width], edgecolors="black", linewidths=0.4
                     )
                     starred = True
-            ax.set_xscale("log")
-            ax.set_xlabel(LR_AXIS_LABEL)
-            ax.set_ylabel("paper MDL (bits/sample)")
-            ax.set_title(panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)))
+            ax.set(
+                xscale="log",
+                xlabel=LR_AXIS_LABEL,
+                ylabel="paper MDL (bits/sample)",
+                title=panel_title(arch, ", ".join(x for x in (setting, display_name(eraser)) if x)),
+            )
         _finish_grid(axes, len(panels), cols)
         figure_legend(fig, [lr_keys()["best"]] if starred else [])
         path = _save(fig, out / f"lr_transfer_{slug(arch)}.png")

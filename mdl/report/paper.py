@@ -20,7 +20,6 @@ unit of the paper's last printed digit. See ``RULE_TEXT`` for the reasons.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -28,8 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mdl.report.sweep import Sweep, eraser_sort_key, sortable
-from mdl.report.stats import Cell
-from mdl.report.tables import _num, markdown_table, write_csv
+from mdl.report.stats import Cell, cell_value
+from mdl.report.tables import _num, fmt, markdown_table, write_csv
 
 FLAG_SIGMAS = 2.0
 PAPER_VALUES = "paper_values"
@@ -85,10 +84,9 @@ class PaperTable:
         return f"`{self.name}` ({', '.join(sorted({c.dataset_paper for c in self.cells}))})"
 
     def get(self, dataset: str | None, arch: str, eraser: str) -> PaperCell | None:
-        for c in self.cells:
-            if c.arch == arch and c.eraser == eraser and (dataset is None or c.dataset == dataset):
-                return c
-        return None
+        return next(
+            (c for c in self.cells if c.arch == arch and c.eraser == eraser and dataset in (None, c.dataset)), None
+        )
 
 
 def _values_dir():
@@ -176,12 +174,6 @@ class Comparison:
     @property
     def same_dataset(self) -> bool:
         return self.dataset == self.paper.dataset
-
-
-def cell_value(cell: Cell, key: str) -> Any:
-    """A config value of a cell's first run (data.source, model.name, ...), decoded; None if absent."""
-    encoded = cell.runs[0].flat.get(key) if cell.runs else None
-    return json.loads(encoded) if encoded is not None else None
 
 
 def cell_dataset(cell: Cell) -> str:
@@ -324,13 +316,13 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
             "agreement with the paper; the section shows the comparison works.\n"
         )
     first = table.cells[0]
-    md.append(
+    md += [
         f"Metric `{first.metric}` ({first.unit}); source: the paper's {first.location.split(':')[0]} (values, "
         f"units and caveats in `mdl/paper_values/{table.name}.csv`). Cells matched by (data set, "
         "architecture, eraser); each of our rows is compared with the same paper cell (the paper gives no width or "
-        "depth for this table). Ours: mean ± sample std (ddof = 1) over seeds (n); Δ = ours − paper.\n"
-    )
-    md.append(RULE_TEXT.format(k=FLAG_SIGMAS) + "\n")
+        "depth for this table). Ours: mean ± sample std (ddof = 1) over seeds (n); Δ = ours − paper.\n",
+        RULE_TEXT.format(k=FLAG_SIGMAS) + "\n",
+    ]
     if not found:
         md += [
             f"No cell of ours matches this table's architectures × erasers "
@@ -350,26 +342,7 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
         "Δ / σ",
         f"beyond {FLAG_SIGMAS:g}σ",
     ]
-    body = []
-    for x in found:
-        ours_text = f"{x.mean:.2f} ± {'n/a' if math.isnan(x.sd) else f'{x.sd:.2f}'} (n={x.n})"
-        data = x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}"
-        body.append(
-            [
-                data,
-                x.cell.arch,
-                *map(str, x.cell.row),
-                x.cell.eraser,
-                ours_text,
-                f"{x.paper.printed} (n={x.paper.n_seeds})",
-                signed(x.delta),
-                signed(x.z_paper, 1) if x.paper.sd > 0 else ZERO_PAPER_SD,
-                signed(x.z, 1),
-                "**yes**" if x.flagged else "no",
-            ]
-        )
-
-    md += [markdown_table(header, body), ""]
+    md += [markdown_table(header, [comparison_row(x) for x in found]), ""]
     flagged = [x for x in found if x.flagged]
     md.append(
         f"{len(flagged)} of {len(found)} compared cell(s) beyond {FLAG_SIGMAS:g}σ"
@@ -386,6 +359,23 @@ def _table_section(sweep: Sweep, table: PaperTable, found: list[Comparison], any
             f"Paper cells with no run here: {', '.join(f'{c.arch_paper} × {c.eraser_paper}' for c in unmatched)}."
         )
     return [*md, ""]
+
+
+def comparison_row(x: Comparison, z_paper: bool = True) -> list[str]:
+    """A Markdown row comparing a cell with the paper: data sets, cell, ours, the paper's, Δ, Δ / sd_paper (unless
+    ``z_paper`` is false), Δ / σ and the flag."""
+    return [
+        x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}",
+        x.cell.arch,
+        *map(str, x.cell.row),
+        x.cell.eraser,
+        fmt(x.mean, x.sd, x.n),
+        f"{x.paper.printed} (n={x.paper.n_seeds})",
+        signed(x.delta),
+        *([signed(x.z_paper, 1) if x.paper.sd > 0 else ZERO_PAPER_SD] if z_paper else []),
+        signed(x.z, 1),
+        "**yes**" if x.flagged else "no",
+    ]
 
 
 def write_comparison_csv(path: Path, sweep: Sweep, rows: list[list[Any]]) -> Path:

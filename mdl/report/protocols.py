@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from mdl.report.paper import FLAG_SIGMAS, compare, signed, tables_to_compare
+from mdl.report.paper import FLAG_SIGMAS, compare, comparison_row, tables_to_compare
 from mdl.report.sweep import CODE_VERSION_KEY, PROTOCOL_KEY, Run, Sweep, sortable
-from mdl.report.stats import Cell, erasers_of, rows_of
-from mdl.report.tables import fmt, markdown_table, pivot
+from mdl.report.stats import Cell, erasers_of
+from mdl.report.tables import fmt, grid, markdown_table, pivot
 
 
 def untrained_blocks(run: Run) -> tuple[int, int] | None:
@@ -125,7 +125,7 @@ def protocol_section(sweep: Sweep, cells: Sequence[Cell], max_seeds: int, compar
             pivot(sub, mine, "paper_mdl", max_seeds),
             "",
             "**Blocks at the untrained model** (of the cell's prefix fits; per seed in brackets):\n",
-            _untrained_pivot(sub, mine),
+            grid(sub, mine, untrained_text),
             "",
             *_against_paper(sub, mine, compare_to),
         ]
@@ -157,20 +157,7 @@ def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> l
         found = compare(cells, table, any_dataset)
         if not found:
             continue
-        body = [
-            [
-                x.dataset if x.same_dataset else f"{x.dataset} → {x.paper.dataset}",
-                x.cell.arch,
-                *map(str, x.cell.row),
-                x.cell.eraser,
-                fmt(x.mean, x.sd, x.n),
-                f"{x.paper.printed} (n={x.paper.n_seeds})",
-                signed(x.delta),
-                signed(x.z, 1),
-                "**yes**" if x.flagged else "no",
-            ]
-            for x in found
-        ]
+        body = [comparison_row(x, z_paper=False) for x in found]
         md += [
             f"**Against the paper's table {table.title()}** (Δ = ours − paper; σ and the flag as in \"Comparison with "
             'the paper" below):\n',
@@ -191,21 +178,6 @@ def _against_paper(sweep: Sweep, cells: list[Cell], compare_to: str | None) -> l
             "",
         ]
     return md
-
-
-def _untrained_pivot(sweep: Sweep, cells: list[Cell]) -> str:
-    """Architecture (and row keys) down, erasers across: blocks at the untrained model per cell."""
-    by_key = {(c.arch, c.row, c.eraser): c for c in cells}
-    erasers = erasers_of(cells)
-    body = [
-        [
-            arch,
-            *map(str, row),
-            *(untrained_text(by_key[(arch, row, e)]) if (arch, row, e) in by_key else "missing" for e in erasers),
-        ]
-        for arch, row in rows_of(cells)
-    ]
-    return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
 
 
 def untrained_count(run: Run) -> int | None:

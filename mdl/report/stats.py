@@ -49,6 +49,12 @@ class Cell:
         return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size)
 
 
+def cell_value(cell: Cell, key: str) -> Any:
+    """A config value of a cell's first run (data.source, model.name, ...), decoded; None if absent."""
+    encoded = cell.runs[0].flat.get(key) if cell.runs else None
+    return json.loads(encoded) if encoded is not None else None
+
+
 def chance_level(cells: list[Cell], metric: str) -> float | None:
     """What a uniform predictor scores on ``metric`` when every run shares classes and block schedule:
     paper MDL log2 K * sum(t_2..t_S) / N (mdl.run.console.summary), online code log2 K, loss ln K nats."""
@@ -81,10 +87,7 @@ def build_cells(sweep: Sweep) -> list[Cell]:
 
 
 def rows_of(cells: list[Cell]) -> list[tuple[str, tuple[Any, ...]]]:
-    seen: dict[tuple, None] = {}
-    for c in cells:
-        seen.setdefault((c.arch, c.row), None)
-    return list(seen)
+    return list(dict.fromkeys((c.arch, c.row) for c in cells))
 
 
 def erasers_of(cells: list[Cell]) -> list[str]:
@@ -127,6 +130,12 @@ def row_differences(cells: list[Cell]) -> list[tuple[str, tuple[Any, ...], str, 
     return out
 
 
+def with_controls(cells: list[Cell]) -> list[tuple[Cell, Cell]]:
+    """(erased cell, the control of its row) for every erased cell whose row has a control, in ``cells``' order."""
+    controls = {(c.arch, c.row): c for c in cells if c.eraser == CONTROL}
+    return [(c, controls[c.arch, c.row]) for c in cells if c.eraser != CONTROL and (c.arch, c.row) in controls]
+
+
 # --- loss curves -------------------------------------------------------------------------------
 
 
@@ -139,7 +148,6 @@ class CurveStats:
     low: np.ndarray  # min over seeds
     high: np.ndarray  # max over seeds
     n_seeds: int
-    lengths: list[int]  # each seed's own curve length (early stopping makes them differ)
 
 
 def curve_stats(cell: Cell, key: str = "val_loss_curve") -> CurveStats | None:
@@ -153,7 +161,7 @@ def curve_stats(cell: Cell, key: str = "val_loss_curve") -> CurveStats | None:
     common = min(len(c) for c in curves)
     stack = np.stack([c[:common] for c in curves])
     std = stack.std(axis=0, ddof=1) if len(curves) > 1 else np.full(common, math.nan)
-    return CurveStats(stack.mean(0), std, stack.min(0), stack.max(0), len(curves), [len(c) for c in curves])
+    return CurveStats(stack.mean(0), std, stack.min(0), stack.max(0), len(curves))
 
 
 # --- backfiring --------------------------------------------------------------------------------
@@ -207,12 +215,10 @@ class BackfireFlag:
 
 def backfire_flags(cells: list[Cell], early_fraction: float = 0.25, late_fraction: float = 0.25) -> list[BackfireFlag]:
     """Compare each erased cell's mean val-loss curve with the control of the same row."""
-    controls = {(c.arch, c.row): c for c in cells if c.eraser == CONTROL}
     flags = []
-    for c in sorted(cells, key=lambda c: (c.arch, str(c.row), eraser_sort_key(c.eraser))):
-        control = controls.get((c.arch, c.row))
-        if control is None or c is control:
-            continue
+    for c, control in sorted(
+        with_controls(cells), key=lambda cc: (cc[0].arch, str(cc[0].row), eraser_sort_key(cc[0].eraser))
+    ):
         cs, es = curve_stats(control), curve_stats(c)
         if cs is None or es is None:
             continue
@@ -225,12 +231,8 @@ def backfire_flags(cells: list[Cell], early_fraction: float = 0.25, late_fractio
 def mdl_backfire(cells: list[Cell], metric: str = "paper_mdl") -> list[tuple[Cell, float, float]]:
     """Erased cells whose mean MDL is below the control's of the same row (the paper's ConvNeXt
     + QLEACE case): (cell, erased mean, control mean)."""
-    controls = {(c.arch, c.row): c for c in cells if c.eraser == CONTROL}
     out = []
-    for c in cells:
-        control = controls.get((c.arch, c.row))
-        if control is None or c is control:
-            continue
+    for c, control in with_controls(cells):
         m, _, n = c.mean_std(metric)
         mc, _, nc = control.mean_std(metric)
         if n and nc and m < mc:
@@ -259,11 +261,7 @@ class Increase:
 
 def _width_of(sweep: Sweep, cell: Cell) -> float | None:
     """The cell's width: its row value when width varies, else the config value of its runs."""
-    if "width" in sweep.row_keys:
-        value = cell.row[sweep.row_keys.index("width")]
-    else:
-        encoded = cell.runs[0].flat.get("width") if cell.runs else None
-        value = json.loads(encoded) if encoded is not None else None
+    value = cell.row[sweep.row_keys.index("width")] if "width" in sweep.row_keys else cell_value(cell, "width")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -271,12 +269,10 @@ def mdl_increase(sweep: Sweep, cells: list[Cell], metric: str = "paper_mdl") -> 
     """Per erased cell with a control in the same row (same architecture, width and other row
     keys): the increase of the mean ``metric`` over the control's, and its standard error
     (unpaired: seeds of the two cells need not share data splits)."""
-    controls = {(c.arch, c.row): c for c in cells if c.eraser == CONTROL}
     out = []
-    for c in cells:
-        control = controls.get((c.arch, c.row))
+    for c, control in with_controls(cells):
         width = _width_of(sweep, c)
-        if control is None or c is control or width is None:
+        if width is None:
             continue
         (m, s, n), (mc, sc, nc) = c.mean_std(metric), control.mean_std(metric)
         if not (n and nc):

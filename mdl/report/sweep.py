@@ -31,7 +31,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mdl.results import read_checked_json
 from mdl.run.environment import describe
@@ -47,6 +47,7 @@ ERASER_ORDER = ("none", "leace", "alf_qleace", "gradient", "qleace", "random")
 PROTOCOL_KEY = "protocol.name"  # the training loop (conf/protocol/): original or sound
 CODE_VERSION_KEY = "code_version"  # the pseudo row key holding the code version when cells are split
 UNKNOWN_VERSION = "unknown"
+T = TypeVar("T")
 
 
 @dataclass
@@ -116,9 +117,9 @@ class Sweep:
         names = display_names(self.row_keys)
         return [names[k] for k in self.row_keys]
 
-    def describe(self, row: tuple[Any, ...], skip: str | None = None) -> str:
-        """'width=128, depth=2' for a row (optionally without one key); '' when no key is left."""
-        return ", ".join(f"{name}={v}" for k, name, v in zip(self.row_keys, self.row_names(), row) if k != skip)
+    def describe(self, row: tuple[Any, ...], *skip: str) -> str:
+        """'width=128, depth=2' for a row (optionally without the keys ``skip``); '' when no key is left."""
+        return ", ".join(f"{name}={v}" for k, name, v in zip(self.row_keys, self.row_names(), row) if k not in skip)
 
     def replicate_label(self, replicate: tuple[tuple[str, Any], ...]) -> str:
         """'seed=2' (only the seed keys that vary in this sweep; the first one if none varies)."""
@@ -146,9 +147,8 @@ def is_ignored_key(key: str, encoded: str, extra_ignored: Iterable[str] = ()) ->
     """Bookkeeping that differs between runs of one condition: paths, logger, hydra, --ignore."""
     if is_bookkeeping(key):  # mdl.run.identity: the keys a run's identity leaves out
         return True
-    for prefix in extra_ignored:
-        if key == prefix or key.startswith(prefix + "."):
-            return True
+    if any(key == prefix or key.startswith(prefix + ".") for prefix in extra_ignored):
+        return True
     if key.rsplit(".", 1)[-1].lower().endswith(PATHLIKE_SUFFIXES):
         return True
     value = json.loads(encoded)
@@ -190,13 +190,18 @@ def hashable(value: Any) -> Any:
     return value
 
 
+def group_by(items: Iterable[T], key: Callable[[T], Any]) -> dict[Any, list[T]]:
+    """``items`` by ``key(item)``, in order of first appearance, each group in the items' order."""
+    groups: dict[Any, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
 def _varying_within(runs: list[Run], group_of, keys_of) -> dict[Any, list[str]]:
     """Per group (chosen by group_of): the keys (chosen by keys_of) taking more than one value."""
-    groups: dict[Any, list[Run]] = {}
-    for run in runs:
-        groups.setdefault(group_of(run), []).append(run)
     varying = {}
-    for group, members in groups.items():
+    for group, members in group_by(runs, group_of).items():
         keys = set().union(*(keys_of(r) for r in members))
         varying[group] = sorted(k for k in keys if len({r.flat.get(k) for r in members}) > 1)
     return varying
@@ -263,10 +268,12 @@ def read_runs(dirs: Iterable[str | os.PathLike], extra_ignored: Iterable[str] = 
             runs.append(load_run(path, extra_ignored))
         except (OSError, ValueError) as err:
             problems.append(Problem(path, f"unreadable: {err}"))
-    for run in runs:
-        for key in ("model.name", "eraser.name"):
-            if key not in run.flat:
-                problems.append(Problem(run.path, f"config has no {key}; counted under 'None'"))
+    problems += [
+        Problem(run.path, f"config has no {key}; counted under 'None'")
+        for run in runs
+        for key in ("model.name", "eraser.name")
+        if key not in run.flat
+    ]
     return runs, problems
 
 
@@ -306,9 +313,7 @@ def design_keys(run: Run) -> frozenset[str]:
 def design_groups(runs: list[Run]) -> dict[str, list[Run]]:
     """Runs grouped by their design keys, each group named by the keys that set it apart from the others
     ('paper.*' for a paper preset's lookup tables; 'shared keys only' for the group that has no key of its own)."""
-    groups: dict[frozenset[str], list[Run]] = {}
-    for run in runs:
-        groups.setdefault(design_keys(run), []).append(run)
+    groups = group_by(runs, design_keys)
     if len(groups) < 2:
         return {"": runs}
     common = frozenset.intersection(*groups)
@@ -398,10 +403,7 @@ def make_sweep(
     if split:
         row_keys.append(CODE_VERSION_KEY)
 
-    by_seed: dict[tuple, list[Run]] = {}
-    for run in runs:
-        version = run.code_version if split else None
-        by_seed.setdefault((tuple(sorted(run.flat.items())), run.replicate, version), []).append(run)
+    by_seed = group_by(runs, lambda r: (tuple(sorted(r.flat.items())), r.replicate, r.code_version if split else None))
     kept: dict[tuple, Run] = {}
     duplicates: list[tuple[Run, Run]] = []
     copies = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mdl.report.sweep import Sweep
 from mdl.report.stats import METRICS, Cell, erasers_of, rows_of
@@ -26,22 +26,28 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def pivot(sweep: Sweep, cells: list[Cell], metric: str, max_seeds: int, digits: int = 2) -> str:
-    """Architecture (and row keys) down, erasers across: 'mean ± std (n)' per cell."""
+def grid(sweep: Sweep, cells: list[Cell], text: Callable[[Cell], str]) -> str:
+    """Architecture (and row keys) down, erasers across: ``text(cell)`` per cell, ``missing`` where there is none."""
     by_key = {(c.arch, c.row, c.eraser): c for c in cells}
     erasers = erasers_of(cells)
-    body = []
-    for arch, row in rows_of(cells):
-        line = [arch, *map(str, row)]
-        for e in erasers:
-            cell = by_key.get((arch, row, e))
-            if cell is None:
-                line.append("missing")
-                continue
-            text = fmt(*cell.mean_std(metric), digits=digits)
-            line.append(text + (f" {PARTIAL_MARK}" if cell.n < max_seeds else ""))
-        body.append(line)
+    body = [
+        [
+            arch,
+            *map(str, row),
+            *(text(by_key[arch, row, e]) if (arch, row, e) in by_key else "missing" for e in erasers),
+        ]
+        for arch, row in rows_of(cells)
+    ]
     return markdown_table(["architecture", *sweep.row_names(), *erasers], body)
+
+
+def pivot(sweep: Sweep, cells: list[Cell], metric: str, max_seeds: int, digits: int = 2) -> str:
+    """'mean ± std (n)' of ``metric`` per cell (``grid``), marked when the cell has fewer seeds than the fullest."""
+    return grid(
+        sweep,
+        cells,
+        lambda c: fmt(*c.mean_std(metric), digits=digits) + (f" {PARTIAL_MARK}" if c.n < max_seeds else ""),
+    )
 
 
 # --- CSV ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from mdl.results import RESULTS_FILE
 
@@ -57,14 +57,16 @@ def _expanded(path: Path) -> list[list[str]] | None:
     hydra = OmegaConf.load(path).hydra
     if OmegaConf.select(hydra, "sweeper._target_") != BASIC_SWEEPER:
         return None
+    return expand_sweep(hydra.sweeper.get("params") or {}, hydra.overrides.task)
+
+
+def expand_sweep(params: Mapping[str, Any], overrides: Sequence[str]) -> list[list[str]]:
+    """Every job's overrides, exactly as Hydra's BasicSweeper expands them: a preset's sweep
+    (``hydra.sweeper.params``) first, then the command line (later wins)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    params = (
-        hydra.sweeper.get("params") or {}
-    )  # a preset's sweep (hydra.sweeper.params) comes first, as in BasicSweeper
-    task = [f"{key}={value}" for key, value in params.items()] + list(hydra.overrides.task)
-    parsed = OverridesParser.create().parse_overrides(task)
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(overrides))
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 

@@ -142,11 +142,7 @@ def sbatch_flags(params: dict[str, Any]) -> dict[str, Any]:
     from submitit.slurm.slurm import SlurmExecutor, _convert_mem
 
     renames = SlurmExecutor._equivalence_dict()
-    flags: dict[str, Any] = {}
-    for key, value in params.items():
-        if key in _NOT_SBATCH_KEYS or value is None:
-            continue
-        flags[renames.get(key, key)] = value
+    flags = {renames.get(k, k): v for k, v in params.items() if k not in _NOT_SBATCH_KEYS and v is not None}
     if "mem" in flags:
         flags["mem"] = _convert_mem(flags["mem"])
     return flags

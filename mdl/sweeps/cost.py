@@ -32,20 +32,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.sweeps.checks import PACKING_LAUNCHERS
-from mdl.run.sweep_jobs import SEED_KEYS, sweep_dimensions, without_keys
+from mdl.run.sweep_jobs import BASIC_SWEEPER, SEED_KEYS, expand_sweep, sweep_dimensions, without_keys
 from mdl.sweeps.rates import CPU_SETTING, MeasuredRates, Rate, anchored_gpu_rate, gpu_setting
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-
-
-def sweep_jobs(params: dict[str, str], overrides: Sequence[str]) -> list[list[str]]:
-    """Every job's overrides, exactly as Hydra's BasicSweeper expands them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(overrides))
-    return BasicSweeper.split_arguments(parsed, None)[0]
 
 
 @lru_cache(maxsize=256)
@@ -240,7 +230,7 @@ def estimate(master: DictConfig, table: CostTable) -> Estimate:
     """The sweep of a composed multirun config, priced job by job (or pack by pack)."""
     params = master.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=True) if params else {}
-    jobs = sweep_jobs(params, OmegaConf.to_container(master.hydra.overrides.task))
+    jobs = expand_sweep(params, OmegaConf.to_container(master.hydra.overrides.task))
     configs = job_configs(master, jobs)
     gpu, cpu, longest = sweep_seconds(table, configs)
     if str(master.hydra.launcher.get("_target_", "")) not in PACKING_LAUNCHERS:
@@ -255,17 +245,15 @@ def cost_report(master: DictConfig, table: CostTable, cost: Estimate | None = No
     """The lines printed before a sweep: jobs (and their dimensions) and the estimated cost (``cost``: made already)."""
     cost = cost or estimate(master, table)
     dims = " x ".join(f"{k} {n}" for k, n in sweep_dimensions(cost.jobs)) or "no swept keys"
-    lines = [f"sweep: {len(cost.jobs)} jobs ({dims})"]
-    lines.append(
+    lines = [
+        f"sweep: {len(cost.jobs)} jobs ({dims})",
         f"estimated cost: {cost.gpu_s / 3600:.3g} GPU-hours in all on {table.gpu['name']} (an estimate: "
         f"{hours(cost.gpu_s / len(cost.jobs))} per job on average, longest {'pack' if cost.packed else 'job'} "
         f"{hours(cost.longest_gpu_s)}); on CPUs instead: {hours(cost.cpu_s)} in all, each job on one thread "
-        f"(measured rates)"
-    )
-    lines.append(
+        f"(measured rates)",
         f"  assumed: best epoch {table.assume['best_epoch_after_warmup']} epochs after warm-up, then trainer.patience "
-        f"more; GPU rates: {table.gpu['basis']}; rates and how they were made: {table.path}"
-    )
+        f"more; GPU rates: {table.gpu['basis']}; rates and how they were made: {table.path}",
+    ]
     if cost.packed:
         lines.append(cost.packed.line(len(cost.jobs), cost.alone_gpu_s))
     return "\n".join(lines)

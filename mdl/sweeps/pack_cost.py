@@ -61,12 +61,7 @@ def pack_groups(master: DictConfig, jobs: list[list[str]], configs: Configs) -> 
     }
     loader = GlobalHydra.instance().config_loader()
     groups: dict[tuple, list[tuple[str, ...]]] = {}
-    seen = set()
-    for job in jobs:
-        run = tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0]))
-        if run in seen:
-            continue
-        seen.add(run)
+    for run in dict.fromkeys(tuple(o for o in job if not is_bookkeeping(o.split("=", 1)[0])) for job in jobs):
         config_key = without_keys(run, SEED_KEYS)
         key, keyed_by_data_seed = keys[config_key]
         if key is None:
