@@ -127,7 +127,7 @@ def test_a_failed_pack_lists_its_unfinished_runs_as_failed(tmp_path: Path, monke
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory\nTried to allocate 2 GiB")
 
-    monkeypatch.setattr(pack, "_train_together", out_of_memory)
+    monkeypatch.setattr(pack, "_fit_pack", out_of_memory)
     checked = [
         JobReturn(status=JobStatus.COMPLETED, _return_value=Job.checked(cfg, tmp_path / f"pack{i}"))
         for i, cfg in enumerate(cfgs)

@@ -19,7 +19,7 @@ checkpoints the pack in training, starts no further pack and exits 143 with the 
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -47,8 +47,6 @@ ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedL
 def checked_job(cfg: DictConfig) -> Any:
     """The task of the first pass: the job's checks and identity (mdl.run.experiment.Job) and its log file (the
     pack writes the job's lines there), no training."""
-    from dataclasses import replace
-
     from mdl.run.imports import imports_frozen
     from mdl.run.job_logs import current_log_files
 
@@ -99,18 +97,6 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
     from mdl.run.pack import run_pack
 
     quiet_lightning()
-
-    def returned(ret: JobReturn, status: JobStatus, value: Any) -> JobReturn:
-        return JobReturn(
-            overrides=ret.overrides,
-            cfg=ret.cfg,
-            hydra_cfg=ret.hydra_cfg,
-            working_dir=ret.working_dir,
-            task_name=ret.task_name,
-            status=status,
-            _return_value=value,
-        )
-
     try:
         with ends_like_a_run(), lines_named_as_in_a_job(checked[0].hydra_cfg):
             results = run_pack([ret.return_value for ret in checked])
@@ -118,8 +104,8 @@ def train_checked(checked: list[JobReturn]) -> list[JobReturn]:
         log.error("pack of %d jobs failed: %s: %s", len(checked), type(err).__name__, err)
         for ret in checked:
             ret.return_value.record_failure(err)  # python -m mdl.runs: failed, and why
-        return [returned(ret, JobStatus.FAILED, err) for ret in checked]
-    return [returned(ret, JobStatus.COMPLETED, r["paper_mdl"]) for ret, r in zip(checked, results)]
+        return [replace(ret, status=JobStatus.FAILED, _return_value=err) for ret in checked]
+    return [replace(ret, status=JobStatus.COMPLETED, _return_value=r["paper_mdl"]) for ret, r in zip(checked, results)]
 
 
 @contextmanager

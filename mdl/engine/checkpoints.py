@@ -74,13 +74,11 @@ def run_stamp(run_dir: Path) -> str:
     return f"code {code_version()} run {Path(run_dir).name}"
 
 
-def resumable(checkpoint: Path | None, stamp: str) -> str | None:
+def resumable(checkpoint: Path, stamp: str) -> str | None:
     """The checkpoint to resume from, if there is an intact one written with ``stamp``; a damaged
     one, or one written by other code or another run, is removed with a warning (the fit starts over).
     Temporaries of killed writes of this checkpoint (``erasure.files.temporary_sibling``) are removed first: the caller
     holds the run's lock (mdl.run.storage.run_lock), so no other writer of them can be alive."""
-    if checkpoint is None:
-        return None
     stale = sorted(checkpoint.parent.glob(f".{checkpoint.name}.*.tmp"))
     for tmp in stale:
         tmp.unlink(missing_ok=True)

@@ -22,11 +22,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from datamodules.timing import timed
 from erasure.files import sha256_hex
 from mdl.engine.ledger import Ledger
 from mdl.engine.members import AUTO
-from mdl.engine.memory import Member, halved, out_of_memory_errors, plan_fits
+from mdl.engine.memory import Member, halved, plan_fits
 from mdl.engine.protocol import MemberOutcome
 from mdl.engine.fitting import Fitting, Run
 from mdl.engine.stacked_runs import fit_stack
@@ -55,7 +57,7 @@ def train_runs(runs: Sequence[Run], fitting: Fitting) -> list[dict[str, Any]]:
             continue
         try:
             run_stacked_fit(ledgers, members, fitting)
-        except out_of_memory_errors() as err:
+        except torch.OutOfMemoryError as err:
             left = [(r, m) for r, m in members if not ledgers[r].done(m)]
             pending.extendleft(reversed(halved(left, len(members), fitting.members_per_fit == AUTO, err)))
             stacked_checkpoint(fitting.folder, members, len(runs) * runs[0].size).unlink(missing_ok=True)  # its
@@ -89,8 +91,6 @@ def run_stacked_fit(ledgers: Sequence[Ledger], members: list[Member], fitting: F
     checkpoint = stacked_checkpoint(fitting.folder, members, size * len(ledgers))
     has_final = any(m == size - 1 for _, m in members)
     redraw = fitting.rules.redraw_per_block and not has_final  # the final fit trains on the splits as they are
-    if redraw and len(members) > 1:
-        raise ValueError("protocol.redraw_per_block draws each block's layout anew: it needs fits of one member")
     layout = ledgers[members[0][0]].run.data.redrawn(members[0][1]) if redraw else nullcontext()
     with layout, timed(stacked_fit_phase(members, size)):
         outcomes = fit_stack(parts, fitting, checkpoint, keep_checkpoint=has_final)

@@ -24,10 +24,6 @@ BlockHook = Callable[..., None]  # (block index, result[, restored]): a finished
 EpochHook = Callable[..., None]  # (member, epoch from 0, train loss, val loss, accuracy): mdl.engine.progress_display
 
 
-def unwrapped(hook: Callable[..., Any]) -> Callable[..., Any]:
-    return hook
-
-
 @dataclass(frozen=True)
 class ModelRecipe:
     """A member's model and how it is optimised, built once per run from its config: a fresh model per call of
@@ -37,7 +33,6 @@ class ModelRecipe:
     optimizer: OptimizerFactory
     lr: float
     loss: SpectralDecoupling | None = None  # the training objective's regulariser; None: plain cross-entropy
-    mup: bool = True  # muP learning-rate groups (a model with a muP readout)
 
 
 @dataclass
@@ -55,7 +50,9 @@ class Run:
     final_curves: Any = None  # a callback of the final member only (mdl.engine.final_fit_curves)
     final_fit: bool = True  # False: the blocks' members only (protocol.final_fit; the paper MDL never uses the final)
     label: str = ""  # its name in log lines and the progress display where it trains with other runs
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = unwrapped  # wraps the hooks called for this run alone
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda hook: (
+        hook
+    )  # wraps the hooks called for this run alone
     # (its finished blocks, its loggers'): e.g. their log lines then go to the run's own log file
 
     @property
@@ -69,9 +66,9 @@ class Run:
 
 @dataclass(frozen=True)
 class Fitting:
-    """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of fits of
-    several members (a run's store, or a pack's folder) and ``stamp`` marks them (mdl.engine.checkpoints);
-    a fit of one member checkpoints in its run's store. ``members_per_fit``: None = all of a run's members in one
+    """How the members of the runs trained together are fitted. ``folder`` holds the checkpoints of their fits, of
+    one member or more (a run's store, or a pack's folder), and ``stamp`` marks them (mdl.engine.checkpoints).
+    ``members_per_fit``: None = all of a run's members in one
     fit, ``auto`` = as many as the device holds (``mdl.engine.memory.plan_fits``)."""
 
     trainer_kwargs: dict[str, Any]

@@ -63,13 +63,13 @@ class Ledger:
         if self.run.on_block is not None:
             self.run.wrap(self.run.on_block)(member, block, restored)
 
-    def record(self, outcome: MemberOutcome, seconds: float | None = None) -> None:
+    def record(self, outcome: MemberOutcome) -> None:
         """A member finished in this process: its block into progress.json, a log line, the loggers (the final
         member: the log line only; results.json holds it)."""
-        self.run.wrap(self._record)(outcome, seconds)
+        self.run.wrap(self._record)(outcome)
 
-    def _record(self, outcome: MemberOutcome, seconds: float | None) -> None:
-        log_member(outcome, self.final, seconds, self.prefix)
+    def _record(self, outcome: MemberOutcome) -> None:
+        log_member(outcome, self.final, self.prefix)
         if outcome.member == self.final:
             return
         block = outcome.block()
@@ -96,7 +96,7 @@ class Ledger:
         return prequential_results(self.run.boundaries, self.run.data.num_classes, blocks, final, paper_loss)
 
 
-def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = None, run: str = "") -> None:
+def log_member(outcome: MemberOutcome, num_blocks: int, run: str = "") -> None:
     """A finished member's log line; ``run`` is the run's label prefix (``Ledger.prefix``) when runs share a log."""
     if outcome.member == num_blocks:
         log.info(
@@ -108,9 +108,8 @@ def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = 
         )
         return
     block = outcome.block()
-    took = f", {seconds:.1f}s" if seconds is not None else ""
     log.info(
-        "%sblock %d/%d: trained on %d, %d epochs (best after %d)%s | next %d examples: %.3f bits/example, "
+        "%sblock %d/%d: trained on %d, %d epochs (best after %d) | next %d examples: %.3f bits/example, "
         "val %.3f bits, last block %.3f bits",
         run,
         outcome.member + 1,
@@ -118,7 +117,6 @@ def log_member(outcome: MemberOutcome, num_blocks: int, seconds: float | None = 
         block.n_train,
         block.epochs,
         block.best_after_epochs,
-        took,
         block.n_eval,
         block.eval_bits / block.n_eval,
         block.val_bits_per_example,

@@ -31,12 +31,6 @@ Member = tuple[int, int]  # (run, block) in the runs trained together
 MEMORY_MARGIN = 0.8  # our choice: use at most this share of the free memory (fragmentation, the allocator's cache)
 
 
-def out_of_memory_errors() -> tuple[type[BaseException], ...]:
-    """The error a full device raises (torch.OutOfMemoryError; older torch: torch.cuda.OutOfMemoryError)."""
-    errors = {getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)}
-    return tuple(e for e in errors if e is not None)
-
-
 def plan_fits(runs: Sequence[Run], fitting: Fitting) -> list[list[Member]]:
     """The (run, block) members of every fit, in order: each run's members in the fits it has alone, the j-th fit
     of every run (or, with ``auto``, of as many runs as the memory holds) together, so each member keeps the
@@ -87,31 +81,26 @@ def pack_fits(
 
 
 def halved(left: list[Member], fit_size: int, auto: bool, err: BaseException) -> list[list[Member]]:
-    """What a fit of ``fit_size`` members that ran out of memory has left to train (``left``), in two fits: its runs
-    in two halves, each run keeping its fit; one run's fit is halved (``halved_after_out_of_memory``)."""
-    in_fit = sorted({r for r, _ in left})
-    if len(in_fit) == 1:
-        return halved_after_out_of_memory(left, fit_size, auto, err)
-    return [[(r, m) for r, m in left if r in half] for half in halved_after_out_of_memory(in_fit, fit_size, auto, err)]
-
-
-def halved_after_out_of_memory(left: list[Any], fit_size: int, auto: bool, err: BaseException) -> list[list[Any]]:
-    """What a fit of ``fit_size`` members that ran out of memory has left to train, in fits of half as many
-    (``mdl.members_per_fit=auto``, with a warning); with a count the user chose, an error saying what to set."""
+    """What a fit of ``fit_size`` members that ran out of memory has left to train (``left``), in fits of half as many
+    (``mdl.members_per_fit=auto``, with a warning): its runs in two halves, each run keeping its fit, or one run's fit
+    halved; with a count the user chose, an error saying what to set."""
     if not auto:
         raise RuntimeError(
             f"out of memory training {fit_size} members in one fit ({err}); set a smaller "
             f"mdl.members_per_fit (e.g. {max(fit_size // 2, 1)}), or mdl.members_per_fit=auto to have it chosen "
             f"and halved when needed"
         ) from err
-    half = max(1, (len(left) + 1) // 2)
+    in_fit = sorted({r for r, _ in left})
+    parts: list[Any] = left if len(in_fit) == 1 else in_fit  # one run's members, or the runs
+    half = max(1, (len(parts) + 1) // 2)
     log.warning(
         "out of memory with %d members in one fit: going on with fits of %d (mdl.members_per_fit=auto)", fit_size, half
     )
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return [left[i : i + half] for i in range(0, len(left), half)]
+    halves = [parts[i : i + half] for i in range(0, len(parts), half)]
+    return halves if len(in_fit) == 1 else [[(r, m) for r, m in left if r in h] for h in halves]
 
 
 def members_that_fit(device: torch.device, num_members: int, step_peak: Callable[[int], int]) -> int | None:

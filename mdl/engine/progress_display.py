@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 
@@ -107,8 +107,8 @@ class MemberProgress(L.Callback):
 
     def member_name(self, m: int) -> str:
         """1-based block numbers, as the log lines, CSV and W&B series ("block 3"); the last member is the final fit."""
-        if m in self.protocol.labels:
-            return self.protocol.labels[m]
+        if m in self.protocol.hooks.labels:
+            return self.protocol.hooks.labels[m]
         return "final" if m in self.protocol.final_members else f"block {m + 1}"
 
     def line(self) -> str:
@@ -134,7 +134,3 @@ class MemberProgress(L.Callback):
             rows,
             p.patience,
         )
-
-
-EpochHook = Callable[[int, int, float, float, "float | None"], None]  # (member, epoch from 0, train loss, val loss
-# in nats, val accuracy or None)

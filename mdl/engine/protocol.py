@@ -108,7 +108,7 @@ class MemberState:
 
     member: int
     n_train: int
-    steps_per_epoch: int = 0  # stacked fits count steps themselves; a single fit leaves it to Lightning
+    steps_per_epoch: int = 0  # a fit counts its members' steps itself (StackedProtocol), not Lightning
     epoch: int = 0  # epochs finished
     step: int = 0  # steps into the current epoch
     best_score: float = math.inf  # float32-rounded, as EarlyStopping compares (float64 with exact_stopping)
@@ -131,16 +131,11 @@ class MemberState:
         self.wait += 1  # as EarlyStopping: only an epoch without improvement can run out of patience
         return False
 
-    def out_of_patience(self, patience: int) -> bool:
-        return self.wait >= patience
-
     def should_stop(self, improved: bool, patience: int, max_epochs: int | None) -> bool:
         """After ``judge`` of the epoch just finished (``improved``: what it returned): out of patience, or at
         ``max_epochs`` (as ``max_epochs_of`` reads it). As in Lightning's ``EarlyStopping``, only an epoch
         without improvement runs out of patience: an improving one never stops a member, even with patience 0."""
-        return (not improved and self.out_of_patience(patience)) or (
-            max_epochs is not None and self.epoch >= max_epochs
-        )
+        return (not improved and self.wait >= patience) or (max_epochs is not None and self.epoch >= max_epochs)
 
 
 @dataclass

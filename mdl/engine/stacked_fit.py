@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from datamodules.stacked_batches import StackedBatches
 from mdl.engine.protocol import LoopRules, MemberOutcome, MemberState, max_epochs_of, require_finite
-from mdl.engine.progress_display import EpochHook
+from mdl.engine.fitting import EpochHook
 from models.module import set_optimizer_mode
 from models.stacked_module import StackedClassifier
 from models.stacking import StackedModel
@@ -78,11 +78,9 @@ class StackedProtocol(L.Callback):
         """``val_batches(m)``, ``score_batches(m)``: member m's validation batches and the batches it is scored on;
         ``members``: the rest each member needs (default: one data set, no hooks, the last member the final fit);
         ``rules``: the loop's (``LoopRules``; ``backtrack`` only in a stack of one)."""
-        members = members or FitMembers()
+        self.hooks = members = members or FitMembers()
         self.loader = loader
-        self.on_epoch = members.on_epoch
-        self.val_batches, self.score_batches, self.data_of = val_batches, score_batches, members.data_of
-        self.heldout_batches = members.heldout_batches
+        self.val_batches, self.score_batches = val_batches, score_batches
         self.untrained_candidate, self.rules, self.exact_stopping = untrained_candidate, rules, rules.exact_stopping
         # rules.backtrack (a stack of one): the best epoch's weights as trained and optimizer state, and whether the
         # optimizer's tensors are the snapshot's since the last backtrack (LoopRules: the original's load_state_dict)
@@ -90,12 +88,9 @@ class StackedProtocol(L.Callback):
         self.optimizer_is_snapshot = False
         self.patience, self.max_epochs = patience, max_epochs_of(max_epochs)
         self.lr = lr
-        self.on_finish = members.on_finish
-        self.on_member_epoch = dict(members.on_member_epoch)
         self.members = {m: MemberState(m, s.n, s.steps_per_epoch) for m, s in loader.streams.items()}
         finals = members.final_members
         self.final_members = set(finals) if finals is not None else {max(self.members)}
-        self.labels = dict(members.labels)
         self.best: dict[int, dict[str, Tensor]] = {}  # member -> its best epoch's weights
         self.outcomes: dict[int, MemberOutcome] = {}
 
@@ -108,17 +103,17 @@ class StackedProtocol(L.Callback):
         validate the untrained members when they are candidates, and set up what the loop rules need."""
         if not self.active:  # resumed after every member had stopped
             trainer.should_stop = True
-        if self.rules.backtrack and len(module.members) > 1:
-            raise ValueError("protocol.backtrack takes one member back alone: it needs fits of one member (plan_fits)")
         module.stack.as_trained = self.rules.evaluate_as_trained
         if self.optimizer_is_snapshot:  # resumed between a backtrack and the next improvement
             self._share_optimizer_tensors(trainer.optimizers[0])
-        if self.on_epoch is not None:  # resumed: the epochs before the interruption, for this process's logger, of
+        if (
+            self.hooks.on_epoch is not None
+        ):  # resumed: the epochs before the interruption, for this process's logger, of
             # every member, those finished before included (their accuracy curve is only here; fit_stack logs their bits)
             for m, state in self.members.items():
                 accuracy = state.val_accuracy_curve
                 for epoch, (train, val) in enumerate(zip(state.train_loss_curve, state.val_loss_curve)):
-                    self.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)
+                    self.hooks.on_epoch(m, epoch, train, val, accuracy[epoch] if epoch < len(accuracy) else None)
         fresh = [m for m in module.members if self.members[m].initial_val_loss is None]
         if self.untrained_candidate and fresh:  # not again on a resume
             module.stack.as_trained = False  # the untrained model in eval mode (LoopRules.evaluate_as_trained)
@@ -133,7 +128,7 @@ class StackedProtocol(L.Callback):
         """``members`` in groups that share their data (one group unless runs with their own data are packed)."""
         groups: dict[int, list[int]] = {}
         for m in members:
-            groups.setdefault(self.data_of(m), []).append(m)
+            groups.setdefault(self.hooks.data_of(m), []).append(m)
         return list(groups.values())
 
     def _validate_untrained(self, module: StackedClassifier, members: list[int]) -> None:
@@ -210,11 +205,11 @@ class StackedProtocol(L.Callback):
             state.train_loss_curve.append(train[j])
             state.val_loss_curve.append(val_means[j])
             state.val_accuracy_curve.append(accuracy[j])
-            if self.on_epoch is not None:
-                self.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j], accuracy[j])
-            if m in self.on_member_epoch:  # its evaluation weights in eval mode, as Lightning's hooks see them
+            if self.hooks.on_epoch is not None:
+                self.hooks.on_epoch(m, len(state.val_loss_curve) - 1, train[j], val_means[j], accuracy[j])
+            if m in self.hooks.on_member_epoch:  # its evaluation weights in eval mode, as Lightning's hooks see them
                 module.stack.as_trained = False
-                self.on_member_epoch[m](
+                self.hooks.on_member_epoch[m](
                     module,
                     (
                         {n: t[j : j + 1] for n, t in weights[0].items()},
@@ -278,7 +273,7 @@ class StackedProtocol(L.Callback):
             buffers = {n: best[n][None] for n in module.stack.buffer_names}
             total, count = module.loss_sums((params, buffers), self.score_batches(m))
             scored_bits = float(total[0]) / math.log(2) if count else 0.0
-            heldout = self.heldout_batches(m)
+            heldout = self.hooks.heldout_batches(m)
             if heldout is None:
                 heldout_bits, heldout_count = scored_bits, count
             else:
@@ -301,8 +296,8 @@ class StackedProtocol(L.Callback):
             self.outcomes[m] = outcome
             del self.best[m]
             self.loader.remove(m)
-            if self.on_finish is not None:
-                self.on_finish(outcome)
+            if self.hooks.on_finish is not None:
+                self.hooks.on_finish(outcome)
         module.remove(stopping)
 
     def _require_finite(self, mean: float, what: str, state: MemberState) -> None:

@@ -44,7 +44,7 @@ def fit_stack(
     def where(g: int) -> tuple[int, int]:  # stack id -> (run in this fit, block)
         return divmod(g, size)
 
-    datas = _distinct([run.data for run in runs])
+    datas = list({id(run.data): run.data for run in runs}.values())  # each data module once, in order of first use
     source = [next(i for i, d in enumerate(datas) if d is run.data) for run in runs]  # each run's data, by position
     dm = datas[0]
 
@@ -152,11 +152,3 @@ def fit_stack(
     if not keep_checkpoint:  # every member is recorded; the fit holding the final member keeps its checkpoint
         checkpoint.unlink(missing_ok=True)  # until the results are written (experiment.discard_resume_state)
     return outcomes
-
-
-def _distinct(modules: list[ErasedDataModule]) -> list[ErasedDataModule]:
-    """Each data module once, in order of first appearance (by identity: runs share an object or have their own)."""
-    seen: dict[int, ErasedDataModule] = {}
-    for module in modules:
-        seen.setdefault(id(module), module)
-    return list(seen.values())

@@ -54,7 +54,6 @@ class SaveLastCheckpoint(Checkpoint):
         self.path = Path(path)
         self.min_interval_s = min_interval_s  # > 0: skip epoch ends closer than this to the last save
         self._last_save = float("-inf")  # the first epoch end always saves
-        self._resumed_stopped = False
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         recent = time.monotonic() - self._last_save < self.min_interval_s
@@ -64,14 +63,9 @@ class SaveLastCheckpoint(Checkpoint):
         self._last_save = time.monotonic()
         stop_after_checkpoint(str(self.path))  # a SIGTERM arrived: stop here, resumable (mdl.engine.preemption)
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint["fit_stopped"] = bool(trainer.should_stop)  # early stopping decided at this epoch
-
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """A fit killed after its last checkpoint but before the driver recorded it trains no further.
-        From here a SIGTERM stops the fit at its next checkpoint (mdl.engine.preemption)."""
-        if self._resumed_stopped:
-            trainer.should_stop = True
+        """From here a SIGTERM stops the fit at its next checkpoint (mdl.engine.preemption). (A fit killed after its
+        last checkpoint but before the driver recorded it trains no further: StackedProtocol.on_train_start.)"""
         defer_until_checkpoint()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -79,6 +73,3 @@ class SaveLastCheckpoint(Checkpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         end_deferral()
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._resumed_stopped = bool(checkpoint.get("fit_stopped", False))

@@ -67,10 +67,13 @@ def active(trainer_kwargs: dict[str, Any], settings: dict[str, Any]) -> list[str
 def refuse_for_stacked(trainer_kwargs: dict[str, Any]) -> None:
     """The protocol validates in place (a validation-loop setting would be silently ignored), resumes from
     epoch-end checkpoints (which a step limit does not survive) and steps each member itself."""
-    _refuse(trainer_kwargs, active(trainer_kwargs, {"gradient_clip_val": 0}), CLIPS)
-    for settings, why in ((VALIDATION_SETTINGS, VALIDATES), (STEP_LIMITS, STOPS)):
+    for settings, why in (
+        ({"gradient_clip_val": 0}, CLIPS),
+        (VALIDATION_SETTINGS, VALIDATES),
+        (STEP_LIMITS, STOPS),
+        ({**STEP_SETTINGS, "min_epochs": 0}, STACKED),
+    ):
         _refuse(trainer_kwargs, active(trainer_kwargs, settings), why)
-    _refuse(trainer_kwargs, active(trainer_kwargs, {**STEP_SETTINGS, "min_epochs": 0}), STACKED)
 
 
 def _refuse(trainer_kwargs: dict[str, Any], keys: list[str], why: str) -> None:

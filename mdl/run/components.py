@@ -20,7 +20,7 @@ from datamodules.options import DataOptions
 from datamodules.maxent_probes import maxent_probe_set
 from mdl.engine.final_fit_curves import FinalFitCurves
 from mdl.engine.fitting import ModelRecipe
-from mdl.run.config_checks import PROFILERS, probes_enabled
+from mdl.run.config_checks import probes_enabled
 from mdl.run.identity import is_bookkeeping
 from models import create_model, depth_scaled_lr
 from models.losses import SpectralDecoupling, loss_from_options
@@ -107,7 +107,6 @@ def make_model_recipe(cfg: DictConfig, num_classes: int, input_shape: tuple[int,
         make_optimizer(cfg),
         run_lr(cfg),
         loss=make_loss(cfg, num_classes),
-        mup=cfg.model.base_width is not None,
     )
 
 
@@ -130,8 +129,6 @@ def make_profiler(name: str | None, folder: Path) -> Any:
     """Lightning's profiler writing every fit's report into ``folder`` (appended, one file per kind)."""
     if name is None:
         return None
-    if name not in PROFILERS:
-        raise ValueError(f"trainer.profiler={name!r}: choose one of {PROFILERS} or null")
     from lightning.pytorch import profilers
 
     kind = {

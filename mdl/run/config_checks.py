@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from mdl.codelength import check_paper_loss
-from mdl.run.console import check_print_config
 from mdl.run.identity import members_per_fit
 from mdl.run.loggers import check_logger
 
@@ -35,6 +34,7 @@ MODEL_OPTION_VALUES = {
 }
 CHOICES = {  # config key -> the values the code behind it takes
     "trainer.precision": ("fp32", "bf16"),  # models.precision.PRECISIONS
+    "trainer.profiler": (None, "simple", "advanced", "pytorch"),  # mdl.run.components.make_profiler (null: off)
     "data.augment_order": ("erase_then_augment", "augment_then_erase"),  # datamodules.settings.AUGMENT_ORDERS
     "data.balance": (None, "suby", "rwy"),  # datamodules.settings.BALANCE_METHODS (null: off)
     "data.eval_labels": (True, "predicted"),  # datamodules.settings.check_erasure_settings
@@ -42,6 +42,7 @@ CHOICES = {  # config key -> the values the code behind it takes
     # switches: read as booleans, where any other value (``=foo``) would count as true
     "mdl.reuse_across_environments": (False, True),  # mdl.run.experiment Job.reusable
     "skip_if_done": (True, False),  # mdl.run.experiment
+    "print_config": ("overrides", "full", True, False),  # mdl.run.console.show_config (true: full)
 }
 # The names a config group's files give (conf/<group>/*.yaml): what the command line can choose; the code's
 # registries hold the same (tests/test_config_checks.py), checked again by validate_config.
@@ -201,7 +202,6 @@ def check_config(cfg: DictConfig) -> None:
     refuse_retired_keys(cfg)
     members_per_fit(cfg.mdl)  # all, auto or an integer >= 1
     check_paper_loss(cfg.mdl.paper_loss)
-    check_print_config(cfg.get("print_config", "overrides"))
     for key, values in CHOICES.items():
         value = OmegaConf.select(cfg, key, default=values[0])
         if not any(value is v if isinstance(v, bool) or v is None else value == v for v in values):
@@ -216,8 +216,6 @@ def check_config(cfg: DictConfig) -> None:
                 f"callbacks.{name}={spec!r}: a callback needs a class to build; "
                 f"e.g. +callbacks.{name}._target_=lightning.pytorch.callbacks.ModelSummary"
             )
-    if OmegaConf.select(cfg, "trainer.profiler") not in (None, *PROFILERS):
-        raise ValueError(f"trainer.profiler={cfg.trainer.profiler!r}: choose one of {PROFILERS} or null")
     for group in ("trainer", "mdl", "data"):
         refuse_unknown_keys(cfg, group)
     check_model_options(cfg)
@@ -233,23 +231,24 @@ def check_config(cfg: DictConfig) -> None:
         ("mdl.steps_per_group", 1, "16"),
     ):
         require_int(key, low, usual)
-    every = cfg.mdl.checkpoint_every_s
-    if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) or every < 0:
-        raise ValueError(
-            f"mdl.checkpoint_every_s={every!r}: must be a finite number of seconds >= 0 (0 = every epoch); "
-            f"e.g. mdl.checkpoint_every_s=30"
-        )
-    lease = cfg.mdl.get("lock_lease_s")
-    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not math.isfinite(lease) or lease <= 0:
-        raise ValueError(
-            f"mdl.lock_lease_s={lease!r}: must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"
-        )
-    budget = cfg.mdl.get("pack_data_gb")  # used only by packed sweeps, refused in any run: one rule
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
-        raise ValueError(
-            f"mdl.pack_data_gb={budget!r}: give the most GB of data one pack of hydra/launcher=packed holds, a "
-            "number > 0; e.g. mdl.pack_data_gb=40"
-        )
+    for key, zero, says in (  # finite numbers >= 0 (``zero``: 0 allowed) or > 0
+        (
+            "mdl.checkpoint_every_s",
+            True,
+            "must be a finite number of seconds >= 0 (0 = every epoch); e.g. mdl.checkpoint_every_s=30",
+        ),
+        ("mdl.lock_lease_s", False, "must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"),
+        # used only by packed sweeps, refused in any run: one rule
+        (
+            "mdl.pack_data_gb",
+            False,
+            "give the most GB of data one pack of hydra/launcher=packed holds, a number > 0; e.g. mdl.pack_data_gb=40",
+        ),
+    ):
+        value = OmegaConf.select(cfg, key)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not (number and (value >= 0 if zero else value > 0)):
+            raise ValueError(f"{key}={value!r}: {says}")
     require_int("model.base_width", 1, "128", allowed=(None,))
     require_int("trainer.kwargs.max_epochs", 1, "200", allowed=(-1, None))  # -1: until early stopping
     lr = cfg.optimizer.get("lr")
@@ -285,11 +284,7 @@ def check_trainer_config(cfg: DictConfig) -> torch.device:
             f"trainer.kwargs.devices={kwargs.devices}: a run trains on one device; pick it with device=cuda:N"
         )
     from mdl.engine.device import training_device
-    from models.precision import check_compile, check_precision
+    from models.precision import check_precision
 
-    check_precision(cfg.trainer.precision)
-    check_compile(cfg.trainer.compile)
+    check_precision(cfg.trainer.precision)  # trainer.compile: validate_config, which every caller runs first
     return training_device(cfg.device, cfg.data.get("device"), kwargs.get("accelerator"))
-
-
-PROFILERS = ("simple", "advanced", "pytorch")

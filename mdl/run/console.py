@@ -14,21 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mdl.run.identity import grouping
 
-PRINT_CONFIG = (
-    "overrides",
-    "full",
-    True,
-    False,
-)  # true: the same as full (print_config=true asks for the config: all of it)
 CONFIG_FILE = "config.yaml"  # the resolved config, in the run folder
-
-
-def check_print_config(value: Any) -> None:
-    if not any(value is v if isinstance(v, bool) else value == v for v in PRINT_CONFIG):
-        raise ValueError(
-            f"print_config={value!r}: choose overrides (the job's overrides and the config file's path), "
-            f"full (the whole resolved config) or false"
-        )
 
 
 def show_config(cfg: DictConfig, overrides: list[str], run_dir: Path) -> None:

@@ -38,7 +38,6 @@ from mdl.results import (
     code_version,
     git_sha,
     read_checked_json,
-    read_json,
     write_checked_json,
 )
 from mdl.run.components import (
@@ -58,6 +57,7 @@ from mdl.run.identity import config_hash, grouping, members_per_fit, training_th
 from mdl.run.job_logs import LogFile
 from mdl.run import phases
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger, mark_logged_to_wandb
+from mdl.run.stored_runs import read_started
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.engine.protocol import LoopRules
 from mdl.schedule import block_boundaries, protocol_rounding
@@ -137,7 +137,7 @@ class Job:
         if done is not None and not self.reusable(done, "finished run"):
             done = None
         elif done is None and cfg.skip_if_done and has_resume_state(store):
-            started = read_run_record(store / RUN_CONFIG_FILE)
+            started, _ = read_started(store)  # None if absent or unreadable
             if started is not None and not self.reusable(started, "interrupted run's checkpoints"):
                 discard_resume_state(store)
         if not cfg.skip_if_done:  # run again from scratch: nothing an earlier attempt left is resumed
@@ -208,8 +208,15 @@ class Job:
         """So that ``python -m mdl.runs`` lists the run as failed and why, not as interrupted; not for a preemption
         or a Ctrl-C (the same command resumes the run: listed as interrupted) or a run that finished (a pack's other
         runs failed)."""
-        if interruption(err) is None and not (self.store / RESULTS_FILE).exists():
-            record_failure(self.store, self.run_dir, err)
+        if interruption(err) is not None or (self.store / RESULTS_FILE).exists():
+            return
+        first_line = next(iter(str(err).strip().splitlines()), "")
+        error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+        record = {"error": error, "time": time.time(), "run_dir": str(self.run_dir.resolve())}
+        try:  # the error's type and first line, when and where, in the FAILURE_FILE (a full disk may refuse it)
+            atomic_write_json(self.store / FAILURE_FILE, record)
+        except OSError as write_err:
+            log.warning("could not record the failure in %s (%s)", self.store, write_err)
 
     @contextmanager
     def disk_errors_named(self) -> Iterator[None]:
@@ -221,17 +228,6 @@ class Job:
             if clear is None:
                 raise
             raise clear from err
-
-
-def record_failure(store: Path, run_dir: Path, err: BaseException) -> None:
-    """The error's type and first line, when and where, in ``store``'s FAILURE_FILE (a full disk may refuse it)."""
-    first_line = next(iter(str(err).strip().splitlines()), "")
-    error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
-    record = {"error": error, "time": time.time(), "run_dir": str(run_dir.resolve())}
-    try:
-        atomic_write_json(store / FAILURE_FILE, record)
-    except OSError as write_err:
-        log.warning("could not record the failure in %s (%s)", store, write_err)
 
 
 def json_safe(value: Any) -> Any:
@@ -252,15 +248,6 @@ def logging_never_fails(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
     except Exception as err:  # noqa: BLE001 - results.json is written; the log can be made again (skip + logger)
         log.error("logging the results failed (%s: %s); results.json is complete", type(err).__name__, err)
-
-
-def read_run_record(path: Path) -> dict[str, Any] | None:
-    """A store entry's config.json (written when its run starts), or None if absent or unreadable."""
-    try:
-        record = read_json(path)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def finished_results(path: Path) -> dict[str, Any] | None:
@@ -445,9 +432,7 @@ def checkpoint_bytes(cfg: DictConfig, make_model: Callable[[], Any]) -> int:
 def warn_capped_fits(outcome: dict[str, Any], max_epochs: int | None, patience: int, label: str = "") -> None:
     """Fits that ended at ``trainer.kwargs.max_epochs`` were still improving (early stopping had not
     stopped them): their code lengths are those of under-trained models. ``label``: the run's name in a pack."""
-    if max_epochs is None or max_epochs < 0:
-        return
-    capped = capped_fits(outcome, max_epochs)
+    capped = capped_fits(outcome, max_epochs)  # none without a cap (None or -1)
     if capped:
         log.warning(
             "%s%s stopped at trainer.kwargs.max_epochs=%d before early stopping (patience %d) ended them: "

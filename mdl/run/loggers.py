@@ -115,11 +115,6 @@ def hydra_choice(group: str) -> str | None:
         return None
 
 
-def preset_name() -> str | None:
-    """The experiment preset of this Hydra job (``+experiment=paper/appendix_c``), if any."""
-    return hydra_choice("experiment")
-
-
 MAX_GROUP_WHAT = 80  # characters of the swept keys in a group's name (W&B takes 128 in all)
 
 
@@ -154,7 +149,7 @@ def wandb_settings(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict
     by); offline unless an API key or WANDB_MODE is set."""
     if not os.environ.get("WANDB_API_KEY") and os.environ.get("WANDB_MODE") is None:
         os.environ["WANDB_MODE"] = "offline"
-    preset, debug = preset_name(), hydra_choice("debug")
+    preset, debug = hydra_choice("experiment"), hydra_choice("debug")  # +experiment=paper/appendix_c: its preset
     wandb = wandb_config(cfg)
     tags = [
         f"data:{cfg.data.source}",

@@ -2,8 +2,8 @@
 
 ``pack_key`` says which runs can share a fit: equal configs but for ``seed``, ``eraser`` and ``data_seed``
 (and bookkeeping keys), so with equal input shapes, classes and block schedules, whose members train stacked
-(``mdl.members_per_fit`` all, auto or k > 1: a pack is trained in fits of as many members; 1 trains plain models,
-which a pack cannot), without a profiler. Runs that differ
+(``mdl.members_per_fit`` all, auto or k > 1: a pack is trained in fits of as many members; with 1 a pack would be
+its runs one after another), without a profiler. Runs that differ
 only in their seed share one data module (``data_key``); the others each bring their own erased data, so a pack holds
 at most ``mdl.pack_data_gb`` of data as the sources declare them (``plan_packs``, when the sweep is launched: a
 relaunch makes the same packs).
@@ -149,11 +149,13 @@ def run_pack(jobs: Sequence[Job]) -> list[dict[str, Any]]:
                 todo.append(i)
         if len(todo) == 1:
             results[todo[0]] = _run_alone(jobs[todo[0]])
-        elif (
-            todo
-        ):  # in one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
+        elif todo:
+            # one order however the sweep listed them: a resumed pack's members are where its checkpoint has them
             todo.sort(key=lambda i: jobs[i].key)
-            for i, result in zip(todo, _train_together([jobs[i] for i in todo], [jobs[i] for i in first.values()])):
+            together = [jobs[i] for i in todo]
+            with own_lines(*(job.key for job in together)):  # the fit's own lines ("resuming fit from") go to its runs'
+                trained = _fit_pack(_prepare_sharing_data(together), [jobs[i].key for i in first.values()])
+            for i, result in zip(todo, trained):
                 results[i] = result
         for i, job in enumerate(jobs):
             if i not in results:  # a repeat of a run above, whose lock is held
@@ -194,22 +196,6 @@ def pack_stamp(folder: Path, jobs: Sequence[Job]) -> str:
     """What the pack's checkpoints must have been written by: this code, this pack's folder and exactly these runs in
     this order (after some runs of the pack have finished, the others' checkpoint is not resumed: its rows differ)."""
     return f"{run_stamp(folder)} runs {sha256_hex(' '.join(job.key for job in jobs).encode())[:16]}"
-
-
-def _train_together(jobs: list[Job], pack: list[Job]) -> list[dict[str, Any]]:
-    """``jobs`` (in key order) of ``pack`` (every run of the pack, finished ones included: its folder's name), trained
-    together; runs with equal data share one data module."""
-    prepared = _prepare_sharing_data(jobs)
-    return _train_prepared(prepared, [job.key for job in pack])
-
-
-def _train_prepared(prepared: list[PreparedRun], pack: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The prepared runs trained together (one: alone, as usual)."""
-    if len(prepared) > 1:
-        with own_lines(*(p.job.key for p in prepared)):  # the fit's own lines (e.g. "resuming fit from"): its runs'
-            return _fit_pack(prepared, pack)
-    with own_lines(prepared[0].job.key), prepared[0].job.disk_errors_named():
-        return [finish_run(*train_alone(prepared[0]))]
 
 
 def _prepare_sharing_data(jobs: list[Job]) -> list[PreparedRun]:

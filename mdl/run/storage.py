@@ -167,7 +167,7 @@ class OutputRootCheck(Callback):
     """Hydra callback: check ``paths.output_root`` before Hydra creates the run or sweep folder in it,
     so a read-only, full or missing root (or a regular file) reads as one message, not Hydra's traceback."""
 
-    def _check(self, config: Any) -> None:
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
         root = Path(str(config.paths.output_root))
         try:
             if root.exists() and not root.is_dir():
@@ -180,11 +180,7 @@ class OutputRootCheck(Callback):
             print(f"error: {err.strerror or err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
 
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        self._check(config)
-
-    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        self._check(config)
+    on_multirun_start = on_run_start  # the same check before a sweep's folder is made
 
 
 def require_space(folder: Path, needed_bytes: int, what: str, setting: str) -> None:

@@ -92,7 +92,7 @@ def relaunch(started: dict[str, Any] | None, folder: Path) -> str:
 def read_run(folder: Path) -> StoredRun | None:
     """A store entry as a row; None for a folder that holds no run record. A damaged record is a row too, its status
     ``damaged`` and a warning naming the file and what to do."""
-    started, damage = _read_started(folder)
+    started, damage = read_started(folder)
     command = relaunch(started, folder)
     results = None
     if (folder / RESULTS_FILE).exists():
@@ -136,7 +136,7 @@ def read_run(folder: Path) -> StoredRun | None:
     return StoredRun(folder, status, config, values | {DEBUG_KEY: debug}, debug, resume)
 
 
-def _read_started(folder: Path) -> tuple[dict[str, Any] | None, Damaged | None]:
+def read_started(folder: Path) -> tuple[dict[str, Any] | None, Damaged | None]:
     """The entry's config.json (written when its run started), or what is wrong with it."""
     path = folder / RUN_CONFIG_FILE
     if not path.exists():
