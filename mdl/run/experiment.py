@@ -57,7 +57,6 @@ from mdl.run.identity import config_hash, grouping, members_per_fit, training_th
 from mdl.run.job_logs import LogFile
 from mdl.run import phases
 from mdl.run.loggers import live_epochs, log_block, log_results, log_stored_run, make_logger, mark_logged_to_wandb
-from mdl.run.stored_runs import read_started
 from mdl.run.storage import no_space_error, require_space, require_writable, run_lock
 from mdl.engine.protocol import LoopRules
 from mdl.schedule import block_boundaries, protocol_rounding
@@ -137,6 +136,8 @@ class Job:
         if done is not None and not self.reusable(done, "finished run"):
             done = None
         elif done is None and cfg.skip_if_done and has_resume_state(store):
+            from mdl.run.stored_runs import read_started  # here: a fresh run does not import the listing's module
+
             started, _ = read_started(store)  # None if absent or unreadable
             if started is not None and not self.reusable(started, "interrupted run's checkpoints"):
                 discard_resume_state(store)
