@@ -122,3 +122,12 @@ def test_the_training_code_imports_without_torchmetrics_extras_and_they_import_a
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"imported": [], "truth": [True, True, True, True]}, seen
+
+
+def test_the_original_schedule_is_solved_without_importing_scipy() -> None:
+    """protocol=original's chunk ratio (mdl.schedule.brent_root) costs no scipy.optimize import, about 0.6 CPU-s of
+    every run's start-up."""
+    code = "import sys; from mdl.schedule import block_boundaries; b = block_boundaries(1197, 5, 128, 'oric'); "
+    proc = run_python(code + "print(b, sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[128, 297, 519, 812, 1197] []", proc.stdout
