@@ -161,7 +161,8 @@ def lenet_sizes(
     if variant not in VARIANTS:
         raise ValueError(f"model.options.variant={variant!r}: choose one of {list(VARIANTS)}")
     if variant == "dense_stack":
-        channels = channels or lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
+        if channels is None:  # (an empty list is refused when the model is built, not searched)
+            channels = lenet_channels(input_shape, width, depth, num_classes, padding, channel_ratio)
         return channels, [width] * depth
     if channels is None or dense is None:
         conv, fc = original_sizes(input_shape, width, depth, num_classes, padding)
@@ -185,8 +186,16 @@ def parameter_match(
     )
     lenet = param_count(input_shape, channels, dense, num_classes, padding)
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
-    row = {"width": width, "depth": depth, "channels": channels, "lenet": lenet, "mlp": mlp, "rel_gap": lenet / mlp - 1}
-    return {**row, "dense": dense} if variant == "original" else row
+    dense_sizes = {"dense": dense} if variant == "original" else {}
+    return {
+        "width": width,
+        "depth": depth,
+        "channels": channels,
+        **dense_sizes,
+        "lenet": lenet,
+        "mlp": mlp,
+        "rel_gap": lenet / mlp - 1,
+    }
 
 
 def parameter_match_table(
@@ -274,7 +283,8 @@ def resolve_lenet(
     channels, sizes = lenet_sizes(
         input_shape, width, depth, num_classes, variant, channels, dense, padding, channel_ratio
     )
-    lenet = param_count(input_shape, channels, sizes, num_classes, padding)
+    # counted only where the search chose: given sizes are checked (with their own message) when the model is built
+    lenet = param_count(input_shape, channels, sizes, num_classes, padding) if searched else 0
     mlp = mlp_param_count(math.prod(input_shape), width, depth, num_classes)
     if searched and abs(lenet / mlp - 1) > MATCH_TOLERANCE:
         warnings.warn(

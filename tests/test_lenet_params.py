@@ -10,7 +10,15 @@ import torch
 from torch import nn
 
 from models import create_model
-from models.lenet import MATCH_TOLERANCE, param_count, original_sizes, parameter_match, parameter_match_table
+from models.lenet import (
+    MATCH_TOLERANCE,
+    build_lenet,
+    param_count,
+    resolve_lenet,
+    original_sizes,
+    parameter_match,
+    parameter_match_table,
+)
 from models.mlp import mlp_param_count
 
 WIDTHS = (64, 128, 256, 512, 1024, 2048)
@@ -157,3 +165,17 @@ def test_channels_are_finite_dimensions_for_mup():
     assert first.weight.infshape.ninf() == 1  # input layer: fixed fan-in
     assert second.weight.infshape.ninf() == 2 and second.weight.infshape.width_mult() == 4
     assert torch.isfinite(model(torch.rand(2, 3, 32, 32))).all()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"variant": "dense_stack", "channels": [6, 16, 32]},
+        {"channels": [6, 16, 32], "dense": [64, 64]},
+        {"variant": "dense_stack", "channels": []},
+    ],
+)
+def test_given_channels_of_the_wrong_length_are_refused_by_name(options: dict) -> None:
+    """Sizes a user gives are not searched: the resolver passes them on and the model refuses them in words."""
+    with pytest.raises(ValueError, match=r"lenet channels must be two positive integers"):
+        build_lenet(64, 2, 10, (1, 8, 8), **resolve_lenet(64, 2, 10, (1, 8, 8), **options))
