@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from datamodules.sources import ImageSet, ImageSource, register_source, stream_generator
-from erasure.random_projection import random_orthonormal
+from erasure.linalg import random_orthonormal
 
 # g(<w*, x>): sign (binary classification, as +-1), tanh or linear (regression targets)
 LINKS = {

@@ -15,14 +15,7 @@ import torch
 from torch import Tensor
 
 from erasure.base import Eraser, register_eraser
-
-
-def random_orthonormal(dim: int, rank: int, generator: torch.Generator) -> Tensor:
-    """A (dim, rank) orthonormal basis of a uniformly random (Haar) subspace drawn from ``generator``, float64: the QR
-    of a Gaussian matrix with the signs of R's diagonal fixed."""
-    gaussian = torch.randn(dim, rank, generator=generator, dtype=torch.float64)
-    q, r = torch.linalg.qr(gaussian)
-    return q * torch.sign(torch.diagonal(r)).where(torch.diagonal(r) != 0, torch.ones(1, dtype=torch.float64))
+from erasure.linalg import random_orthonormal
 
 
 @register_eraser("random")
