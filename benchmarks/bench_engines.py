@@ -43,6 +43,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from datamodules.stacked_batches import Pacing  # noqa: E402
 from mdl.engine.trainer import make_trainer  # noqa: E402
 from mdl.engine.stacked_fit import StackedProtocol, build_members  # noqa: E402
 from mdl.run.components import (  # noqa: E402
@@ -147,7 +148,7 @@ def framework_vs_hand(overrides: list[str], root: str, epochs: int, rounds: int)
             return StackedClassifier(build_members(make_model, [0], dm.device), make_optimizer(cfg), run_lr(cfg))
 
         def make_loader():
-            return dm.stacked_train_loader([dm.num_train], cfg.mdl.steps_per_group)
+            return dm.stacked_train_loader([dm.num_train], Pacing(cfg.mdl.steps_per_group, cfg.mdl.min_steps_per_pass))
 
         timings["hand stacked"].append(hand_loop_stacked(make_stacked, make_loader, dm.val_dataloader(), epochs))
     hand, hand_stacked, stk = (min(timings[k]) for k in ("hand", "hand stacked", "stacked"))
@@ -184,7 +185,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
     make_model = make_model_factory(cfg, dm.num_classes, dm.input_shape)
     single = StackedClassifier(build_members(make_model, [0], dm.device), make_optimizer(cfg), run_lr(cfg))
     single.to(dm.device)
-    batches = iter(dm.stacked_train_loader([dm.num_train], steps))
+    batches = iter(dm.stacked_train_loader([dm.num_train], Pacing(steps)))
     optimizer = single.configure_optimizers()
     optimizer.train()
     single.train_group(next(batches), optimizer)  # the first steps create the optimizer's state
@@ -197,7 +198,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
         run_lr(cfg),
     )
     stack.to(dm.device)  # its loss sums too, as on_train_start does in a fit
-    loader = iter(dm.stacked_train_loader([dm.num_train] * members, steps))
+    loader = iter(dm.stacked_train_loader([dm.num_train] * members, Pacing(steps)))
     optimizer = stack.configure_optimizers()
     optimizer.train()
     stack.train_group(next(loader), optimizer)
@@ -214,7 +215,7 @@ def kernels_per_step(overrides: list[str], root: str) -> None:
 
 def one_member_fit(dm, make_model, optimizer, lr: float, kwargs: dict, epochs: int, steps_per_group: int) -> None:
     """The stacked engine's path (one Trainer.fit, the StackedProtocol) with the final model alone."""
-    loader = dm.stacked_train_loader([dm.num_train], steps_per_group)
+    loader = dm.stacked_train_loader([dm.num_train], Pacing(steps_per_group))
     module = StackedClassifier(build_members(make_model, [0], dm.device), optimizer, lr)
     protocol = StackedProtocol(loader, lambda m: dm.val_dataloader(), lambda m: dm.test_dataloader(), 10**6, epochs, lr)
     trainer = make_trainer({**kwargs, "max_epochs": -1}, dm.device, [protocol], checkpointing=False)

@@ -40,7 +40,7 @@ from datamodules.options import DataOptions, EraserOptions
 from datamodules.redraw import pool_rows, redrawn_orders
 from datamodules.sources import ImageSet
 from datamodules.splits import Splits, load_splits, transformed_before
-from datamodules.stacked_batches import StackedBatches, TrainSource
+from datamodules.stacked_batches import Pacing, StackedBatches, TrainSource
 from datamodules.timing import timed
 from erasure import Eraser
 
@@ -183,7 +183,7 @@ class ErasedDataModule(L.LightningDataModule):
     def stacked_train_loader(
         self,
         prefixes: list[int],
-        steps_per_group: int = 1,
+        pacing: Pacing = Pacing(),
         member_ids: list[int] | None = None,
         seeds: list[int] | None = None,
         others: Sequence[ErasedDataModule] = (),
@@ -192,7 +192,7 @@ class ErasedDataModule(L.LightningDataModule):
         augment_per_batch: bool = False,
     ) -> StackedBatches:
         """Batches for a stack of models, member m training on the first prefixes[m] examples, in
-        groups of up to ``steps_per_group`` steps (``member_ids``: each prefix's member id, default 0, 1, ...;
+        groups and passes cut by ``pacing`` (``member_ids``: each prefix's member id, default 0, 1, ...;
         ``seeds``: each prefix's batch-order seed, default this module's ``seed``; ``others``, ``source_of``:
         packed runs' own data modules and each prefix's, 0 = this one, i = others[i - 1]; ``reshuffle``,
         ``augment_per_batch``: protocol=original's, ``mdl.engine.protocol.LoopRules``)."""
@@ -205,7 +205,7 @@ class ErasedDataModule(L.LightningDataModule):
             self.options.batch_size,
             seeds=self.seed if seeds is None else seeds,
             augment=None if augment is None else replace(augment, per_batch=augment_per_batch),
-            steps_per_group=steps_per_group,
+            pacing=pacing,
             class_balance=self.num_classes if self.options.balance == "rwy" else None,  # data.balance=rwy
             member_ids=member_ids,
             source_of=source_of,

@@ -39,6 +39,20 @@ class TrainSource:
     transform: BatchTransform | None = None
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """How the steps are cut up for Lightning; changes no number, only how often Lightning's fixed host cost is paid
+    (conf/mdl/default.yaml: mdl.steps_per_group, mdl.min_steps_per_pass)."""
+
+    steps_per_group: int = 1  # most optimizer steps per Lightning training step
+    min_steps_per_pass: int = 1  # least steps per pass (Lightning's epoch), in whole epochs of the longest member
+
+    def __post_init__(self) -> None:
+        for key, value in vars(self).items():
+            if value < 1:
+                raise ValueError(f"mdl.{key} must be >= 1, got {value}")
+
+
 @dataclass
 class StackedBatch:
     """G consecutive steps' batches: x (G, M, B, ...), y (G, M, B), weight (G, M, B) 1 for real
@@ -132,7 +146,9 @@ class MemberStream:
 
 class StackedBatches:
     """An iterable of ``StackedBatch`` groups: ``steps_per_pass`` global steps per iteration (Lightning's
-    epoch), in groups of at most ``steps_per_group`` steps that never run past a member's epoch end.
+    epoch), in groups of at most ``steps_per_group`` steps that never run past a member's epoch end. A pass is
+    the fewest whole epochs of the longest member that hold ``min_steps_per_pass`` steps: Lightning's fixed cost
+    per epoch (about a millisecond of host time) is then paid once per pass, not once per epoch of a small prefix.
 
     Members leave with ``remove``; their streams stop being drawn. ``state_dict`` holds every
     member's position, so a resumed fit draws the batches an uninterrupted one would.
@@ -145,7 +161,7 @@ class StackedBatches:
         batch_size: int,
         seeds: int | list[int] = 0,
         augment: Augmentation | None = None,
-        steps_per_group: int = 1,
+        pacing: Pacing = Pacing(),
         class_balance: int | None = None,
         member_ids: list[int] | None = None,
         source_of: list[int] | None = None,
@@ -174,9 +190,7 @@ class StackedBatches:
             raise ValueError(
                 "class-balanced sampling (data.balance=rwy) draws every epoch anew: not with protocol.reshuffle=false"
             )
-        if steps_per_group < 1:
-            raise ValueError(f"mdl.steps_per_group must be >= 1, got {steps_per_group}")
-        self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, steps_per_group
+        self.x, self.y, self.batch_size, self.steps_per_group = x, y, batch_size, pacing.steps_per_group
         self.pad_mode = augment.pad_mode if augment is not None else "constant"
         self.pads = pads = augment.pads(x) if augment is not None else (0, 0)
         flip = augment is not None and augment.flip
@@ -208,7 +222,8 @@ class StackedBatches:
             for m, n, s, source in zip(ids, prefixes, seeds, source_of)
         }
         self.source_of = dict(zip(ids, source_of))
-        self.steps_per_pass = max(s.steps_per_epoch for s in self.streams.values())
+        longest = max(s.steps_per_epoch for s in self.streams.values())
+        self.steps_per_pass = longest * -(-pacing.min_steps_per_pass // longest)  # whole epochs of the longest member
 
     @property
     def active(self) -> list[int]:

@@ -157,7 +157,7 @@ def test_a_fit_trains_where_the_data_is(name: str, monkeypatch) -> None:
     opt = stack.configure_optimizers()
     opt.train()
     groups = stacked_batches.StackedBatches(
-        [stacked_batches.TrainSource(x, y)], [20, 40, 64], 16, augment=Augmentation(), steps_per_group=2
+        [stacked_batches.TrainSource(x, y)], [20, 40, 64], 16, augment=Augmentation(), pacing=stacked_batches.Pacing(2)
     )
     for _ in range(2):
         stack.train_group(groups.next(2), opt)
@@ -190,7 +190,7 @@ def test_members_with_their_own_training_sets_are_served_where_the_data_are(monk
     device (``meta`` stands in for a GPU: a CPU index or buffer mixed in fails there; it has no generator, so the
     epochs draw from the global one, as in test_both_engines_train_where_the_data_is)."""
     from datamodules import stacked_batches
-    from datamodules.stacked_batches import StackedBatches, TrainSource
+    from datamodules.stacked_batches import Pacing, StackedBatches, TrainSource
 
     monkeypatch.setattr(stacked_batches, "epoch_generator", lambda seed, epoch, device: None)
     meta = torch.device("meta")
@@ -203,7 +203,7 @@ def test_members_with_their_own_training_sets_are_served_where_the_data_are(monk
         [32, 64, 64],
         16,
         augment=Augmentation(),
-        steps_per_group=2,
+        pacing=Pacing(2),
         seeds=[0, 0, 1],
         source_of=[0, 1, 1],
     )

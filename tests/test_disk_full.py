@@ -18,7 +18,12 @@ from mdl.run.config_checks import check_trainer_config
 from mdl.run.experiment import CHECKPOINT_BYTES_PER_PARAMETER, checkpoint_bytes, run_experiment
 from mdl.results import RESULTS_FILE
 
-STACKED = FAST + ["mdl.members_per_fit=all", "mdl.checkpoint_every_s=0", "trainer.torch_threads=1"]
+STACKED = FAST + [
+    "mdl.members_per_fit=all",
+    "mdl.checkpoint_every_s=0",
+    "mdl.min_steps_per_pass=1",
+    "trainer.torch_threads=1",
+]
 NUMBERS = ("paper_mdl", "online_codelength_bits", "final_val_loss")
 
 

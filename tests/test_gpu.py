@@ -54,14 +54,20 @@ def test_every_model_runs_end_to_end_on_cuda(model: str, engine: str, tmp_path: 
 def test_stacked_run_killed_and_resumed_on_cuda_is_bit_identical(tmp_path: Path, monkeypatch) -> None:
     from test_resume import assert_resumes_exactly
 
-    settings = [*GPU, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0", "trainer.kwargs.max_epochs=8"]
+    settings = [
+        *GPU,
+        "mdl.members_per_fit=all",
+        "mdl.checkpoint_every_s=0",
+        "mdl.min_steps_per_pass=1",
+        "trainer.kwargs.max_epochs=8",
+    ]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
     assert_resumes_exactly(settings, reference, (1, 3), tmp_path, monkeypatch)
 
 
 def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
     from datamodules.augment import Augmentation
-    from datamodules.stacked_batches import StackedBatches, TrainSource
+    from datamodules.stacked_batches import Pacing, StackedBatches, TrainSource
     from models.stacked_module import StackedClassifier
     from models.stacking import StackedModel
 
@@ -74,7 +80,7 @@ def test_stacked_batches_and_step_make_no_host_synchronisation() -> None:
     optimizer = module.configure_optimizers()
     optimizer.train()
     x, y = torch.rand(200, 3, 16, 16, device="cuda"), torch.randint(0, 10, (200,), device="cuda")
-    loader = StackedBatches([TrainSource(x, y)], [50, 120, 200], 32, augment=Augmentation(), steps_per_group=4)
+    loader = StackedBatches([TrainSource(x, y)], [50, 120, 200], 32, augment=Augmentation(), pacing=Pacing(4))
     module.train_group(loader.next(2), optimizer)  # warm-up: first kernels, optimizer state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

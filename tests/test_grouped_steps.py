@@ -16,27 +16,37 @@ from mdl.run.experiment import run_experiment
 from mdl.engine.protocol import MemberState
 from mdl.engine.trainer_settings import refuse_for_stacked
 
-SEQUENTIAL = [*FAST, "mdl.members_per_fit=1", "mdl.checkpoint_every_s=0", "skip_if_done=false"]
+SEQUENTIAL = [
+    *FAST,
+    "mdl.members_per_fit=1",
+    "mdl.checkpoint_every_s=0",
+    "mdl.min_steps_per_pass=1",
+    "skip_if_done=false",
+]
 
 
 @pytest.mark.slow
 def test_grouping_changes_no_result(tmp_path: Path) -> None:
-    """steps_per_group 1 and 5 (5 steps per Lightning step) train the same batches with the same steps: on this CPU
-    the same numbers to the bit."""
+    """steps_per_group 1 and 5 (5 steps per Lightning step), and passes (Lightning's epochs) of one epoch or of
+    many, train the same batches with the same steps: on this CPU the same numbers to the bit."""
     results = [
         run_experiment(
-            compose_config([*SEQUENTIAL, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}"], tmp_path / str(g)),
-            tmp_path / str(g) / "run",
+            compose_config(
+                [*SEQUENTIAL, "trainer.kwargs.max_epochs=6", f"mdl.steps_per_group={g}", f"mdl.min_steps_per_pass={p}"],
+                tmp_path / f"{g}_{p}",
+            ),
+            tmp_path / f"{g}_{p}" / "run",
         )
-        for g in (1, 5)
+        for g, p in ((1, 1), (5, 1), (5, 64))
     ]
-    ungrouped, grouped = (
+    ungrouped, *others = (
         [(b["epochs"], b["eval_bits"], b["val_loss_curve"], b["train_loss_curve"]) for b in r["blocks"]]
         for r in results
     )
-    assert grouped == ungrouped
-    assert results[1]["val_loss_curve"] == results[0]["val_loss_curve"]
-    assert results[1]["paper_mdl"] == results[0]["paper_mdl"]
+    for r, blocks in zip(results[1:], others):
+        assert blocks == ungrouped
+        assert r["val_loss_curve"] == results[0]["val_loss_curve"]
+        assert r["paper_mdl"] == results[0]["paper_mdl"]
 
 
 class CountSteps(L.Callback):

@@ -15,7 +15,7 @@ from conftest import RecordOps, cuda_only, host_reads
 from datamodules.augment import Augmentation, apply_crop_flip, crop_flip_params, crop_padding
 from datamodules.datamodule import ErasedDataModule
 from datamodules.options import DataOptions
-from datamodules.stacked_batches import StackedBatches, TrainSource
+from datamodules.stacked_batches import Pacing, StackedBatches, TrainSource
 from erasure import Eraser, available_erasers, register_eraser
 
 DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only())]
@@ -224,7 +224,7 @@ def test_augment_then_erase_reads_back_at_most_qleaces_class_counts_per_batch(er
     passed them when the eraser was fitted). On a GPU each read stalls the host; QLEACE's one read
     is its batch's class counts. The stacked engine erases a whole group of steps at once."""
     dm = data_module(eraser, augment=True, augment_order="augment_then_erase")
-    stacked = dm.stacked_train_loader([dm.num_train, dm.num_train // 2], steps_per_group=4)
+    stacked = dm.stacked_train_loader([dm.num_train, dm.num_train // 2], pacing=Pacing(4))
     with RecordOps() as record:
         groups = [stacked.next(4) for _ in range(3)]
     assert len(host_reads(record)) == reads_per_call * len(groups), host_reads(record)

@@ -266,6 +266,7 @@ def test_a_killed_pack_resumes_every_run_in_it_exactly(tmp_path: Path, monkeypat
 
     settings = [
         "mdl.checkpoint_every_s=0",
+        "mdl.min_steps_per_pass=1",
         "trainer.kwargs.max_epochs=8",
         "trainer.patience=3",
         f"mdl.members_per_fit={members_per_fit}",

@@ -140,6 +140,7 @@ SWEEP = [
     *FAST,
     "trainer.torch_threads=1",
     "mdl.checkpoint_every_s=0",
+    "mdl.min_steps_per_pass=1",
     "trainer.kwargs.max_epochs=40",
     "trainer.patience=40",
 ]  # every member 40 epochs:

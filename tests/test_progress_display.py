@@ -10,7 +10,7 @@ import time
 import torch
 from rich.console import Console
 
-from datamodules.stacked_batches import StackedBatches, TrainSource
+from datamodules.stacked_batches import Pacing, StackedBatches, TrainSource
 from mdl.engine.stacked_fit import StackedProtocol
 from mdl.engine.progress_display import MemberProgress
 
@@ -63,7 +63,7 @@ def test_speed_counts_every_optimizer_step_of_a_group() -> None:
         [TrainSource(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))],
         [20, 50, 100],
         batch_size=10,
-        steps_per_group=4,
+        pacing=Pacing(4),
     )
     display = MemberProgress(_protocol(), interval=1e9, live=False)
     display.on_train_start(None, None)

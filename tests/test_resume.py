@@ -17,6 +17,7 @@ from conftest import FITS, REPO, python_path, run_launch
 SETTINGS = [  # fits of one member, each its own checkpoint (tests/test_stacked.py: fits of several)
     "mdl.members_per_fit=1",
     "mdl.checkpoint_every_s=0",
+    "mdl.min_steps_per_pass=1",
     "trainer.kwargs.max_epochs=30",
     "trainer.patience=10",
     "mdl.num_blocks=3",
@@ -88,6 +89,7 @@ from mdl.run.experiment import run_experiment  # noqa: E402
 KILL_SETTINGS = [
     "mdl.members_per_fit=1",
     "mdl.checkpoint_every_s=0",
+    "mdl.min_steps_per_pass=1",
     "trainer.kwargs.max_epochs=25",
     "mdl.num_blocks=3",
     "data.first_block=100",
@@ -208,6 +210,7 @@ def test_fits_of_a_few_members_resume_exactly_at_any_kill_point(tmp_path: Path, 
     settings = [
         "mdl.members_per_fit=2",
         "mdl.checkpoint_every_s=0",
+        "mdl.min_steps_per_pass=1",
         "trainer.kwargs.max_epochs=12",
         "trainer.patience=3",
         "mdl.num_blocks=5",

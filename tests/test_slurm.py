@@ -310,6 +310,7 @@ def test_preempted_job_resumes_and_matches_uninterrupted_run(interrupt, engine, 
         "trainer.patience=40",
         FITS[engine],
         "mdl.checkpoint_every_s=0",
+        "mdl.min_steps_per_pass=1",
     ]
     ref_env = dict(env, SLOWING_OUTPUT_ROOT=str(tmp_path / "reference"))
     reference = subprocess.Popen(  # uninterrupted, Hydra's basic launcher, alongside

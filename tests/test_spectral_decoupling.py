@@ -347,6 +347,7 @@ def test_scored_numbers_are_plain_cross_entropy_of_the_scored_models(tmp_path: P
         "trainer.kwargs.max_epochs=6",
         "trainer.patience=6",
         "mdl.checkpoint_every_s=0",
+        "mdl.min_steps_per_pass=1",
     ]
     cfg = compose_config(settings, tmp_path)
     results = run_experiment(cfg, tmp_path / "run")

@@ -16,7 +16,7 @@ from mup import MuReadout
 from conftest import FITS, FAST, RecordOps, compose_config, host_reads, assert_members_equal_singles
 from datamodules.augment import Augmentation
 from datamodules.loader import EvalBatches
-from datamodules.stacked_batches import StackedBatch, StackedBatches, TrainSource
+from datamodules.stacked_batches import Pacing, StackedBatch, StackedBatches, TrainSource
 from mdl.run.components import make_model_factory
 from mdl.run.experiment import run_experiment
 from mdl.engine.stacked_fit import StackedProtocol
@@ -34,7 +34,7 @@ def crop_flip(augment: bool) -> Augmentation | None:
     return Augmentation() if augment else None
 
 
-STACKED = [*FAST, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0"]
+STACKED = [*FAST, "mdl.members_per_fit=all", "mdl.checkpoint_every_s=0", "mdl.min_steps_per_pass=1"]
 
 
 def test_each_member_starts_from_the_model_built_under_its_seed() -> None:
@@ -52,16 +52,20 @@ def test_each_member_starts_from_the_model_built_under_its_seed() -> None:
             assert torch.equal(member[name], tensor), (s, name)
 
 
-@pytest.mark.parametrize("augment", [False, True])
-def test_each_member_sees_the_batches_it_sees_alone(augment: bool) -> None:
+@pytest.mark.parametrize(
+    ("augment", "min_steps_per_pass", "pass_steps"), [(False, 1, 10), (True, 1, 10), (True, 25, 30)]
+)
+def test_each_member_sees_the_batches_it_sees_alone(augment: bool, min_steps_per_pass: int, pass_steps: int) -> None:
     """Step by step, in groups of up to 4 steps, each ending at the latest at a member's epoch end: a member's
-    batches are those of a stack of one on its prefix."""
+    batches are those of a stack of one on its prefix, whatever a pass (Lightning's epoch) holds: whole epochs of
+    the longest member (10 steps), at least ``min_steps_per_pass``."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.rand(300, 3, 8, 8, generator=gen), torch.randint(0, 10, (300,), generator=gen)
     prefixes, batch = [50, 130, 300], 32
     stacked = StackedBatches(
-        [TrainSource(x, y)], prefixes, batch, seeds=7, augment=crop_flip(augment), steps_per_group=4
+        [TrainSource(x, y)], prefixes, batch, seeds=7, augment=crop_flip(augment), pacing=Pacing(4, min_steps_per_pass)
     )
+    assert len(stacked) == stacked.steps_per_pass == pass_steps
     steps_per_epoch = [math.ceil(n / batch) for n in prefixes]
     expected = {}
     for m, n in enumerate(prefixes):
@@ -74,8 +78,11 @@ def test_each_member_sees_the_batches_it_sees_alone(augment: bool) -> None:
     seen: dict[int, list] = {m: [] for m in range(3)}
     sizes = set()
     while stacked.active:
+        full = stacked.active == [0, 1, 2]
+        steps = 0
         for group in stacked:
             sizes.add(group.steps)
+            steps += group.steps
             for i in range(group.steps):
                 for row, m in enumerate(group.members):
                     keep = group.weight[i, row] > 0
@@ -85,6 +92,7 @@ def test_each_member_sees_the_batches_it_sees_alone(augment: bool) -> None:
             for m in group.members:  # a member leaves after its 3 epochs, as a stopping member does
                 if len(seen[m]) == len(expected[m]):
                     stacked.remove(m)
+        assert steps == pass_steps or not (full and stacked.active == [0, 1, 2]), "a pass of all members fell short"
     assert sizes == {1, 2, 4}  # capped at 4, cut short at epoch ends (the first member's epoch is 2 steps)
     for m in range(3):
         for (xs, ys), (xe, ye) in zip(seen[m], expected[m]):
@@ -182,7 +190,7 @@ def test_a_stacked_group_of_batches_launches_as_many_kernels_for_seven_members_a
     kernels = {}
     for members in (2, 7):
         batches = StackedBatches(
-            [TrainSource(x, y)], [640] * members, 32, seeds=0, augment=crop_flip(augment), steps_per_group=4
+            [TrainSource(x, y)], [640] * members, 32, seeds=0, augment=crop_flip(augment), pacing=Pacing(4)
         )
         groups = iter(batches)
         next(groups)  # past the epoch's start (its shuffle and draws)
@@ -197,7 +205,7 @@ def test_stacked_batches_resume_mid_epoch_with_the_same_crops_and_flips() -> Non
     x, y = torch.rand(300, 3, 8, 8), torch.randint(0, 10, (300,))
 
     def make() -> StackedBatches:
-        return StackedBatches([TrainSource(x, y)], [70, 300], 32, seeds=5, augment=Augmentation(), steps_per_group=3)
+        return StackedBatches([TrainSource(x, y)], [70, 300], 32, seeds=5, augment=Augmentation(), pacing=Pacing(3))
 
     uninterrupted, resumed = make(), make()
     for _ in range(4):
@@ -219,11 +227,11 @@ def test_members_with_their_own_training_sets_draw_what_they_draw_alone(augment:
     prefixes, seeds, sources = [40, 200, 120, 200, 77], [3, 3, 4, 5, 6], [0, 0, 1, 2, 1]
     own = [TrainSource(xs[i], ys[i], shifts[i]) for i in range(3)]
     mixed = StackedBatches(
-        own, prefixes, 16, augment=crop_flip(augment), steps_per_group=3, seeds=seeds, source_of=sources
+        own, prefixes, 16, augment=crop_flip(augment), pacing=Pacing(3), seeds=seeds, source_of=sources
     )
     alone = {
         m: StackedBatches(
-            [own[sources[m]]], [prefixes[m]], 16, seeds=seeds[m], augment=crop_flip(augment), steps_per_group=3
+            [own[sources[m]]], [prefixes[m]], 16, seeds=seeds[m], augment=crop_flip(augment), pacing=Pacing(3)
         )
         for m in range(5)
     }
@@ -279,10 +287,15 @@ def test_a_member_that_stops_early_is_scored_with_its_best_epochs_weights(tmp_pa
 
 
 @pytest.mark.slow
-def test_stacked_run_resumes_bit_for_bit_at_every_kill_point(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("epochs_per_pass", [1, 3])
+def test_stacked_run_resumes_bit_for_bit_at_every_kill_point(epochs_per_pass: int, tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint at the end of each pass (Lightning's epoch): one epoch of the longest member (the full training
+    set, 10 steps of 128), or three (mdl.min_steps_per_pass=25), where the shorter members are mid-epoch."""
     settings = [*STACKED, "trainer.kwargs.max_epochs=12", "trainer.patience=3"]
+    settings += [f"mdl.min_steps_per_pass={1 if epochs_per_pass == 1 else 25}"]
     reference = run_experiment(compose_config(settings, tmp_path / "ref"), tmp_path / "ref")
-    passes = reference["final_epochs"]  # one checkpoint per pass over the full training set
+    assert reference["n_train"] == 1197 and compose_config(settings).data.batch_size == 128  # 10 steps an epoch
+    passes = math.ceil(reference["final_epochs"] / epochs_per_pass)  # the final fit's member trains longest
     assert_resumes_exactly(settings, reference, range(1, passes + 1), tmp_path, monkeypatch)
 
 
@@ -376,7 +389,9 @@ def test_run_identity_is_the_engine_and_cpu_threads_not_how_often_it_checkpoints
     from mdl.run.identity import DEFAULT_THREADS, config_hash
 
     base = config_hash(compose_config(FAST))
-    assert base == config_hash(compose_config([*FAST, "mdl.checkpoint_every_s=0", "mdl.steps_per_group=1"]))
+    assert base == config_hash(
+        compose_config([*FAST, "mdl.checkpoint_every_s=0", "mdl.min_steps_per_pass=1", "mdl.steps_per_group=1"])
+    )
     # on a CPU the thread count changes the numbers' last bits: it is part of the identity, as resolved
     assert base == config_hash(
         compose_config([*FAST, f"trainer.torch_threads={DEFAULT_THREADS}"])
@@ -537,7 +552,7 @@ def test_members_ending_an_epoch_together_are_validated_with_one_read_of_the_dev
     from mdl.engine.trainer import make_trainer
 
     x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 10, (96,))
-    loader = StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=4)
+    loader = StackedBatches([TrainSource(x, y)], [32, 64], 16, pacing=Pacing(4))
     models = [create_model("mlp", 16, 1, 10, (1, 8, 8)) for _ in range(2)]
     module = StackedClassifier(StackedModel(models), torch.optim.SGD, lr=0.1)
     val = EvalBatches(x[64:], y[64:], 32)
@@ -563,7 +578,7 @@ def test_a_checkpoint_written_with_the_retired_finished_at_still_resumes() -> No
     leaves it out and restores every other field."""
     x, y = torch.rand(64, 1, 8, 8), torch.randint(0, 10, (64,))
     make = lambda: StackedProtocol(  # noqa: E731
-        StackedBatches([TrainSource(x, y)], [32, 64], 16, steps_per_group=2), lambda m: None, lambda m: None, 10, 4, 0.1
+        StackedBatches([TrainSource(x, y)], [32, 64], 16, pacing=Pacing(2)), lambda m: None, lambda m: None, 10, 4, 0.1
     )
     saved = make().state_dict()
     saved["members"][1] |= {"finished_at": 12.5, "epoch": 3, "best_epoch": 2}

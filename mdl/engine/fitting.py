@@ -16,6 +16,7 @@ import lightning as L
 from torch import nn
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.stacked_batches import Pacing
 from mdl.engine.protocol import LoopRules, member_seeds
 from models.losses import SpectralDecoupling
 from models.module import OptimizerFactory
@@ -77,7 +78,7 @@ class Fitting:
     stamp: str = ""  # what wrote a checkpoint: a resume trusts only its own (mdl.engine.checkpoints)
     members_per_fit: int | str | None = None
     checkpoint_every_s: float = 0.0
-    steps_per_group: int = 1
+    pacing: Pacing = Pacing()  # optimizer steps per Lightning step and per Lightning epoch
     paper_loss: str = "last_block"  # with last_block the untrained weights are every member's first candidate
     rules: LoopRules = LoopRules()  # the protocol's loop (conf/protocol/)
     callbacks: Sequence[L.Callback] = ()  # join every fit (e.g. models.preconditioning)

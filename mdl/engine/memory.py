@@ -159,6 +159,6 @@ def stacked_trial_step(dm: Any, recipe: Any, seeds: list[int], members: int, pre
     module.train_sums = module.train_sums.to(dm.device)
     optimizer = recipe.optimizer(module.stack.param_groups(recipe.lr))
     set_optimizer_mode(optimizer, train=True)
-    batch = dm.stacked_train_loader([dm.num_train] * members, 1).next(1)
+    batch = dm.stacked_train_loader([dm.num_train] * members).next(1)
     module.train_group(batch, optimizer)
     del module, optimizer, batch

@@ -56,7 +56,7 @@ def fit_stack(
     ]
     loader = dm.stacked_train_loader(
         prefixes,
-        fitting.steps_per_group,
+        fitting.pacing,
         member_ids=members,
         seeds=[runs[where(g)[0]].seed for g in members],
         others=datas[1:],

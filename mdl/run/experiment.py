@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from datamodules.datamodule import ErasedDataModule
+from datamodules.stacked_batches import Pacing
 from datamodules.timing import timed, timed_calls
 from mdl.codelength import check_paper_loss
 from mdl.engine.checkpoints import run_stamp
@@ -352,7 +353,7 @@ def prepare_run(job: Job, dm: ErasedDataModule | None = None) -> PreparedRun:
         stamp=run_stamp(job.store),
         members_per_fit=members_per_fit(cfg.mdl),
         checkpoint_every_s=cfg.mdl.checkpoint_every_s,
-        steps_per_group=cfg.mdl.steps_per_group,
+        pacing=Pacing(cfg.mdl.steps_per_group, cfg.mdl.min_steps_per_pass),
         paper_loss=check_paper_loss(cfg.mdl.paper_loss),
         rules=rules,
         callbacks=[*precondition, *make_user_callbacks(cfg)],

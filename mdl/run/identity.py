@@ -41,6 +41,7 @@ BOOKKEEPING_KEYS = (
     "mdl.checkpoint_every_s",
     "eraser.checkpoint_every_s",
     "mdl.steps_per_group",
+    "mdl.min_steps_per_pass",
     "mdl.lock_lease_s",
     "mdl.pack_data_gb",
     "mdl.reuse_across_environments",
