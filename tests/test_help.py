@@ -62,3 +62,23 @@ def test_presets_in_subfolders_tab_complete() -> None:
     assert complete("python launch.py +experiment=paper/table16/") == ["+experiment=paper/table16/smoke"]
     assert not [c for c in complete("python launch.py +experiment=paper/") if "common" in c]
     assert complete("python launch.py eraser=le") == ["eraser=leace"]  # Hydra's own completion unchanged
+
+
+def test_the_help_page_is_built_only_when_asked(monkeypatch) -> None:
+    """OmegaConf resolves ``hydra.help.template`` whenever Hydra composes a config: a run does not build the page
+    (it reads every config group, about 0.09 CPU-s); ``--help`` and ``-h`` do."""
+    from mdl.run import help, storage
+
+    built = []
+    monkeypatch.setattr(help, "help_text", lambda: built.append(sys.argv[1]) or "the page")
+    for argv in (
+        ["launch.py", "seed=1"],
+        ["launch.py", "--help"],
+        ["launch.py", "-m", "seed=1,2"],
+        ["launch.py", "-h"],
+    ):
+        storage._help_text.cache_clear()
+        monkeypatch.setattr(sys, "argv", argv)
+        storage._help_text()
+    storage._help_text.cache_clear()
+    assert built == ["--help", "-h"]
