@@ -21,7 +21,7 @@ and erased per source, so a member's batches are what they are with its source a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -149,6 +149,8 @@ class StackedBatches:
     epoch), in groups of at most ``steps_per_group`` steps that never run past a member's epoch end. A pass is
     the fewest whole epochs of the longest member that hold ``min_steps_per_pass`` steps: Lightning's fixed cost
     per epoch (about a millisecond of host time) is then paid once per pass, not once per epoch of a small prefix.
+    ``end_pass_early`` (asked at the longest member's epoch ends) ends a pass there: a SIGTERM's checkpoint then
+    waits for one of its epochs, not a whole pass.
 
     Members leave with ``remove``; their streams stop being drawn. ``state_dict`` holds every
     member's position, so a resumed fit draws the batches an uninterrupted one would.
@@ -222,8 +224,9 @@ class StackedBatches:
             for m, n, s, source in zip(ids, prefixes, seeds, source_of)
         }
         self.source_of = dict(zip(ids, source_of))
-        longest = max(s.steps_per_epoch for s in self.streams.values())
-        self.steps_per_pass = longest * -(-pacing.min_steps_per_pass // longest)  # whole epochs of the longest member
+        self.longest = max(s.steps_per_epoch for s in self.streams.values())
+        self.steps_per_pass = self.longest * -(-pacing.min_steps_per_pass // self.longest)  # its whole epochs
+        self.end_pass_early: Callable[[], bool] = lambda: False  # asked at each of its epoch ends (the engine: SIGTERM)
 
     @property
     def active(self) -> list[int]:
@@ -245,7 +248,9 @@ class StackedBatches:
         while left > 0 and self.streams:
             group = self.next(min(left, self.steps_per_group, self.steps_to_next_epoch_end()))
             left -= group.steps
-            yield group
+            yield group  # trained and validated when the loop asks for the next one
+            if left and (self.steps_per_pass - left) % self.longest == 0 and self.end_pass_early():
+                return
 
     def steps_to_next_epoch_end(self) -> int:
         """Global steps until the first active member finishes an epoch (a group must end there)."""

@@ -99,6 +99,21 @@ def test_each_member_sees_the_batches_it_sees_alone(augment: bool, min_steps_per
             assert torch.equal(ys, ye) and torch.equal(xs, xe)
 
 
+def test_a_pass_ends_early_only_at_the_longest_members_epoch_ends() -> None:
+    """A SIGTERM's checkpoint waits for one epoch of the longest member, not a whole pass: ``end_pass_early`` is
+    asked at each of its epoch ends (10 steps of a 30-step pass) and ends the pass there when it says so."""
+    x, y = torch.rand(300, 4), torch.randint(0, 10, (300,))
+    loader = StackedBatches([TrainSource(x, y)], [50, 130, 300], 32, pacing=Pacing(4, 25))
+    taken: list[int] = []
+    asked: list[int] = []
+    loader.end_pass_early = lambda: asked.append(sum(taken)) or len(asked) == 2  # noqa: E731
+    for group in loader:
+        taken.append(group.steps)
+    assert loader.steps_per_pass == 30 and asked == [10, 20] and sum(taken) == 20
+    assert sum(group.steps for group in loader) == 30  # the next pass is whole when nothing asks
+    assert loader.streams[2].step == 0  # the longest member stands at an epoch start after each pass
+
+
 def _stacked_and_single(lr: float = 3e-2) -> tuple[StackedClassifier, list[StackedClassifier]]:
     """Three muP MLPs, as one stack and as three stacks of one (each its own copy of the weights)."""
     opt = lambda groups: schedulefree.AdamWScheduleFree(groups, warmup_steps=2)  # noqa: E731

@@ -9,7 +9,7 @@ checkpoint, and a sweep that reports success. Instead, for the whole of a run (`
   there can outlast Slurm's grace; a QLEACE fit's last finished step is saved first, and the re-run
   resumes it, datamodules.fit_progress);
 - inside a fit that checkpoints (``SaveLastCheckpoint``, mdl.engine.trainer) the fit trains on to its
-  next checkpoint point (an epoch end; in the stacked engine a pass over the training set), writes
+  next checkpoint point (the longest member's next epoch end, where the pass ends early: datamodules.stacked_batches), writes
   a checkpoint there whatever ``mdl.checkpoint_every_s`` says, then raises ``Preempted``.
 
 A packed launcher (hydra_plugins/mdl_packed/) holds one guard over its whole sweep: the runs' guards inside it

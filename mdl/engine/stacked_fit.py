@@ -8,7 +8,7 @@ test split for the final member, and the held-out last block), leaves the stack 
 to ``on_finish``. The fit ends when no member is left. Each member is initialised exactly as a
 fit of one member would initialise it (same seed, same builder) and draws its own batches from
 its own prefix (datamodules.stacked_batches). The whole stacked state is checkpointed at the
-end of every pass over the longest prefix, so a killed fit resumes bit for bit. Members of packed runs
+end of every pass (whole epochs of the longest prefix, datamodules.stacked_batches), so a killed fit resumes bit for bit. Members of packed runs
 with their own data (``data_of``) are validated on their own validation split, one pass per split.
 """
 

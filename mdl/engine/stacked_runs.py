@@ -19,6 +19,7 @@ from datamodules.datamodule import ErasedDataModule
 from mdl.engine.checkpoints import resumable
 from mdl.engine.trainer import SaveLastCheckpoint, make_trainer
 from mdl.engine.ledger import Ledger
+from mdl.engine.preemption import sigterm_requested
 from mdl.engine.progress_display import MemberProgress
 from mdl.engine.protocol import MemberOutcome, scoring_ranges
 from mdl.engine.fitting import Fitting
@@ -32,7 +33,7 @@ def fit_stack(
     parts: Sequence[tuple[Ledger, list[int]]], fitting: Fitting, checkpoint: Path, keep_checkpoint: bool
 ) -> list[dict[int, MemberOutcome]]:
     """Train these runs' members (each run's ledger and its blocks in this fit) in one fit of their stack; each
-    run's outcomes by block. The stacked state is checkpointed at the end of a pass over the longest prefix, at
+    run's outcomes by block. The stacked state is checkpointed at the end of a pass (whole epochs of the longest prefix), at
     most every ``fitting.checkpoint_every_s``."""
     ledgers = [ledger for ledger, _ in parts]
     runs = [ledger.run for ledger in ledgers]
@@ -64,6 +65,7 @@ def fit_stack(
         reshuffle=fitting.rules.reshuffle,
         augment_per_batch=fitting.rules.augment_per_batch,
     )
+    loader.end_pass_early = sigterm_requested  # the checkpoint it asks for comes at an epoch end (preemption)
     seeds = [run.seeds() for run in runs]
     recipe = first.model
     module = StackedClassifier(

@@ -41,8 +41,8 @@ def make_trainer(
 
 
 class SaveLastCheckpoint(Checkpoint):
-    """Write a resumable checkpoint at the end of every training epoch (or, with
-    ``min_interval_s``, of the first epoch that ends that long after the last save).
+    """Write a resumable checkpoint at the end of every training epoch, a pass (or, with
+    ``min_interval_s``, of the first pass that ends that long after the last save).
 
     A ``Checkpoint`` subclass, so Lightning orders it after every other callback (early stopping
     and best weights included): the state it saves includes the epoch just validated. The file is

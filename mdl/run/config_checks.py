@@ -236,7 +236,7 @@ def check_config(cfg: DictConfig) -> None:
         (
             "mdl.checkpoint_every_s",
             True,
-            "must be a finite number of seconds >= 0 (0 = every epoch); e.g. mdl.checkpoint_every_s=30",
+            "must be a finite number of seconds >= 0 (0 = every pass); e.g. mdl.checkpoint_every_s=30",
         ),
         ("mdl.lock_lease_s", False, "must be a finite number of seconds > 0; e.g. mdl.lock_lease_s=300"),
         # used only by packed sweeps, refused in any run: one rule
