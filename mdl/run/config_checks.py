@@ -229,7 +229,7 @@ def check_config(cfg: DictConfig) -> None:
         ("trainer.patience", 0, "30"),
         ("model.base_depth", 1, "2"),
         ("mdl.steps_per_group", 1, "16"),
-        ("mdl.min_steps_per_pass", 1, "256"),
+        ("mdl.min_steps_per_pass", 1, "128"),
     ):
         require_int(key, low, usual)
     for key, zero, says in (  # finite numbers >= 0 (``zero``: 0 allowed) or > 0
